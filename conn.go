@@ -1,0 +1,812 @@
+//go:build linux && cgo
+
+package rdma
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/goverbs/rdma/internal/ibv"
+	"github.com/goverbs/rdma/internal/rdmacm"
+)
+
+// Compile-time checks that the types fit the interfaces code relies on.
+var (
+	_ net.Conn     = (*Conn)(nil)
+	_ net.Listener = (*Listener)(nil)
+	_ net.Addr     = (*Addr)(nil)
+)
+
+// Connection states, under Conn.mu.
+const (
+	stateDialing     = iota // events go to cmEv for the dialing goroutine
+	stateAccepting          // events go to the listener
+	stateEstablished        // only disconnects matter
+	stateDead               // torn down or being torn down
+)
+
+// Timeouts of the teardown: how long Close waits for the fin to be
+// acknowledged, and for the QP to flush its work requests once in error.
+const (
+	lingerTimeout = 3 * time.Second
+	drainTimeout  = 3 * time.Second
+)
+
+// Conn is an RDMA connection; it implements net.Conn. Reads and Writes may
+// be called from several goroutines; concurrent Writes do not interleave.
+type Conn struct {
+	cm     *cmLoop
+	handle uintptr
+	id     *rdmacm.ID
+	dev    *device
+	qp     *ibv.QP
+	ar     *arena
+	lay    layout
+	cqe    int // CQ entries reserved on dev
+
+	laddr, raddr *Addr
+	maxMsg       int // payload bytes per message, from both sides' buffer sizes
+	maxInline    int // bytes the QP sends inline
+	batch        int // receives reposted and credits returned at once
+	lst          *Listener
+
+	cmEv    chan rdmacm.Event // handshake events, while dialing
+	rxReady chan struct{}     // capacity 1: a message or an error arrived
+	txReady chan struct{}     // capacity 1: credits or send buffers came back
+	drained chan struct{}     // capacity 1: a completion arrived during teardown
+	closing chan struct{}     // closed by Close
+
+	readMu  sync.Mutex // one Read at a time: partial messages stay consistent
+	writeMu sync.Mutex // one Write at a time: Writes do not interleave
+	rdl     deadline
+	wdl     deadline
+
+	mu    sync.Mutex // everything below
+	state int
+	// Receive side. rxq holds received data messages (and the fin) in
+	// arrival order; rxOff is how much of the head message was read.
+	rxq        []rxMsg
+	rxHead     int
+	rxLen      int
+	rxOff      int
+	repost     []ibv.RecvWR // consumed buffers not yet posted again
+	recvPosted int          // receives on the QP
+	unreported int          // data receives posted again, not yet reported to the peer
+	ctrlOwed   int          // control receives posted again, not yet acknowledged
+	wantCredit bool         // a credit message is due but could not be sent
+	finRcvd    bool
+	peerGone   bool // the peer disconnected
+	rerr       error
+	// Send side. Sequence numbers count posted messages; the done numbers
+	// trail them as signaled completions come back.
+	credits     int // data messages the peer has receives for
+	ctrlCredits int // credit messages the peer has receives for
+	dataSeq     uint32
+	dataDone    uint32
+	lastSig     uint32
+	ctrlSeq     uint32
+	ctrlDone    uint32
+	finSent     bool
+	werr        error
+	closed      bool
+}
+
+type rxMsg struct {
+	slot int32
+	n    int32 // payload bytes; -1 for the fin
+}
+
+func newConn(cm *cmLoop, state int) *Conn {
+	return &Conn{
+		cm:      cm,
+		state:   state,
+		cmEv:    make(chan rdmacm.Event, 8),
+		rxReady: make(chan struct{}, 1),
+		txReady: make(chan struct{}, 1),
+		drained: make(chan struct{}, 1),
+		closing: make(chan struct{}),
+		rdl:     makeDeadline(),
+		wdl:     makeDeadline(),
+	}
+}
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// setup creates the data path on the id's device: device reference, arena,
+// QP, and every receive posted.
+func (c *Conn) setup(opts Options) error {
+	verbs := c.id.Verbs()
+	if verbs == nil {
+		return &deviceError{os.NewSyscallError("rdma_resolve_addr", syscall.ENODEV)}
+	}
+	c.lay = newLayout(opts)
+	c.cqe = c.lay.recvSlots + c.lay.sendSlots + c.lay.ctrlSlots + 1
+	dev, err := acquireDevice(verbs, c.cqe)
+	if err != nil {
+		return err
+	}
+	c.dev = dev
+	if c.ar, err = newArena(dev.pd, c.lay.size()); err != nil {
+		return err
+	}
+	// One send queue entry more than buffers, for the drain marker of the
+	// teardown.
+	qp, inline, err := c.id.CreateQP(dev.pd.Ptr(), dev.cq.Ptr(), c.lay.sendSlots+c.lay.ctrlSlots+1, c.lay.recvSlots, 256)
+	if err != nil {
+		return err
+	}
+	c.qp = ibv.QPFrom(qp)
+	c.maxInline = inline
+	c.batch = max(1, opts.RecvDepth/4)
+	c.rxq = make([]rxMsg, c.lay.recvSlots)
+	c.repost = make([]ibv.RecvWR, 0, ibv.MaxRecvBatch)
+	dev.addConn(c)
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := 0; i < c.lay.recvSlots; i++ {
+		c.queueRepost(i)
+		if len(c.repost) == cap(c.repost) {
+			if err := c.postReposts(); err != nil {
+				return err
+			}
+		}
+	}
+	return c.postReposts()
+}
+
+// start records the peer's geometry once the handshake is done.
+func (c *Conn) start(peer hello, opts Options) {
+	c.laddr = addrFrom(c.id.LocalAddr())
+	c.raddr = addrFrom(c.id.PeerAddr())
+	c.maxMsg = min(opts.BufferSize, int(peer.bufSize)) - hdrLen
+	c.mu.Lock()
+	c.credits += int(peer.recvDepth)
+	c.ctrlCredits += int(min(peer.ctrlDepth, ctrlDepth))
+	c.mu.Unlock()
+	signal(c.txReady)
+}
+
+func (c *Conn) hello() hello {
+	return hello{recvDepth: uint16(c.lay.recvSlots - ctrlDepth - finSlots), ctrlDepth: ctrlDepth, bufSize: uint32(c.lay.bufSize)}
+}
+
+// dial runs the active side of the handshake.
+func dial(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options) (*Conn, error) {
+	cm, err := acquireCM()
+	if err != nil {
+		return nil, err
+	}
+	c := newConn(cm, stateDialing)
+	c.handle = cm.register(c)
+	if c.id, err = rdmacm.NewID(cm.ch, c.handle); err != nil {
+		cm.unregister(c.handle)
+		cm.release()
+		return nil, err
+	}
+	if err := c.handshake(ctx, src, dst, opts); err != nil {
+		c.teardown(false)
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options) error {
+	ms := 5000
+	if dl, ok := ctx.Deadline(); ok {
+		ms = max(1, min(ms, int(time.Until(dl)/time.Millisecond)))
+	}
+	if err := c.id.ResolveAddr(src, dst, ms); err != nil {
+		return &deviceError{err}
+	}
+	ev, err := c.waitCM(ctx)
+	if err != nil {
+		return err
+	}
+	if ev.Type != rdmacm.EventAddrResolved {
+		return &deviceError{os.NewSyscallError("rdma_resolve_addr", eventErrno(ev, syscall.ENODEV))}
+	}
+	if err := c.id.ResolveRoute(ms); err != nil {
+		return err
+	}
+	if ev, err = c.waitCM(ctx); err != nil {
+		return err
+	}
+	if ev.Type != rdmacm.EventRouteResolved {
+		return os.NewSyscallError("rdma_resolve_route", eventErrno(ev, syscall.EHOSTUNREACH))
+	}
+	if err := c.setup(opts); err != nil {
+		return err
+	}
+	if err := c.id.Connect(c.hello().marshal()); err != nil {
+		return err
+	}
+	if ev, err = c.waitCM(ctx); err != nil {
+		return err
+	}
+	switch ev.Type {
+	case rdmacm.EventEstablished:
+	case rdmacm.EventRejected:
+		return os.NewSyscallError("rdma_connect", syscall.ECONNREFUSED)
+	case rdmacm.EventUnreachable:
+		return os.NewSyscallError("rdma_connect", eventErrno(ev, syscall.EHOSTUNREACH))
+	default:
+		return os.NewSyscallError("rdma_connect", eventErrno(ev, syscall.ECONNABORTED))
+	}
+	peer, err := parseHello(ev.PrivateData)
+	if err != nil {
+		return err
+	}
+	c.start(peer, opts)
+	return nil
+}
+
+// eventErrno turns an event's status (a negative errno for most events)
+// into an errno, or def when it carries none.
+func eventErrno(ev rdmacm.Event, def syscall.Errno) error {
+	if ev.Status < 0 {
+		return syscall.Errno(-ev.Status)
+	}
+	return def
+}
+
+func (c *Conn) waitCM(ctx context.Context) (rdmacm.Event, error) {
+	select {
+	case ev := <-c.cmEv:
+		return ev, nil
+	case <-ctx.Done():
+		return rdmacm.Event{}, ctx.Err()
+	}
+}
+
+// cmEvent runs on the CM goroutine.
+func (c *Conn) cmEvent(ev rdmacm.Event) {
+	c.mu.Lock()
+	state := c.state
+	if state == stateDialing && ev.Type == rdmacm.EventEstablished {
+		// From here on a disconnect must reach peerDisconnected even
+		// before the dialing goroutine has looked at this event.
+		c.state = stateEstablished
+	}
+	c.mu.Unlock()
+	switch state {
+	case stateDialing:
+		select {
+		case c.cmEv <- ev:
+		default:
+		}
+	case stateAccepting:
+		if ev.Type == rdmacm.EventEstablished {
+			c.mu.Lock()
+			c.state = stateEstablished
+			c.mu.Unlock()
+			c.lst.established(c)
+		} else if ev.Type != rdmacm.EventTimewaitExit {
+			c.lst.failed(c)
+		}
+	case stateEstablished:
+		switch ev.Type {
+		case rdmacm.EventDisconnected, rdmacm.EventDeviceRemoval:
+			c.peerDisconnected()
+		}
+	}
+}
+
+// peerDisconnected handles the peer's disconnect: acknowledge it (which
+// moves our QP to the error state and flushes our receives) and fail
+// further writes. Reads still return what already arrived.
+func (c *Conn) peerDisconnected() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.state == stateDead {
+		return
+	}
+	c.peerGone = true
+	c.id.Disconnect()
+	reset := os.NewSyscallError("rdma_get_cm_event", syscall.ECONNRESET)
+	if c.werr == nil {
+		c.werr = reset
+	}
+	if c.recvPosted == 0 && !c.finRcvd && c.rerr == nil {
+		// No receive left to flush, so no completion will report it.
+		c.rerr = reset
+	}
+	signal(c.rxReady)
+	signal(c.txReady)
+}
+
+// complete handles one work completion; it runs on the device's poller.
+func (c *Conn) complete(wc *ibv.WC) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if wc.WRID&wrSend != 0 {
+		c.sendDone(wc)
+	} else {
+		c.recvDone(wc)
+	}
+	if c.wantCredit {
+		c.returnCredits(true)
+	}
+	if c.state == stateDead {
+		signal(c.drained)
+	}
+}
+
+// wcError is a failed work completion.
+type wcError struct{ status uint32 }
+
+func (e *wcError) Error() string { return ibv.StatusString(e.status) }
+func (e *wcError) Unwrap() error { return syscall.ECONNRESET }
+
+func (c *Conn) recvDone(wc *ibv.WC) {
+	c.recvPosted--
+	if wc.Status != ibv.WCSuccess {
+		if !c.finRcvd && c.rerr == nil {
+			if c.peerGone || wc.Status == ibv.WCFlushErr {
+				c.rerr = os.NewSyscallError("rdma_get_cm_event", syscall.ECONNRESET)
+			} else {
+				c.rerr = os.NewSyscallError("ibv_poll_cq", &wcError{wc.Status})
+			}
+		}
+		signal(c.rxReady)
+		return
+	}
+	slot := int(wc.WRID)
+	if slot >= c.lay.recvSlots || wc.ByteLen < hdrLen {
+		c.protocolViolation("malformed message")
+		return
+	}
+	off := c.lay.recvOff(slot)
+	h := getHeader(c.ar.mem[off:])
+	if h.credits > 0 || h.ctrlAck > 0 {
+		c.credits += int(h.credits)
+		c.ctrlCredits += int(h.ctrlAck)
+		signal(c.txReady)
+	}
+	switch h.typ {
+	case msgData:
+		c.push(rxMsg{slot: int32(slot), n: int32(wc.ByteLen - hdrLen)})
+	case msgCredit:
+		// Post the buffer again at once; the peer learns of it through
+		// ctrlAck on our next message.
+		c.queueRepost(slot)
+		if c.postReposts() == nil {
+			c.ctrlOwed++
+		}
+	case msgFin:
+		c.finRcvd = true
+		c.push(rxMsg{slot: int32(slot), n: -1})
+	default:
+		c.protocolViolation("unknown message type")
+	}
+}
+
+func (c *Conn) push(m rxMsg) {
+	if c.rxLen == len(c.rxq) {
+		c.protocolViolation("peer overran its credits")
+		return
+	}
+	c.rxq[(c.rxHead+c.rxLen)%len(c.rxq)] = m
+	c.rxLen++
+	signal(c.rxReady)
+}
+
+func (c *Conn) protocolViolation(what string) {
+	err := os.NewSyscallError("ibv_poll_cq", &protocolError{what})
+	if c.rerr == nil {
+		c.rerr = err
+	}
+	if c.werr == nil {
+		c.werr = err
+	}
+	c.id.Disconnect()
+	signal(c.rxReady)
+	signal(c.txReady)
+}
+
+func (c *Conn) sendDone(wc *ibv.WC) {
+	data, ctrl := parseSendWRID(wc.WRID)
+	c.dataDone = data
+	c.ctrlDone = c.ctrlSeq - (c.ctrlSeq-ctrl)&0x7fffffff
+	if wc.Status != ibv.WCSuccess && c.werr == nil {
+		if c.peerGone || wc.Status == ibv.WCFlushErr {
+			c.werr = os.NewSyscallError("rdma_get_cm_event", syscall.ECONNRESET)
+		} else {
+			c.werr = os.NewSyscallError("ibv_poll_cq", &wcError{wc.Status})
+			if c.rerr == nil && !c.finRcvd {
+				c.rerr = c.werr
+			}
+			signal(c.rxReady)
+		}
+	}
+	signal(c.txReady)
+}
+
+func (c *Conn) queueRepost(slot int) {
+	c.repost = append(c.repost, ibv.RecvWR{
+		ID:   uint64(slot),
+		Addr: c.ar.base + uint64(c.lay.recvOff(slot)),
+		Len:  uint32(c.lay.bufSize),
+		LKey: c.ar.mr.LKey,
+	})
+}
+
+// postReposts posts the queued receives as one chain.
+func (c *Conn) postReposts() error {
+	n := len(c.repost)
+	if n == 0 {
+		return nil
+	}
+	if c.peerGone {
+		c.repost = c.repost[:0]
+		return nil
+	}
+	err := c.qp.PostRecvs(c.repost)
+	c.repost = c.repost[:0]
+	if err != nil {
+		if c.rerr == nil {
+			c.rerr = err
+		}
+		return err
+	}
+	c.recvPosted += n
+	return nil
+}
+
+// returnCredits posts consumed data buffers again and tells the peer, in a
+// credit message, once a batch of them is ready, or at once when force is
+// set (the reader is about to wait, so the writer must not be left without
+// credits).
+func (c *Conn) returnCredits(force bool) {
+	if n := len(c.repost); n >= c.batch || (force && n > 0) {
+		if c.postReposts() == nil {
+			c.unreported += n
+		}
+	}
+	if c.unreported == 0 || (!force && c.unreported < c.batch) {
+		c.wantCredit = false
+		return
+	}
+	if c.peerGone || c.finSent || c.werr != nil {
+		c.wantCredit = false
+		return
+	}
+	// A credit message spends a control credit, and one control buffer of
+	// ours is kept for the fin.
+	if c.ctrlCredits == 0 || int(c.ctrlSeq-c.ctrlDone) >= ctrlDepth {
+		c.wantCredit = true
+		return
+	}
+	c.wantCredit = false
+	c.ctrlCredits--
+	c.send(msgCredit, 0)
+}
+
+// send posts a message whose payload (n bytes) is already in place: a data
+// message in the next send buffer, a control message in the next control
+// buffer. The header piggybacks every credit owed to the peer.
+func (c *Conn) send(typ uint8, n int) error {
+	var off int
+	data := typ == msgData
+	if data {
+		off = c.lay.sendOff(int(c.dataSeq % uint32(c.lay.sendSlots)))
+	} else {
+		off = c.lay.ctrlOff(int(c.ctrlSeq % uint32(c.lay.ctrlSlots)))
+	}
+	if n := len(c.repost); n > 0 && c.postReposts() == nil {
+		c.unreported += n
+	}
+	header{typ: typ, ctrlAck: uint8(c.ctrlOwed), credits: uint16(c.unreported)}.put(c.ar.mem[off:])
+	c.unreported, c.ctrlOwed, c.wantCredit = 0, 0, false
+
+	// Signal every half ring (so buffers come back while the rest are in
+	// flight) and whenever a ring becomes full (so a waiting writer is
+	// always woken); a signaled completion retires all sends before it.
+	flags := 0
+	if data {
+		c.dataSeq++
+		if c.dataSeq-c.lastSig >= uint32(max(1, c.lay.sendSlots/2)) || int(c.dataSeq-c.dataDone) == c.lay.sendSlots {
+			flags |= ibv.SendSignaled
+		}
+	} else {
+		c.ctrlSeq++
+		if typ == msgFin || int(c.ctrlSeq-c.ctrlDone) >= ctrlDepth/2 {
+			flags |= ibv.SendSignaled
+		}
+	}
+	if flags&ibv.SendSignaled != 0 {
+		c.lastSig = c.dataSeq
+	}
+	if hdrLen+n <= c.maxInline {
+		flags |= ibv.SendInline
+	}
+	err := c.qp.PostSend(sendWRID(c.dataSeq, c.ctrlSeq), c.ar.base+uint64(off), uint32(hdrLen+n), c.ar.mr.LKey, flags)
+	if err != nil && c.werr == nil {
+		c.werr = err
+	}
+	return err
+}
+
+func (c *Conn) opErr(op string, err error) error {
+	if err == nil || err == io.EOF {
+		return err
+	}
+	return &net.OpError{Op: op, Net: "rdma", Source: c.laddr, Addr: c.raddr, Err: err}
+}
+
+// Read reads data into b. It returns the bytes of at most one message (the
+// rest of a longer message comes with the next Reads), and io.EOF once the
+// peer has closed its side and everything it sent has been read.
+func (c *Conn) Read(b []byte) (int, error) {
+	c.readMu.Lock()
+	defer c.readMu.Unlock()
+	n, err := c.read(b)
+	return n, c.opErr("read", err)
+}
+
+func (c *Conn) read(b []byte) (int, error) {
+	c.mu.Lock()
+	for {
+		if c.closed {
+			c.mu.Unlock()
+			return 0, net.ErrClosed
+		}
+		if c.rdl.expired() {
+			c.mu.Unlock()
+			return 0, errTimeout
+		}
+		if c.rxLen > 0 {
+			m := c.rxq[c.rxHead]
+			if m.n < 0 {
+				c.mu.Unlock()
+				return 0, io.EOF
+			}
+			if len(b) == 0 {
+				c.mu.Unlock()
+				return 0, nil
+			}
+			// The head message is ours while readMu is held: copy it
+			// without blocking the poller.
+			c.mu.Unlock()
+			start := c.lay.recvOff(int(m.slot)) + hdrLen
+			n := copy(b, c.ar.mem[start+c.rxOff:start+int(m.n)])
+			c.mu.Lock()
+			c.rxOff += n
+			if c.rxOff == int(m.n) {
+				c.rxOff = 0
+				c.rxHead = (c.rxHead + 1) % len(c.rxq)
+				c.rxLen--
+				c.queueRepost(int(m.slot))
+				c.returnCredits(false)
+			}
+			c.mu.Unlock()
+			return n, nil
+		}
+		if c.rerr != nil {
+			c.mu.Unlock()
+			return 0, c.rerr
+		}
+		if c.peerGone && c.recvPosted == 0 {
+			c.mu.Unlock()
+			return 0, os.NewSyscallError("rdma_get_cm_event", syscall.ECONNRESET)
+		}
+		c.returnCredits(true)
+		c.mu.Unlock()
+		select {
+		case <-c.rxReady:
+		case <-c.closing:
+		case <-c.rdl.wait():
+		}
+		c.mu.Lock()
+	}
+}
+
+// Write writes b as one or more messages and returns once all of it is
+// handed to the NIC; b may be reused at once. It blocks while the peer has
+// no receive buffer free for us, or all our send buffers are in flight.
+func (c *Conn) Write(b []byte) (int, error) {
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	n, err := c.write(b)
+	return n, c.opErr("write", err)
+}
+
+func (c *Conn) write(b []byte) (int, error) {
+	n := 0
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for {
+		switch {
+		case c.closed:
+			return n, net.ErrClosed
+		case c.finSent:
+			return n, os.NewSyscallError("ibv_post_send", syscall.EPIPE)
+		case c.werr != nil:
+			return n, c.werr
+		case c.wdl.expired():
+			return n, errTimeout
+		case n == len(b):
+			return n, nil
+		}
+		if c.credits > 0 && int(c.dataSeq-c.dataDone) < c.lay.sendSlots {
+			chunk := min(len(b)-n, c.maxMsg)
+			start := c.lay.sendOff(int(c.dataSeq%uint32(c.lay.sendSlots))) + hdrLen
+			// The buffer is ours until posted; copy without the lock.
+			c.mu.Unlock()
+			copy(c.ar.mem[start:start+chunk], b[n:n+chunk])
+			c.mu.Lock()
+			if c.closed || c.werr != nil {
+				continue
+			}
+			c.credits--
+			if c.send(msgData, chunk) == nil {
+				n += chunk
+			}
+			continue
+		}
+		c.mu.Unlock()
+		select {
+		case <-c.txReady:
+		case <-c.closing:
+		case <-c.wdl.wait():
+		}
+		c.mu.Lock()
+	}
+}
+
+// CloseWrite shuts down the writing side: the peer reads what was written
+// and then io.EOF, while this side can still read.
+func (c *Conn) CloseWrite() error {
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return c.opErr("close", net.ErrClosed)
+	}
+	return c.opErr("close", c.sendFin())
+}
+
+// sendFin posts the fin unless it was already sent; c.mu is held.
+func (c *Conn) sendFin() error {
+	if c.finSent {
+		return nil
+	}
+	if c.werr != nil {
+		return c.werr
+	}
+	c.finSent = true
+	return c.send(msgFin, 0)
+}
+
+// Close closes the connection. Data already written is delivered before the
+// peer's Read returns io.EOF; Reads and Writes blocked here return an error
+// wrapping net.ErrClosed.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return c.opErr("close", net.ErrClosed)
+	}
+	c.closed = true
+	close(c.closing)
+	c.mu.Unlock()
+	// Wait for Reads and Writes to leave: the teardown frees their buffers.
+	c.writeMu.Lock()
+	c.readMu.Lock()
+	c.teardown(true)
+	c.readMu.Unlock()
+	c.writeMu.Unlock()
+	c.rdl.stop()
+	c.wdl.stop()
+	return nil
+}
+
+// teardown releases everything in order: fin (if graceful) and its
+// acknowledgement, disconnect, flush of every work request, then QP,
+// memory, id, device and CM references.
+func (c *Conn) teardown(graceful bool) {
+	c.mu.Lock()
+	wasEstablished := c.state == stateEstablished
+	c.state = stateDead
+	if c.qp != nil && graceful && wasEstablished && !c.peerGone {
+		if c.sendFin() == nil {
+			c.waitLocked(lingerTimeout, func() bool { return c.ctrlDone == c.ctrlSeq || c.werr != nil || c.peerGone })
+		}
+	}
+	c.id.Disconnect()
+	if c.qp != nil {
+		if c.dataDone != c.dataSeq || c.ctrlDone != c.ctrlSeq {
+			// A signaled marker behind everything posted: its (flushed)
+			// completion retires all earlier sends, signaled or not.
+			c.qp.PostSend(sendWRID(c.dataSeq, c.ctrlSeq), c.ar.base, 0, c.ar.mr.LKey, ibv.SendSignaled)
+		}
+		c.waitLocked(drainTimeout, func() bool {
+			return c.recvPosted == 0 && c.dataDone == c.dataSeq && c.ctrlDone == c.ctrlSeq
+		})
+	}
+	c.mu.Unlock()
+
+	if c.qp != nil {
+		c.dev.removeConn(c)
+		c.id.DestroyQP()
+	}
+	if c.ar != nil {
+		c.ar.free()
+	}
+	c.id.Destroy()
+	c.cm.unregister(c.handle)
+	if c.dev != nil {
+		c.dev.release(c.cqe)
+	}
+	c.cm.release()
+}
+
+// waitLocked waits, with c.mu held on entry and exit, until cond holds or
+// the timeout passes; completions signal c.drained while the state is dead.
+func (c *Conn) waitLocked(timeout time.Duration, cond func() bool) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for !cond() {
+		c.mu.Unlock()
+		select {
+		case <-c.drained:
+		case <-c.txReady:
+		case <-t.C:
+			c.mu.Lock()
+			return
+		}
+		c.mu.Lock()
+	}
+}
+
+// LocalAddr returns the local address, an *Addr.
+func (c *Conn) LocalAddr() net.Addr { return c.laddr }
+
+// RemoteAddr returns the peer's address, an *Addr.
+func (c *Conn) RemoteAddr() net.Addr { return c.raddr }
+
+// SetDeadline sets the read and write deadlines.
+func (c *Conn) SetDeadline(t time.Time) error {
+	if err := c.SetReadDeadline(t); err != nil {
+		return err
+	}
+	return c.SetWriteDeadline(t)
+}
+
+// SetReadDeadline sets the deadline for Reads, including one in progress.
+// A zero t clears it.
+func (c *Conn) SetReadDeadline(t time.Time) error {
+	if c.isClosed() {
+		return c.opErr("set", net.ErrClosed)
+	}
+	c.rdl.set(t)
+	return nil
+}
+
+// SetWriteDeadline sets the deadline for Writes, including one in progress.
+// A zero t clears it.
+func (c *Conn) SetWriteDeadline(t time.Time) error {
+	if c.isClosed() {
+		return c.opErr("set", net.ErrClosed)
+	}
+	c.wdl.set(t)
+	return nil
+}
+
+func (c *Conn) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}

@@ -1,0 +1,377 @@
+//go:build linux && cgo
+
+// Package ibv is a thin cgo layer over libibverbs: one Go type per C object,
+// errors that name the verb and carry errno. The data-path calls are C shims
+// that do a whole batch per cgo crossing (poll up to N completions, post a
+// chain of receives) and take no Go pointers that escape.
+package ibv
+
+/*
+#cgo LDFLAGS: -libverbs
+#cgo noescape gv_poll
+#cgo nocallback gv_poll
+#cgo noescape gv_post_recvs
+#cgo nocallback gv_post_recvs
+#cgo nocallback gv_post_send
+#cgo nocallback gv_req_notify
+#include <errno.h>
+#include <string.h>
+#include <stdint.h>
+#include <infiniband/verbs.h>
+
+// gv_wc is the part of ibv_wc the Go side reads; its layout is mirrored by
+// the Go type WC.
+struct gv_wc {
+	uint64_t wr_id;
+	uint32_t status;
+	uint32_t opcode;
+	uint32_t byte_len;
+	uint32_t qp_num;
+};
+
+// gv_poll polls up to n completions and copies them into out.
+static int gv_poll(struct ibv_cq *cq, int n, struct gv_wc *out) {
+	struct ibv_wc wc[32];
+	if (n > 32)
+		n = 32;
+	int got = ibv_poll_cq(cq, n, wc);
+	for (int i = 0; i < got; i++) {
+		out[i].wr_id = wc[i].wr_id;
+		out[i].status = wc[i].status;
+		out[i].opcode = wc[i].opcode;
+		out[i].byte_len = wc[i].byte_len;
+		out[i].qp_num = wc[i].qp_num;
+	}
+	return got;
+}
+
+// gv_recv mirrors the Go type RecvWR.
+struct gv_recv {
+	uint64_t wr_id;
+	uint64_t addr;
+	uint32_t length;
+	uint32_t lkey;
+};
+
+// gv_post_recvs posts n receives as one chain (one doorbell).
+static int gv_post_recvs(struct ibv_qp *qp, int n, const struct gv_recv *in) {
+	struct ibv_recv_wr wr[64], *bad;
+	struct ibv_sge sge[64];
+	if (n > 64)
+		return EINVAL;
+	for (int i = 0; i < n; i++) {
+		sge[i].addr = in[i].addr;
+		sge[i].length = in[i].length;
+		sge[i].lkey = in[i].lkey;
+		wr[i].wr_id = in[i].wr_id;
+		wr[i].sg_list = &sge[i];
+		wr[i].num_sge = 1;
+		wr[i].next = i + 1 < n ? &wr[i + 1] : NULL;
+	}
+	return ibv_post_recv(qp, wr, &bad);
+}
+
+// gv_post_send posts one SEND. Returns 0 or an errno value.
+static int gv_post_send(struct ibv_qp *qp, uint64_t wr_id, uint64_t addr, uint32_t length,
+                        uint32_t lkey, int flags) {
+	struct ibv_sge sge = { .addr = addr, .length = length, .lkey = lkey };
+	struct ibv_send_wr wr, *bad;
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = wr_id;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.opcode = IBV_WR_SEND;
+	wr.send_flags = flags;
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+static int gv_req_notify(struct ibv_cq *cq) { return ibv_req_notify_cq(cq, 0); }
+
+// gv_drain_events reads completion events until the channel is empty and
+// acknowledges them. Returns the number read, or -1 with errno on failure
+// other than EAGAIN.
+static int gv_drain_events(struct ibv_comp_channel *ch) {
+	int n = 0;
+	struct ibv_cq *cq;
+	void *ctx;
+	for (;;) {
+		if (ibv_get_cq_event(ch, &cq, &ctx)) {
+			if (errno == EAGAIN)
+				return n;
+			return -1;
+		}
+		ibv_ack_cq_events(cq, 1);
+		n++;
+	}
+}
+
+static int gv_max_cqe(struct ibv_context *c, int *max_cqe, int *max_qp_wr) {
+	struct ibv_device_attr a;
+	int r = ibv_query_device(c, &a);
+	if (r)
+		return r;
+	*max_cqe = a.max_cqe;
+	*max_qp_wr = a.max_qp_wr;
+	return 0;
+}
+*/
+import "C"
+
+import (
+	"os"
+	"syscall"
+	"unsafe"
+
+	"github.com/goverbs/rdma/internal/pollfd"
+)
+
+// Send flags.
+const (
+	SendSignaled = C.IBV_SEND_SIGNALED
+	SendInline   = C.IBV_SEND_INLINE
+)
+
+// Completion statuses and opcodes the library distinguishes.
+const (
+	WCSuccess     = C.IBV_WC_SUCCESS
+	WCFlushErr    = C.IBV_WC_WR_FLUSH_ERR
+	WCRetryExcErr = C.IBV_WC_RETRY_EXC_ERR
+	WCOpRecv      = C.IBV_WC_RECV
+)
+
+// WC is one work completion; its layout mirrors struct gv_wc.
+type WC struct {
+	WRID    uint64
+	Status  uint32
+	Opcode  uint32
+	ByteLen uint32
+	QPNum   uint32
+}
+
+// StatusString describes a completion status (ibv_wc_status_str).
+func StatusString(s uint32) string {
+	return C.GoString(C.ibv_wc_status_str(C.enum_ibv_wc_status(s)))
+}
+
+// RecvWR is one receive to post; its layout mirrors struct gv_recv.
+type RecvWR struct {
+	ID   uint64
+	Addr uint64
+	Len  uint32
+	LKey uint32
+}
+
+// MaxRecvBatch is the most receives PostRecvs takes at once.
+const MaxRecvBatch = 64
+
+// Context is an ibv_context owned by librdmacm (one per device, shared by
+// every id on it); it is never closed here.
+type Context struct{ c *C.struct_ibv_context }
+
+// ContextFrom wraps an ibv_context pointer from rdmacm.ID.Verbs.
+func ContextFrom(p unsafe.Pointer) *Context { return &Context{c: (*C.struct_ibv_context)(p)} }
+
+// Ptr is the C pointer, used as the device's identity.
+func (c *Context) Ptr() unsafe.Pointer { return unsafe.Pointer(c.c) }
+
+// Name is the device name (e.g. "rxe0").
+func (c *Context) Name() string { return C.GoString(C.ibv_get_device_name(c.c.device)) }
+
+// Limits returns the device's max CQ entries and max WRs per queue.
+func (c *Context) Limits() (maxCQE, maxQPWR int, err error) {
+	var a, b C.int
+	if r := C.gv_max_cqe(c.c, &a, &b); r != 0 {
+		return 0, 0, os.NewSyscallError("ibv_query_device", syscall.Errno(r))
+	}
+	return int(a), int(b), nil
+}
+
+// PD is a protection domain.
+type PD struct{ p *C.struct_ibv_pd }
+
+// AllocPD allocates a protection domain (ibv_alloc_pd).
+func (c *Context) AllocPD() (*PD, error) {
+	p, err := C.ibv_alloc_pd(c.c)
+	if p == nil {
+		return nil, os.NewSyscallError("ibv_alloc_pd", errnoOr(err))
+	}
+	return &PD{p: p}, nil
+}
+
+// Ptr is the C pointer, for rdmacm.ID.CreateQP.
+func (pd *PD) Ptr() unsafe.Pointer { return unsafe.Pointer(pd.p) }
+
+// Dealloc frees the PD (ibv_dealloc_pd).
+func (pd *PD) Dealloc() error {
+	if r := C.ibv_dealloc_pd(pd.p); r != 0 {
+		return os.NewSyscallError("ibv_dealloc_pd", syscall.Errno(r))
+	}
+	return nil
+}
+
+// MR is a memory region registered for local access only: no peer can read
+// or write it.
+type MR struct {
+	m    *C.struct_ibv_mr
+	LKey uint32
+}
+
+// RegMR registers mem, which must not be Go heap memory (C keeps pointers
+// into it), with IBV_ACCESS_LOCAL_WRITE only.
+func (pd *PD) RegMR(mem []byte) (*MR, error) {
+	m, err := C.ibv_reg_mr(pd.p, unsafe.Pointer(unsafe.SliceData(mem)), C.size_t(len(mem)), C.IBV_ACCESS_LOCAL_WRITE)
+	if m == nil {
+		return nil, os.NewSyscallError("ibv_reg_mr", errnoOr(err))
+	}
+	return &MR{m: m, LKey: uint32(m.lkey)}, nil
+}
+
+// Dereg deregisters the region (ibv_dereg_mr).
+func (mr *MR) Dereg() error {
+	if r := C.ibv_dereg_mr(mr.m); r != 0 {
+		return os.NewSyscallError("ibv_dereg_mr", syscall.Errno(r))
+	}
+	return nil
+}
+
+// CompChannel is a completion channel whose fd sits in the netpoller.
+type CompChannel struct {
+	ch *C.struct_ibv_comp_channel
+	fd *pollfd.FD
+}
+
+// CreateCompChannel creates a completion channel (ibv_create_comp_channel).
+func (c *Context) CreateCompChannel() (*CompChannel, error) {
+	ch, err := C.ibv_create_comp_channel(c.c)
+	if ch == nil {
+		return nil, os.NewSyscallError("ibv_create_comp_channel", errnoOr(err))
+	}
+	fd, err := pollfd.New(int(ch.fd), "ibv_comp_channel")
+	if err != nil {
+		C.ibv_destroy_comp_channel(ch)
+		return nil, err
+	}
+	return &CompChannel{ch: ch, fd: fd}, nil
+}
+
+// Wait parks until at least one completion event arrives, reads and
+// acknowledges every pending event, and returns. After Interrupt it returns
+// an error.
+func (ch *CompChannel) Wait() error {
+	var failed error
+	err := ch.fd.Wait(func() bool {
+		n, err := C.gv_drain_events(ch.ch)
+		if n < 0 {
+			failed = os.NewSyscallError("ibv_get_cq_event", err)
+			return true
+		}
+		return n > 0
+	})
+	if failed != nil {
+		return failed
+	}
+	return err
+}
+
+// Interrupt wakes a parked Wait for shutdown; Wait fails from then on.
+func (ch *CompChannel) Interrupt() { ch.fd.Close() }
+
+// Destroy destroys the channel (ibv_destroy_comp_channel); its CQs go first.
+func (ch *CompChannel) Destroy() error {
+	if r := C.ibv_destroy_comp_channel(ch.ch); r != 0 {
+		return os.NewSyscallError("ibv_destroy_comp_channel", syscall.Errno(r))
+	}
+	return nil
+}
+
+// CQ is a completion queue.
+type CQ struct {
+	cq  *C.struct_ibv_cq
+	Cap int
+}
+
+// CreateCQ creates a CQ with at least cqe entries bound to ch.
+func (c *Context) CreateCQ(cqe int, ch *CompChannel) (*CQ, error) {
+	cq, err := C.ibv_create_cq(c.c, C.int(cqe), nil, ch.ch, 0)
+	if cq == nil {
+		return nil, os.NewSyscallError("ibv_create_cq", errnoOr(err))
+	}
+	return &CQ{cq: cq, Cap: int(cq.cqe)}, nil
+}
+
+// Ptr is the C pointer, for rdmacm.ID.CreateQP.
+func (cq *CQ) Ptr() unsafe.Pointer { return unsafe.Pointer(cq.cq) }
+
+// Poll fills wcs with up to len(wcs) (at most 32) completions.
+func (cq *CQ) Poll(wcs []WC) (int, error) {
+	n := C.gv_poll(cq.cq, C.int(len(wcs)), (*C.struct_gv_wc)(unsafe.Pointer(unsafe.SliceData(wcs))))
+	if n < 0 {
+		return 0, os.NewSyscallError("ibv_poll_cq", syscall.EIO)
+	}
+	return int(n), nil
+}
+
+// ReqNotify arms the CQ for one completion event (ibv_req_notify_cq).
+func (cq *CQ) ReqNotify() error {
+	if r := C.gv_req_notify(cq.cq); r != 0 {
+		return os.NewSyscallError("ibv_req_notify_cq", syscall.Errno(r))
+	}
+	return nil
+}
+
+// Resize grows the CQ to at least cqe entries (ibv_resize_cq).
+func (cq *CQ) Resize(cqe int) error {
+	if r := C.ibv_resize_cq(cq.cq, C.int(cqe)); r != 0 {
+		return os.NewSyscallError("ibv_resize_cq", syscall.Errno(r))
+	}
+	cq.Cap = int(cq.cq.cqe)
+	return nil
+}
+
+// Destroy destroys the CQ (ibv_destroy_cq); its QPs go first.
+func (cq *CQ) Destroy() error {
+	if r := C.ibv_destroy_cq(cq.cq); r != 0 {
+		return os.NewSyscallError("ibv_destroy_cq", syscall.Errno(r))
+	}
+	return nil
+}
+
+// QP is a queue pair created (and destroyed) through rdmacm.
+type QP struct {
+	qp *C.struct_ibv_qp
+	// Num is the QP number completions carry.
+	Num uint32
+}
+
+// QPFrom wraps an ibv_qp pointer from rdmacm.ID.CreateQP.
+func QPFrom(p unsafe.Pointer) *QP {
+	q := (*C.struct_ibv_qp)(p)
+	return &QP{qp: q, Num: uint32(q.qp_num)}
+}
+
+// PostSend posts one SEND of [addr, addr+length) (ibv_post_send).
+func (qp *QP) PostSend(wrID, addr uint64, length, lkey uint32, flags int) error {
+	if r := C.gv_post_send(qp.qp, C.uint64_t(wrID), C.uint64_t(addr), C.uint32_t(length), C.uint32_t(lkey), C.int(flags)); r != 0 {
+		return os.NewSyscallError("ibv_post_send", syscall.Errno(r))
+	}
+	return nil
+}
+
+// PostRecvs posts up to MaxRecvBatch receives as one chain (ibv_post_recv).
+func (qp *QP) PostRecvs(wrs []RecvWR) error {
+	if len(wrs) == 0 {
+		return nil
+	}
+	r := C.gv_post_recvs(qp.qp, C.int(len(wrs)), (*C.struct_gv_recv)(unsafe.Pointer(unsafe.SliceData(wrs))))
+	if r != 0 {
+		return os.NewSyscallError("ibv_post_recv", syscall.Errno(r))
+	}
+	return nil
+}
+
+func errnoOr(err error) error {
+	if err == nil {
+		return syscall.ENOMEM
+	}
+	return err
+}

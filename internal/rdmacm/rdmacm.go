@@ -1,0 +1,437 @@
+//go:build linux && cgo
+
+// Package rdmacm is a thin cgo layer over librdmacm: one Go type per C
+// object, errors that name the call and carry errno. Policy (what to do with
+// an event, when to tear down) lives in the root package.
+package rdmacm
+
+/*
+#cgo LDFLAGS: -lrdmacm -libverbs
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdint.h>
+#include <netinet/in.h>
+#include <rdma/rdma_cma.h>
+
+// gv_event is the part of an rdma_cm_event the Go side needs, copied out so
+// the event can be acknowledged before it is dispatched: rdma_destroy_id
+// blocks until every event of its id is acknowledged, so holding events
+// while running Go handlers would invite deadlocks.
+struct gv_event {
+	int type;
+	int status;
+	struct rdma_cm_id *id;
+	uintptr_t handle;        // id->context
+	uintptr_t listen_handle; // listen_id->context, for connect requests
+	uint8_t private_len;
+	uint8_t responder_resources;
+	uint8_t initiator_depth;
+	uint8_t private_data[64];
+};
+
+// gv_get_event fetches one event, copies it and acknowledges it.
+// Returns 0, or -1 with errno (EAGAIN when the channel is empty).
+static int gv_get_event(struct rdma_event_channel *ch, struct gv_event *out) {
+	struct rdma_cm_event *ev;
+	if (rdma_get_cm_event(ch, &ev))
+		return -1;
+	memset(out, 0, sizeof(*out));
+	out->type = ev->event;
+	out->status = ev->status;
+	out->id = ev->id;
+	out->handle = (uintptr_t)ev->id->context;
+	if (ev->listen_id)
+		out->listen_handle = (uintptr_t)ev->listen_id->context;
+	if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST ||
+	    ev->event == RDMA_CM_EVENT_ESTABLISHED ||
+	    ev->event == RDMA_CM_EVENT_REJECTED ||
+	    ev->event == RDMA_CM_EVENT_CONNECT_RESPONSE) {
+		uint8_t n = ev->param.conn.private_data_len;
+		if (n > sizeof(out->private_data))
+			n = sizeof(out->private_data);
+		if (ev->param.conn.private_data && n)
+			memcpy(out->private_data, ev->param.conn.private_data, n);
+		else
+			n = 0;
+		out->private_len = n;
+		out->responder_resources = ev->param.conn.responder_resources;
+		out->initiator_depth = ev->param.conn.initiator_depth;
+	}
+	rdma_ack_cm_event(ev);
+	return 0;
+}
+
+static int gv_create_id(struct rdma_event_channel *ch, struct rdma_cm_id **id, uintptr_t handle) {
+	return rdma_create_id(ch, id, (void *)handle, RDMA_PS_TCP);
+}
+
+static void gv_set_handle(struct rdma_cm_id *id, uintptr_t handle) { id->context = (void *)handle; }
+
+static void gv_sockaddr(struct sockaddr_storage *ss, int family, const uint8_t *ip, uint16_t port) {
+	memset(ss, 0, sizeof(*ss));
+	if (family == AF_INET6) {
+		struct sockaddr_in6 *s = (struct sockaddr_in6 *)ss;
+		s->sin6_family = AF_INET6;
+		s->sin6_port = htons(port);
+		memcpy(&s->sin6_addr, ip, 16);
+	} else {
+		struct sockaddr_in *s = (struct sockaddr_in *)ss;
+		s->sin_family = AF_INET;
+		s->sin_port = htons(port);
+		memcpy(&s->sin_addr, ip, 4);
+	}
+}
+
+static int gv_bind(struct rdma_cm_id *id, int family, const uint8_t *ip, uint16_t port) {
+	struct sockaddr_storage ss;
+	gv_sockaddr(&ss, family, ip, port);
+	return rdma_bind_addr(id, (struct sockaddr *)&ss);
+}
+
+static int gv_resolve_addr(struct rdma_cm_id *id, int sfamily, const uint8_t *sip,
+                           int dfamily, const uint8_t *dip, uint16_t dport, int timeout_ms) {
+	struct sockaddr_storage src, dst;
+	gv_sockaddr(&dst, dfamily, dip, dport);
+	if (sfamily) {
+		gv_sockaddr(&src, sfamily, sip, 0);
+		return rdma_resolve_addr(id, (struct sockaddr *)&src, (struct sockaddr *)&dst, timeout_ms);
+	}
+	return rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, timeout_ms);
+}
+
+// gv_addr reads the local (which == 0) or peer address of id.
+static int gv_addr(struct rdma_cm_id *id, int which, uint8_t *ip, uint16_t *port) {
+	struct sockaddr *sa = which ? rdma_get_peer_addr(id) : rdma_get_local_addr(id);
+	if (sa->sa_family == AF_INET6) {
+		struct sockaddr_in6 *s = (struct sockaddr_in6 *)sa;
+		memcpy(ip, &s->sin6_addr, 16);
+		*port = ntohs(s->sin6_port);
+		return AF_INET6;
+	}
+	if (sa->sa_family == AF_INET) {
+		struct sockaddr_in *s = (struct sockaddr_in *)sa;
+		memcpy(ip, &s->sin_addr, 4);
+		*port = ntohs(s->sin_port);
+		return AF_INET;
+	}
+	return 0;
+}
+
+static int gv_connect(struct rdma_cm_id *id, const void *pd, uint8_t pdlen, int accept) {
+	struct rdma_conn_param p;
+	memset(&p, 0, sizeof(p));
+	p.private_data = pd;
+	p.private_data_len = pdlen;
+	// SEND/RECV only: no RDMA READ/atomic resources are needed.
+	p.responder_resources = 0;
+	p.initiator_depth = 0;
+	p.retry_count = 7;
+	// Credits guarantee a posted receive for every SEND, so RNR should never
+	// happen; retry anyway rather than fail hard if a peer is slow to post.
+	p.rnr_retry_count = 7;
+	return accept ? rdma_accept(id, &p) : rdma_connect(id, &p);
+}
+
+static int gv_create_qp(struct rdma_cm_id *id, void *pd, void *cq, uint32_t send_wr,
+                        uint32_t recv_wr, uint32_t inline_data, uint32_t *max_inline) {
+	struct ibv_qp_init_attr a;
+	memset(&a, 0, sizeof(a));
+	a.send_cq = cq;
+	a.recv_cq = cq;
+	a.qp_type = IBV_QPT_RC;
+	a.cap.max_send_wr = send_wr;
+	a.cap.max_recv_wr = recv_wr;
+	a.cap.max_send_sge = 1;
+	a.cap.max_recv_sge = 1;
+	a.cap.max_inline_data = inline_data;
+	a.sq_sig_all = 0;
+	if (rdma_create_qp(id, pd, &a)) {
+		if (inline_data == 0)
+			return -1;
+		// Some providers refuse an inline size they cannot honour; retry
+		// without inline rather than fail the connection.
+		a.cap.max_inline_data = 0;
+		if (rdma_create_qp(id, pd, &a))
+			return -1;
+	}
+	*max_inline = a.cap.max_inline_data;
+	return 0;
+}
+
+static void *gv_qp(struct rdma_cm_id *id) { return id->qp; }
+static void *gv_verbs(struct rdma_cm_id *id) { return id->verbs; }
+static int gv_channel_fd(struct rdma_event_channel *ch) { return ch->fd; }
+*/
+import "C"
+
+import (
+	"net/netip"
+	"os"
+	"syscall"
+	"unsafe"
+
+	"github.com/goverbs/rdma/internal/pollfd"
+)
+
+// Supported reports whether the real librdmacm is linked in.
+const Supported = true
+
+// EventType is an rdma_cm event type.
+type EventType int
+
+// Event types the library acts on.
+const (
+	EventAddrResolved    EventType = C.RDMA_CM_EVENT_ADDR_RESOLVED
+	EventAddrError       EventType = C.RDMA_CM_EVENT_ADDR_ERROR
+	EventRouteResolved   EventType = C.RDMA_CM_EVENT_ROUTE_RESOLVED
+	EventRouteError      EventType = C.RDMA_CM_EVENT_ROUTE_ERROR
+	EventConnectRequest  EventType = C.RDMA_CM_EVENT_CONNECT_REQUEST
+	EventConnectResponse EventType = C.RDMA_CM_EVENT_CONNECT_RESPONSE
+	EventConnectError    EventType = C.RDMA_CM_EVENT_CONNECT_ERROR
+	EventUnreachable     EventType = C.RDMA_CM_EVENT_UNREACHABLE
+	EventRejected        EventType = C.RDMA_CM_EVENT_REJECTED
+	EventEstablished     EventType = C.RDMA_CM_EVENT_ESTABLISHED
+	EventDisconnected    EventType = C.RDMA_CM_EVENT_DISCONNECTED
+	EventDeviceRemoval   EventType = C.RDMA_CM_EVENT_DEVICE_REMOVAL
+	EventAddrChange      EventType = C.RDMA_CM_EVENT_ADDR_CHANGE
+	EventTimewaitExit    EventType = C.RDMA_CM_EVENT_TIMEWAIT_EXIT
+)
+
+func (t EventType) String() string {
+	return C.GoString(C.rdma_event_str(C.enum_rdma_cm_event_type(t)))
+}
+
+// Event is a copy of an rdma_cm_event, already acknowledged.
+type Event struct {
+	Type   EventType
+	Status int
+	// Handle is the handle of the id the event is for; ListenHandle that of
+	// the listening id for connect requests, whose ID is a new id.
+	Handle       uintptr
+	ListenHandle uintptr
+	ID           *ID
+	PrivateData  []byte
+}
+
+// EventChannel is an rdma_event_channel driven through the netpoller.
+type EventChannel struct {
+	ch *C.struct_rdma_event_channel
+	fd *pollfd.FD
+	ev C.struct_gv_event
+}
+
+// NewEventChannel creates an event channel whose fd is nonblocking and
+// registered with the netpoller.
+func NewEventChannel() (*EventChannel, error) {
+	ch, err := C.rdma_create_event_channel()
+	if ch == nil {
+		if err == nil {
+			err = syscall.ENODEV
+		}
+		return nil, os.NewSyscallError("rdma_create_event_channel", err)
+	}
+	fd, err := pollfd.New(int(C.gv_channel_fd(ch)), "rdma_cm")
+	if err != nil {
+		C.rdma_destroy_event_channel(ch)
+		return nil, err
+	}
+	return &EventChannel{ch: ch, fd: fd}, nil
+}
+
+// Run parks until events arrive and passes each to handle, acknowledged,
+// until Interrupt is called; then it returns. Only one goroutine may Run.
+func (c *EventChannel) Run(handle func(Event)) error {
+	var failed error
+	err := c.fd.Wait(func() bool {
+		for {
+			r, err := C.gv_get_event(c.ch, &c.ev)
+			if r != 0 {
+				if err == syscall.EAGAIN || err == syscall.EINTR {
+					return false
+				}
+				failed = os.NewSyscallError("rdma_get_cm_event", err)
+				return true
+			}
+			handle(c.copyEvent())
+		}
+	})
+	if failed != nil {
+		return failed
+	}
+	return err
+}
+
+func (c *EventChannel) copyEvent() Event {
+	e := &c.ev
+	ev := Event{
+		Type:         EventType(e._type),
+		Status:       int(e.status),
+		Handle:       uintptr(e.handle),
+		ListenHandle: uintptr(e.listen_handle),
+		ID:           &ID{id: e.id},
+	}
+	if n := int(e.private_len); n > 0 {
+		ev.PrivateData = C.GoBytes(unsafe.Pointer(&e.private_data[0]), C.int(n))
+	}
+	return ev
+}
+
+// Interrupt makes Run return.
+func (c *EventChannel) Interrupt() { c.fd.Close() }
+
+// Destroy releases the channel; every id on it must be destroyed first.
+func (c *EventChannel) Destroy() { C.rdma_destroy_event_channel(c.ch) }
+
+// ID is an rdma_cm_id.
+type ID struct{ id *C.struct_rdma_cm_id }
+
+// NewID creates an RC (RDMA_PS_TCP) id on ch whose events carry handle.
+func NewID(ch *EventChannel, handle uintptr) (*ID, error) {
+	var id *C.struct_rdma_cm_id
+	if r, err := C.gv_create_id(ch.ch, &id, C.uintptr_t(handle)); r != 0 {
+		return nil, os.NewSyscallError("rdma_create_id", err)
+	}
+	return &ID{id: id}, nil
+}
+
+// SetHandle changes the handle the id's events carry (for ids born from
+// connect requests, which inherit the listener's).
+func (id *ID) SetHandle(h uintptr) { C.gv_set_handle(id.id, C.uintptr_t(h)) }
+
+func ipBytes(a netip.Addr) (C.int, [16]byte) {
+	var b [16]byte
+	if a.Is4() {
+		v := a.As4()
+		copy(b[:], v[:])
+		return C.AF_INET, b
+	}
+	b = a.As16()
+	return C.AF_INET6, b
+}
+
+// Bind binds the id to a local address (rdma_bind_addr).
+func (id *ID) Bind(ap netip.AddrPort) error {
+	fam, ip := ipBytes(ap.Addr())
+	if r, err := C.gv_bind(id.id, fam, (*C.uint8_t)(&ip[0]), C.uint16_t(ap.Port())); r != 0 {
+		return os.NewSyscallError("rdma_bind_addr", err)
+	}
+	return nil
+}
+
+// Listen starts listening (rdma_listen).
+func (id *ID) Listen(backlog int) error {
+	if r, err := C.rdma_listen(id.id, C.int(backlog)); r != 0 {
+		return os.NewSyscallError("rdma_listen", err)
+	}
+	return nil
+}
+
+// ResolveAddr starts address resolution; src may be the zero Addr.
+func (id *ID) ResolveAddr(src netip.Addr, dst netip.AddrPort, timeoutMs int) error {
+	var sfam C.int
+	var sip [16]byte
+	if src.IsValid() {
+		sfam, sip = ipBytes(src)
+	}
+	dfam, dip := ipBytes(dst.Addr())
+	if r, err := C.gv_resolve_addr(id.id, sfam, (*C.uint8_t)(&sip[0]), dfam, (*C.uint8_t)(&dip[0]),
+		C.uint16_t(dst.Port()), C.int(timeoutMs)); r != 0 {
+		return os.NewSyscallError("rdma_resolve_addr", err)
+	}
+	return nil
+}
+
+// ResolveRoute starts route resolution.
+func (id *ID) ResolveRoute(timeoutMs int) error {
+	if r, err := C.rdma_resolve_route(id.id, C.int(timeoutMs)); r != 0 {
+		return os.NewSyscallError("rdma_resolve_route", err)
+	}
+	return nil
+}
+
+func (id *ID) connect(private []byte, accept C.int, name string) error {
+	var p unsafe.Pointer
+	if len(private) > 0 {
+		p = C.CBytes(private)
+		defer C.free(p)
+	}
+	if r, err := C.gv_connect(id.id, p, C.uint8_t(len(private)), accept); r != 0 {
+		return os.NewSyscallError(name, err)
+	}
+	return nil
+}
+
+// Connect sends a connection request carrying private (rdma_connect).
+func (id *ID) Connect(private []byte) error { return id.connect(private, 0, "rdma_connect") }
+
+// Accept accepts a connection request, replying with private (rdma_accept).
+func (id *ID) Accept(private []byte) error { return id.connect(private, 1, "rdma_accept") }
+
+// Reject refuses a connection request (rdma_reject).
+func (id *ID) Reject(private []byte) error {
+	var p unsafe.Pointer
+	if len(private) > 0 {
+		p = C.CBytes(private)
+		defer C.free(p)
+	}
+	if r, err := C.rdma_reject(id.id, p, C.uint8_t(len(private))); r != 0 {
+		return os.NewSyscallError("rdma_reject", err)
+	}
+	return nil
+}
+
+// Disconnect moves the QP to the error state and tells the peer
+// (rdma_disconnect).
+func (id *ID) Disconnect() error {
+	if r, err := C.rdma_disconnect(id.id); r != 0 {
+		return os.NewSyscallError("rdma_disconnect", err)
+	}
+	return nil
+}
+
+// CreateQP creates an RC QP on the id using pd and cq (C pointers from
+// package ibv) for both directions, and returns the ibv_qp pointer and the
+// inline size the provider granted.
+func (id *ID) CreateQP(pd, cq unsafe.Pointer, sendWR, recvWR, inline int) (unsafe.Pointer, int, error) {
+	var maxInline C.uint32_t
+	if r, err := C.gv_create_qp(id.id, pd, cq, C.uint32_t(sendWR), C.uint32_t(recvWR),
+		C.uint32_t(inline), &maxInline); r != 0 {
+		return nil, 0, os.NewSyscallError("rdma_create_qp", err)
+	}
+	return C.gv_qp(id.id), int(maxInline), nil
+}
+
+// DestroyQP destroys the id's QP.
+func (id *ID) DestroyQP() { C.rdma_destroy_qp(id.id) }
+
+// Destroy destroys the id (rdma_destroy_id). It blocks until every event of
+// the id is acknowledged, so it must not run on the event goroutine while
+// an event of this id is held.
+func (id *ID) Destroy() error {
+	if r, err := C.rdma_destroy_id(id.id); r != 0 {
+		return os.NewSyscallError("rdma_destroy_id", err)
+	}
+	return nil
+}
+
+// Verbs returns the id's ibv_context pointer, or nil if unbound.
+func (id *ID) Verbs() unsafe.Pointer { return C.gv_verbs(id.id) }
+
+func (id *ID) addr(which C.int) netip.AddrPort {
+	var ip [16]byte
+	var port C.uint16_t
+	switch C.gv_addr(id.id, which, (*C.uint8_t)(&ip[0]), &port) {
+	case C.AF_INET:
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte(ip[:4])), uint16(port))
+	case C.AF_INET6:
+		return netip.AddrPortFrom(netip.AddrFrom16(ip).Unmap(), uint16(port))
+	}
+	return netip.AddrPort{}
+}
+
+// LocalAddr is the id's bound address.
+func (id *ID) LocalAddr() netip.AddrPort { return id.addr(0) }
+
+// PeerAddr is the connected or requesting peer's address.
+func (id *ID) PeerAddr() netip.AddrPort { return id.addr(1) }

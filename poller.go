@@ -1,0 +1,199 @@
+//go:build linux && cgo
+
+package rdma
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/goverbs/rdma/internal/ibv"
+)
+
+// device holds what all connections on one ibv_context share: a protection
+// domain, one completion queue with its completion channel, and the poller
+// goroutine that drains the queue and hands completions to connections. It
+// exists while connections use it.
+type device struct {
+	ctx  *ibv.Context
+	pd   *ibv.PD
+	ch   *ibv.CompChannel
+	done chan struct{}
+	stop atomic.Bool
+
+	cqMu     sync.Mutex // serializes Poll and Resize
+	cq       *ibv.CQ
+	reserved int // CQ entries promised to connections, under devMu
+
+	connsMu sync.RWMutex
+	conns   map[uint32]*Conn // by QP number
+
+	refs int // under devMu
+}
+
+var (
+	devMu   sync.Mutex
+	devices = map[unsafe.Pointer]*device{}
+)
+
+// initialCQE is the first size of a device's CQ; it grows as connections
+// are added.
+const initialCQE = 1024
+
+// spinPolls is how many empty polls the poller makes, yielding between
+// them, before it arms the CQ and parks: a completion that follows soon
+// (the reply of a ping-pong) is then picked up without a wakeup.
+const spinPolls = 64
+
+// acquireDevice returns the device for an ibv_context with one more
+// reference and cqe more CQ entries reserved, setting it up on first use.
+func acquireDevice(verbs unsafe.Pointer, cqe int) (*device, error) {
+	devMu.Lock()
+	defer devMu.Unlock()
+	d := devices[verbs]
+	if d == nil {
+		var err error
+		if d, err = newDevice(ibv.ContextFrom(verbs)); err != nil {
+			return nil, err
+		}
+		devices[verbs] = d
+	}
+	need := d.reserved + cqe
+	if need > d.cq.Cap {
+		grow := max(need, 2*d.cq.Cap)
+		d.cqMu.Lock()
+		err := d.cq.Resize(grow)
+		d.cqMu.Unlock()
+		if err != nil {
+			if d.refs == 0 {
+				d.destroy()
+				delete(devices, verbs)
+			}
+			return nil, err
+		}
+	}
+	d.reserved = need
+	d.refs++
+	return d, nil
+}
+
+func newDevice(ctx *ibv.Context) (*device, error) {
+	pd, err := ctx.AllocPD()
+	if err != nil {
+		return nil, err
+	}
+	ch, err := ctx.CreateCompChannel()
+	if err != nil {
+		pd.Dealloc()
+		return nil, err
+	}
+	cq, err := ctx.CreateCQ(initialCQE, ch)
+	if err != nil {
+		ch.Interrupt()
+		ch.Destroy()
+		pd.Dealloc()
+		return nil, err
+	}
+	d := &device{ctx: ctx, pd: pd, ch: ch, cq: cq, done: make(chan struct{}), conns: map[uint32]*Conn{}}
+	go d.run()
+	return d, nil
+}
+
+// release returns cqe reserved entries and a reference; the last reference
+// stops the poller and destroys the device's objects.
+func (d *device) release(cqe int) {
+	devMu.Lock()
+	defer devMu.Unlock()
+	d.reserved -= cqe
+	d.refs--
+	if d.refs == 0 {
+		delete(devices, d.ctx.Ptr())
+		d.destroy()
+	}
+}
+
+func (d *device) destroy() {
+	d.stop.Store(true)
+	d.ch.Interrupt()
+	<-d.done
+	d.cq.Destroy()
+	d.ch.Destroy()
+	d.pd.Dealloc()
+}
+
+func (d *device) addConn(c *Conn) {
+	d.connsMu.Lock()
+	d.conns[c.qp.Num] = c
+	d.connsMu.Unlock()
+}
+
+func (d *device) removeConn(c *Conn) {
+	d.connsMu.Lock()
+	delete(d.conns, c.qp.Num)
+	d.connsMu.Unlock()
+}
+
+func (d *device) poll(wcs []ibv.WC) int {
+	d.cqMu.Lock()
+	n, err := d.cq.Poll(wcs)
+	d.cqMu.Unlock()
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
+// run is the poller: poll in batches while completions come, spin a little
+// when they stop, then arm the CQ, poll once more (a completion that landed
+// before arming raises no event) and park on the completion channel.
+func (d *device) run() {
+	defer close(d.done)
+	var wcs [32]ibv.WC
+	idle := 0
+	for {
+		if n := d.poll(wcs[:]); n > 0 {
+			d.dispatch(wcs[:n])
+			idle = 0
+			continue
+		}
+		if d.stop.Load() {
+			return
+		}
+		if idle < spinPolls {
+			idle++
+			runtime.Gosched()
+			continue
+		}
+		if err := d.cq.ReqNotify(); err != nil {
+			return
+		}
+		if n := d.poll(wcs[:]); n > 0 {
+			d.dispatch(wcs[:n])
+			idle = 0
+			continue
+		}
+		if err := d.ch.Wait(); err != nil {
+			return
+		}
+		idle = 0
+	}
+}
+
+func (d *device) dispatch(wcs []ibv.WC) {
+	d.connsMu.RLock()
+	defer d.connsMu.RUnlock()
+	var last *Conn
+	var lastQP uint32
+	for i := range wcs {
+		wc := &wcs[i]
+		c := last
+		if c == nil || wc.QPNum != lastQP {
+			c = d.conns[wc.QPNum]
+			last, lastQP = c, wc.QPNum
+		}
+		if c != nil {
+			c.complete(wc)
+		}
+	}
+}

@@ -1,0 +1,111 @@
+package rdma
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// The wire protocol.
+//
+// Handshake: the connect request and the accept reply each carry a hello in
+// the rdma_cm private data (IB allows 56 bytes in a request): a magic, a
+// version, and the sender's receive geometry, so each side knows how many
+// messages it may send and how large they may be.
+//
+// Messages: every SEND starts with an 8-byte header. Data messages carry
+// payload; credit messages only return credits; a fin message ends the
+// stream. Every header piggybacks the credits the sender has freed since
+// its last message, so request/response traffic needs no extra messages.
+//
+// Credits come in two classes so that returning credits can never wait on
+// credits. Data messages spend data credits (the peer's RecvDepth). Credit
+// messages spend control credits (ctrlDepth, returned by the ctrlAck field
+// of any later message). One more receive at each side is reserved for the
+// single fin. A sender therefore never has more messages in flight than the
+// peer has receives posted, and the NIC never sees receiver-not-ready.
+
+const (
+	helloMagic   = 0x47565244 // "GVRD"
+	helloVersion = 1
+	helloLen     = 16
+
+	hdrLen    = 8
+	ctrlDepth = 4 // control credits; small because credit messages are rare
+	finSlots  = 1 // receives reserved for the fin
+
+	msgData   = 1
+	msgCredit = 2
+	msgFin    = 3
+)
+
+// hello is the handshake each side sends in the CM private data.
+type hello struct {
+	recvDepth uint16 // data credits granted to the peer
+	ctrlDepth uint8  // control credits granted to the peer
+	bufSize   uint32 // bytes per receive buffer, header included
+}
+
+func (h hello) marshal() []byte {
+	b := make([]byte, helloLen)
+	binary.BigEndian.PutUint32(b[0:], helloMagic)
+	b[4] = helloVersion
+	binary.BigEndian.PutUint16(b[6:], h.recvDepth)
+	b[8] = h.ctrlDepth
+	binary.BigEndian.PutUint32(b[10:], h.bufSize)
+	return b
+}
+
+// parseHello validates a peer's hello. Providers may pad private data with
+// zeros up to their maximum, so only the prefix is read.
+func parseHello(b []byte) (hello, error) {
+	if len(b) < helloLen {
+		return hello{}, &protocolError{fmt.Sprintf("handshake of %d bytes", len(b))}
+	}
+	if m := binary.BigEndian.Uint32(b[0:]); m != helloMagic {
+		return hello{}, &protocolError{fmt.Sprintf("bad magic %#x", m)}
+	}
+	if b[4] != helloVersion {
+		return hello{}, &protocolError{fmt.Sprintf("protocol version %d, want %d", b[4], helloVersion)}
+	}
+	h := hello{
+		recvDepth: binary.BigEndian.Uint16(b[6:]),
+		ctrlDepth: b[8],
+		bufSize:   binary.BigEndian.Uint32(b[10:]),
+	}
+	if h.recvDepth < 1 || h.ctrlDepth < 1 || h.bufSize <= hdrLen {
+		return hello{}, &protocolError{fmt.Sprintf("bad geometry %+v", h)}
+	}
+	return h, nil
+}
+
+// header is the start of every message.
+type header struct {
+	typ     uint8
+	ctrlAck uint8  // control messages received and reposted since the last report
+	credits uint16 // data receives reposted since the last report
+}
+
+func (h header) put(b []byte) {
+	b[0] = h.typ
+	b[1] = h.ctrlAck
+	binary.LittleEndian.PutUint16(b[2:], h.credits)
+	binary.LittleEndian.PutUint32(b[4:], 0)
+}
+
+func getHeader(b []byte) header {
+	return header{typ: b[0], ctrlAck: b[1], credits: binary.LittleEndian.Uint16(b[2:])}
+}
+
+// Work request ids. A receive's id is its buffer index. A send's id has the
+// top bit set and carries the data and control sequence numbers reached by
+// that send: RC completes sends in order, so a signaled completion also
+// retires every unsignaled send posted before it.
+const wrSend = 1 << 63
+
+func sendWRID(dataSeq, ctrlSeq uint32) uint64 {
+	return wrSend | uint64(ctrlSeq&0x7fffffff)<<32 | uint64(dataSeq)
+}
+
+func parseSendWRID(id uint64) (dataSeq, ctrlSeq uint32) {
+	return uint32(id), uint32(id>>32) & 0x7fffffff
+}

@@ -1,0 +1,331 @@
+// Package rdma gives Go programs RDMA connections with the shape of TCP's:
+// Listen returns a net.Listener and Dial a net.Conn, so code written against
+// package net (HTTP, gRPC, net/rpc, home-grown protocols) runs over
+// InfiniBand, RoCE or Soft-RoCE by changing how it dials and listens.
+//
+// Underneath, librdmacm sets connections up and libibverbs moves the data:
+// each connection is an RC queue pair with preregistered send and receive
+// buffers and pre-posted receives. Every Write is cut into messages of at
+// most the peer's buffer size and sent with SEND; credits granted by the
+// receiver guarantee a posted receive for every message, so a fast writer
+// is slowed down (Write blocks) instead of overrunning a slow reader. One
+// goroutine per device polls the shared completion queue and, when idle,
+// parks in Go's netpoller on the completion channel instead of holding an
+// OS thread.
+//
+// Read returns the bytes of at most one message; a reader whose buffer is
+// at least as large as the peer's writes therefore sees the writes' boundaries
+// (for writes up to the buffer size), and any io.Reader user sees a correct
+// byte stream.
+//
+// Errors follow package net: every error is a *net.OpError with Net "rdma"
+// wrapping net.ErrClosed, os.ErrDeadlineExceeded or an *os.SyscallError that
+// names the failing verb, except io.EOF, which is returned bare once the peer
+// has closed and everything it wrote has been read.
+package rdma
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"time"
+)
+
+// Addr is the address of an RDMA connection end point: an IP address of an
+// RDMA-capable interface (an IPoIB or RoCE netdev) and an rdma_cm port.
+type Addr struct {
+	IP   net.IP
+	Port int
+	Zone string // IPv6 scoped addressing zone
+}
+
+// Network returns "rdma".
+func (a *Addr) Network() string { return "rdma" }
+
+// String returns "host:port".
+func (a *Addr) String() string {
+	if a == nil {
+		return "<nil>"
+	}
+	host := ""
+	if len(a.IP) > 0 {
+		host = a.IP.String()
+		if a.Zone != "" {
+			host += "%" + a.Zone
+		}
+	}
+	return net.JoinHostPort(host, strconv.Itoa(a.Port))
+}
+
+// AddrPort returns the address as a netip.AddrPort.
+func (a *Addr) AddrPort() netip.AddrPort {
+	if a == nil {
+		return netip.AddrPort{}
+	}
+	ip, _ := netip.AddrFromSlice(a.IP)
+	if a.Zone != "" {
+		ip = ip.WithZone(a.Zone)
+	}
+	return netip.AddrPortFrom(ip.Unmap(), uint16(a.Port))
+}
+
+func addrFrom(ap netip.AddrPort) *Addr {
+	ip := ap.Addr()
+	return &Addr{IP: net.IP(ip.AsSlice()), Port: int(ap.Port()), Zone: ip.Zone()}
+}
+
+// ResolveAddr parses and resolves address ("host:port") for network
+// "rdma", "rdma4" or "rdma6", like net.ResolveTCPAddr.
+func ResolveAddr(network, address string) (*Addr, error) {
+	ap, err := resolve(context.Background(), network, address)
+	if err != nil {
+		return nil, err
+	}
+	return addrFrom(ap), nil
+}
+
+// resolve turns "host:port" into one IP address of the family the network
+// allows, preferring IPv4 for "rdma" as net does.
+func resolve(ctx context.Context, network, address string) (netip.AddrPort, error) {
+	switch network {
+	case "rdma", "rdma4", "rdma6":
+	default:
+		return netip.AddrPort{}, net.UnknownNetworkError(network)
+	}
+	host, portStr, err := net.SplitHostPort(address)
+	if err != nil {
+		return netip.AddrPort{}, &net.AddrError{Err: "missing port in address", Addr: address}
+	}
+	port, err := net.LookupPort("tcp", portStr)
+	if err != nil {
+		return netip.AddrPort{}, &net.AddrError{Err: "invalid port", Addr: address}
+	}
+	var ips []netip.Addr
+	if host == "" {
+		if network == "rdma6" {
+			ips = []netip.Addr{netip.IPv6Unspecified()}
+		} else {
+			ips = []netip.Addr{netip.IPv4Unspecified()}
+		}
+	} else if ip, err := netip.ParseAddr(host); err == nil {
+		ips = []netip.Addr{ip.Unmap()}
+	} else {
+		addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+		if err != nil {
+			return netip.AddrPort{}, err
+		}
+		ips = addrs
+	}
+	for _, ip := range ips {
+		ip = ip.Unmap()
+		switch {
+		case network == "rdma4" && !ip.Is4():
+		case network == "rdma6" && !ip.Is6():
+		default:
+			return netip.AddrPortFrom(ip, uint16(port)), nil
+		}
+	}
+	return netip.AddrPort{}, &net.AddrError{Err: "no suitable address found", Addr: address}
+}
+
+// Defaults for the per-connection buffer settings.
+const (
+	DefaultBufferSize = 64 << 10
+	DefaultSendDepth  = 16
+	DefaultRecvDepth  = 16
+)
+
+// Limits on the per-connection buffer settings.
+const (
+	minBufferSize = 256
+	maxBufferSize = 16 << 20
+	maxDepth      = 1024
+)
+
+// Options are the per-connection resource settings shared by Dialer and
+// ListenConfig. Zero values pick the defaults.
+type Options struct {
+	// BufferSize is the size of each registered send and receive buffer,
+	// and so the largest message; bigger Writes are split. Default 64 KiB.
+	BufferSize int
+	// SendDepth is the number of send buffers, the most messages in flight
+	// from this side. Default 16.
+	SendDepth int
+	// RecvDepth is the number of pre-posted receive buffers, the most
+	// messages the peer may have in flight to this side. Default 16.
+	RecvDepth int
+}
+
+func (o Options) normalized() (Options, error) {
+	if o.BufferSize == 0 {
+		o.BufferSize = DefaultBufferSize
+	}
+	if o.SendDepth == 0 {
+		o.SendDepth = DefaultSendDepth
+	}
+	if o.RecvDepth == 0 {
+		o.RecvDepth = DefaultRecvDepth
+	}
+	switch {
+	case o.BufferSize < minBufferSize || o.BufferSize > maxBufferSize:
+		return o, fmt.Errorf("rdma: BufferSize %d outside [%d, %d]", o.BufferSize, minBufferSize, maxBufferSize)
+	case o.SendDepth < 2 || o.SendDepth > maxDepth:
+		return o, fmt.Errorf("rdma: SendDepth %d outside [2, %d]", o.SendDepth, maxDepth)
+	case o.RecvDepth < 2 || o.RecvDepth > maxDepth:
+		return o, fmt.Errorf("rdma: RecvDepth %d outside [2, %d]", o.RecvDepth, maxDepth)
+	}
+	return o, nil
+}
+
+// ErrNoDevice is wrapped by the error Dial and Listen return when no RDMA
+// device serves the address (127.0.0.1, say, or an interface without RDMA).
+var ErrNoDevice = errors.New("no RDMA device serves this address")
+
+// ErrProtocol is wrapped by the error Dial returns when the listener at the
+// address is not an rdma (this package's) listener, e.g. a perftest server.
+var ErrProtocol = errors.New("peer does not speak this package's protocol")
+
+// ErrUnsupported is wrapped by every Dial and Listen error on builds without
+// cgo or off Linux.
+var ErrUnsupported = errors.New("rdma: not supported on this build (needs linux and cgo)")
+
+// deviceError says no device serves an address while keeping the verb's
+// own error reachable through errors.As.
+type deviceError struct{ err error }
+
+func (e *deviceError) Error() string   { return ErrNoDevice.Error() + " (" + e.err.Error() + ")" }
+func (e *deviceError) Unwrap() []error { return []error{ErrNoDevice, e.err} }
+
+// protocolError says what was wrong with the peer's handshake.
+type protocolError struct{ detail string }
+
+func (e *protocolError) Error() string { return ErrProtocol.Error() + ": " + e.detail }
+func (e *protocolError) Unwrap() error { return ErrProtocol }
+
+// Dialer holds options for dialing, like net.Dialer. The zero value works.
+type Dialer struct {
+	// Timeout bounds the whole dial (address and route resolution and
+	// connection); zero means only the context bounds it.
+	Timeout time.Duration
+	// LocalAddr, if not nil, is the local address to dial from (its port
+	// is ignored).
+	LocalAddr *Addr
+	Options
+}
+
+// Dial connects to address on network ("rdma", "rdma4" or "rdma6").
+func Dial(network, address string) (*Conn, error) {
+	var d Dialer
+	return d.dial(context.Background(), network, address)
+}
+
+// DialContext connects to address on network, honouring ctx's deadline and
+// cancellation during resolution and connection. Its signature fits
+// http.Transport.DialContext and grpc.WithContextDialer.
+func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	c, err := d.dial(ctx, network, address)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Dial connects to address on network.
+func (d *Dialer) Dial(network, address string) (net.Conn, error) {
+	return d.DialContext(context.Background(), network, address)
+}
+
+func (d *Dialer) dial(ctx context.Context, network, address string) (*Conn, error) {
+	if d.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d.Timeout)
+		defer cancel()
+	}
+	opErr := func(addr net.Addr, err error) error {
+		var src net.Addr
+		if d.LocalAddr != nil {
+			src = d.LocalAddr
+		}
+		return &net.OpError{Op: "dial", Net: "rdma", Source: src, Addr: addr, Err: err}
+	}
+	opts, err := d.Options.normalized()
+	if err != nil {
+		return nil, opErr(nil, err)
+	}
+	raddr, err := resolve(ctx, network, address)
+	if err != nil {
+		return nil, opErr(nil, mapCtxErr(err))
+	}
+	var laddr netip.Addr
+	if d.LocalAddr != nil {
+		laddr = d.LocalAddr.AddrPort().Addr()
+	}
+	c, err := dial(ctx, laddr, raddr, opts)
+	if err != nil {
+		return nil, opErr(addrFrom(raddr), mapCtxErr(err))
+	}
+	return c, nil
+}
+
+// mapCtxErr turns a context's deadline into the timeout error net uses.
+func mapCtxErr(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return errTimeout
+	}
+	return err
+}
+
+// errTimeout is the error of every deadline or timeout, as in package net.
+var errTimeout = os.ErrDeadlineExceeded
+
+// ListenConfig holds options for listening, like net.ListenConfig.
+type ListenConfig struct {
+	// Backlog is the most connections that may be established and waiting
+	// for Accept (and the rdma_listen backlog). Default 128.
+	Backlog int
+	Options
+}
+
+// Listen announces on the local address: "host:port" with an address of an
+// RDMA-capable interface, or an empty host for all of them. Port 0 picks a
+// free port; Listener.Addr reports it.
+func Listen(network, address string) (*Listener, error) {
+	var lc ListenConfig
+	return lc.listen(context.Background(), network, address)
+}
+
+// Listen announces on the local address; see the package-level Listen.
+func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (net.Listener, error) {
+	l, err := lc.listen(ctx, network, address)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+func (lc *ListenConfig) listen(ctx context.Context, network, address string) (*Listener, error) {
+	opErr := func(addr net.Addr, err error) error {
+		return &net.OpError{Op: "listen", Net: "rdma", Addr: addr, Err: err}
+	}
+	opts, err := lc.Options.normalized()
+	if err != nil {
+		return nil, opErr(nil, err)
+	}
+	backlog := lc.Backlog
+	if backlog <= 0 {
+		backlog = 128
+	}
+	ap, err := resolve(ctx, network, address)
+	if err != nil {
+		return nil, opErr(nil, err)
+	}
+	l, err := listen(ap, backlog, opts)
+	if err != nil {
+		return nil, opErr(addrFrom(ap), err)
+	}
+	return l, nil
+}
