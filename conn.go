@@ -75,7 +75,8 @@ type Conn struct {
 	rxHead     int
 	rxLen      int
 	rxOff      int
-	repost     []ibv.RecvWR // consumed buffers not yet posted again
+	repost     []ibv.RecvWR // consumed data buffers not yet posted again
+	ctrlRepost [1]ibv.RecvWR
 	recvPosted int          // receives on the QP
 	unreported int          // data receives posted again, not yet reported to the peer
 	ctrlOwed   int          // control receives posted again, not yet acknowledged
@@ -157,13 +158,15 @@ func (c *Conn) setup(opts Options) error {
 	defer c.mu.Unlock()
 	for i := 0; i < c.lay.recvSlots; i++ {
 		c.queueRepost(i)
-		if len(c.repost) == cap(c.repost) {
+		if len(c.repost) == cap(c.repost) || i == c.lay.recvSlots-1 {
 			if err := c.postReposts(); err != nil {
 				return err
 			}
 		}
 	}
-	return c.postReposts()
+	// The initial receives are granted by the handshake, not by reports.
+	c.unreported = 0
+	return nil
 }
 
 // start records the peer's geometry once the handshake is done.
@@ -224,7 +227,12 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 		return err
 	}
 	if ev.Type != rdmacm.EventRouteResolved {
-		return os.NewSyscallError("rdma_resolve_route", eventErrno(ev, syscall.EHOSTUNREACH))
+		err := os.NewSyscallError("rdma_resolve_route", eventErrno(ev, syscall.EHOSTUNREACH))
+		if ev.Status == -int(syscall.ENODEV) {
+			// The address resolved to an interface without RDMA (loopback).
+			return &deviceError{err}
+		}
+		return err
 	}
 	if err := c.setup(opts); err != nil {
 		return err
@@ -378,11 +386,17 @@ func (c *Conn) recvDone(wc *ibv.WC) {
 	case msgData:
 		c.push(rxMsg{slot: int32(slot), n: int32(wc.ByteLen - hdrLen)})
 	case msgCredit:
-		// Post the buffer again at once; the peer learns of it through
+		// Post the buffer again at once, on its own (queued data buffers
+		// are reported as data credits); the peer learns of it through
 		// ctrlAck on our next message.
-		c.queueRepost(slot)
-		if c.postReposts() == nil {
-			c.ctrlOwed++
+		if !c.peerGone {
+			c.ctrlRepost[0] = c.recvWR(slot)
+			if err := c.qp.PostRecvs(c.ctrlRepost[:]); err == nil {
+				c.recvPosted++
+				c.ctrlOwed++
+			} else if c.rerr == nil {
+				c.rerr = err
+			}
 		}
 	case msgFin:
 		c.finRcvd = true
@@ -433,16 +447,20 @@ func (c *Conn) sendDone(wc *ibv.WC) {
 	signal(c.txReady)
 }
 
-func (c *Conn) queueRepost(slot int) {
-	c.repost = append(c.repost, ibv.RecvWR{
+func (c *Conn) recvWR(slot int) ibv.RecvWR {
+	return ibv.RecvWR{
 		ID:   uint64(slot),
 		Addr: c.ar.base + uint64(c.lay.recvOff(slot)),
 		Len:  uint32(c.lay.bufSize),
 		LKey: c.ar.mr.LKey,
-	})
+	}
 }
 
-// postReposts posts the queued receives as one chain.
+// queueRepost queues a consumed data buffer to be posted again.
+func (c *Conn) queueRepost(slot int) { c.repost = append(c.repost, c.recvWR(slot)) }
+
+// postReposts posts the queued data buffers as one chain; each becomes a
+// data credit to report to the peer.
 func (c *Conn) postReposts() error {
 	n := len(c.repost)
 	if n == 0 {
@@ -461,6 +479,7 @@ func (c *Conn) postReposts() error {
 		return err
 	}
 	c.recvPosted += n
+	c.unreported += n
 	return nil
 }
 
@@ -470,9 +489,7 @@ func (c *Conn) postReposts() error {
 // credits).
 func (c *Conn) returnCredits(force bool) {
 	if n := len(c.repost); n >= c.batch || (force && n > 0) {
-		if c.postReposts() == nil {
-			c.unreported += n
-		}
+		c.postReposts()
 	}
 	if c.unreported == 0 || (!force && c.unreported < c.batch) {
 		c.wantCredit = false
@@ -504,9 +521,7 @@ func (c *Conn) send(typ uint8, n int) error {
 	} else {
 		off = c.lay.ctrlOff(int(c.ctrlSeq % uint32(c.lay.ctrlSlots)))
 	}
-	if n := len(c.repost); n > 0 && c.postReposts() == nil {
-		c.unreported += n
-	}
+	c.postReposts()
 	header{typ: typ, ctrlAck: uint8(c.ctrlOwed), credits: uint16(c.unreported)}.put(c.ar.mem[off:])
 	c.unreported, c.ctrlOwed, c.wantCredit = 0, 0, false
 

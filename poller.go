@@ -39,7 +39,7 @@ var (
 
 // initialCQE is the first size of a device's CQ; it grows as connections
 // are added.
-const initialCQE = 1024
+const initialCQE = 8192
 
 // spinPolls is how many empty polls the poller makes, yielding between
 // them, before it arms the CQ and parks: a completion that follows soon

@@ -1,0 +1,518 @@
+package rdma_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand"
+	"net"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/goverbs/rdma"
+)
+
+// Device tests run where RDMA_TEST_ADDR names the address of an interface
+// with an RDMA device (the test bed sets it to its rxe netdev's address).
+var testAddr = os.Getenv("RDMA_TEST_ADDR")
+
+func needDevice(t testing.TB) {
+	t.Helper()
+	if testAddr == "" {
+		t.Skip("no RDMA device: set RDMA_TEST_ADDR to an RDMA interface's IP (make test does, in the VM)")
+	}
+}
+
+// TestMain checks, after all tests, that no goroutine is left and that the
+// verbs objects of the whole device are back to what they were before.
+func TestMain(m *testing.M) {
+	if os.Getenv("RDMA_TEST_PEER") != "" {
+		os.Exit(runPeer())
+	}
+	var before map[string]int
+	if testAddr != "" {
+		// librdmacm opens each device once per process and keeps it open
+		// (the ctx count); take the baseline after that has happened.
+		if ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0")); err == nil {
+			ln.Close()
+		}
+		before = resources()
+	}
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	if code == 0 && before != nil {
+		after := resources()
+		for deadline := time.Now().Add(5 * time.Second); !equalCounts(before, after) && time.Now().Before(deadline); {
+			time.Sleep(100 * time.Millisecond)
+			after = resources()
+		}
+		if !equalCounts(before, after) {
+			fmt.Fprintf(os.Stderr, "verbs objects leaked: before %v, after %v\n", before, after)
+			code = 1
+		} else {
+			fmt.Printf("rdma resource show: back to baseline %v\n", after)
+		}
+	}
+	os.Exit(code)
+}
+
+var resourceRE = regexp.MustCompile(`\b(pd|cq|qp|cm_id|mr|ctx|srq) (\d+)`)
+
+// resources sums `rdma resource show` over all devices.
+func resources() map[string]int {
+	out, err := exec.Command("rdma", "resource", "show").Output()
+	if err != nil {
+		return map[string]int{"error": 1}
+	}
+	m := map[string]int{}
+	for _, f := range resourceRE.FindAllStringSubmatch(string(out), -1) {
+		n, _ := strconv.Atoi(f[2])
+		m[f[1]] += n
+	}
+	return m
+}
+
+func equalCounts(a, b map[string]int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// pair returns a connected (dialed, accepted) pair and closes everything at
+// the end of the test.
+func pair(t testing.TB, lc *rdma.ListenConfig, d *rdma.Dialer) (*rdma.Conn, net.Conn) {
+	t.Helper()
+	needDevice(t)
+	if lc == nil {
+		lc = &rdma.ListenConfig{}
+	}
+	if d == nil {
+		d = &rdma.Dialer{}
+	}
+	ln, err := lc.Listen(context.Background(), "rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	defer ln.Close()
+	type res struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		c, err := ln.Accept()
+		ch <- res{c, err}
+	}()
+	nc, err := d.DialContext(context.Background(), "rdma", ln.Addr().String())
+	require.NoError(t, err)
+	r := <-ch
+	require.NoError(t, r.err)
+	t.Cleanup(func() {
+		nc.Close()
+		r.c.Close()
+	})
+	return nc.(*rdma.Conn), r.c
+}
+
+func TestEchoRoundTrip(t *testing.T) {
+	c, s := pair(t, nil, nil)
+	go io.Copy(s, s)
+	msg := []byte("hello over rdma")
+	_, err := c.Write(msg)
+	require.NoError(t, err)
+	back := make([]byte, len(msg))
+	_, err = io.ReadFull(c, back)
+	require.NoError(t, err)
+	require.Equal(t, msg, back)
+
+	require.Equal(t, "rdma", c.LocalAddr().Network())
+	require.Equal(t, c.LocalAddr().String(), s.RemoteAddr().String())
+	require.Equal(t, c.RemoteAddr().String(), s.LocalAddr().String())
+}
+
+// randomSize draws message sizes from 1 B to 1 MiB, log-uniformly and
+// skewed small (most RPC traffic is), so that every size class is covered
+// while the whole test moves a volume the emulated test bed can carry.
+func randomSize(r *rand.Rand) int {
+	if r.Intn(50) == 0 {
+		return 1 << 20 >> r.Intn(4) // the large end: 128 KiB .. 1 MiB
+	}
+	return 1 + r.Intn(1<<r.Intn(14))
+}
+
+// TestEchoConcurrent: 16 connections, each 1,000 messages of random sizes
+// from 1 B to 1 MiB, echoed back and verified by checksum.
+func TestEchoConcurrent(t *testing.T) {
+	needDevice(t)
+	const conns, msgs = 16, 1000
+	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	defer ln.Close()
+	var srv sync.WaitGroup
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			srv.Add(1)
+			go func() {
+				defer srv.Done()
+				defer c.Close()
+				io.Copy(c, c)
+			}()
+		}
+	}()
+	errs := make(chan error, conns)
+	var bytesMoved int64
+	var mu sync.Mutex
+	for i := 0; i < conns; i++ {
+		go func(seed int64) {
+			errs <- func() error {
+				r := rand.New(rand.NewSource(seed))
+				c, err := rdma.Dial("rdma", ln.Addr().String())
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				sent, got := sha256.New(), sha256.New()
+				done := make(chan error, 1)
+				var total int64
+				sizes := make([]int, msgs)
+				for j := range sizes {
+					sizes[j] = randomSize(r)
+				}
+				sizes[0], sizes[1] = 1, 1<<20 // both ends, always
+				for _, size := range sizes {
+					total += int64(size)
+				}
+				go func() {
+					n, err := io.CopyN(got, c, total)
+					if err == nil && n != total {
+						err = fmt.Errorf("read %d of %d bytes", n, total)
+					}
+					if err != nil {
+						c.Close() // unblock the writer
+					}
+					done <- err
+				}()
+				buf := make([]byte, 1<<20)
+				for _, size := range sizes {
+					r.Read(buf[:size])
+					sent.Write(buf[:size])
+					if _, err := c.Write(buf[:size]); err != nil {
+						if rerr := <-done; rerr != nil {
+							return rerr
+						}
+						return err
+					}
+				}
+				if err := <-done; err != nil {
+					return err
+				}
+				if !bytes.Equal(sent.Sum(nil), got.Sum(nil)) {
+					return errors.New("echoed bytes differ from sent bytes")
+				}
+				mu.Lock()
+				bytesMoved += total
+				mu.Unlock()
+				return nil
+			}()
+		}(int64(i))
+	}
+	for i := 0; i < conns; i++ {
+		require.NoError(t, <-errs)
+	}
+	t.Logf("%d connections echoed %d messages, %d MB each way", conns, conns*msgs, bytesMoved>>20)
+	ln.Close()
+	srv.Wait()
+}
+
+// rnrCounters reads the RNR counters of every RDMA link.
+func rnrCounters(t testing.TB) map[string]int {
+	out, err := exec.Command("rdma", "statistic", "show").Output()
+	require.NoError(t, err, "rdma statistic show")
+	m := map[string]int{}
+	f := strings.Fields(string(out))
+	for i := 0; i+1 < len(f); i++ {
+		if strings.Contains(f[i], "rnr") {
+			n, err := strconv.Atoi(f[i+1])
+			if err == nil {
+				m[f[i]] += n
+			}
+		}
+	}
+	require.NotEmpty(t, m, "no RNR counters in: %s", out)
+	return m
+}
+
+// TestFloodNoRNR: a writer much faster than its reader is held back by
+// credits; the NIC never sees a receiver-not-ready condition.
+func TestFloodNoRNR(t *testing.T) {
+	c, s := pair(t, nil, &rdma.Dialer{Options: rdma.Options{BufferSize: 4096, RecvDepth: 4, SendDepth: 8}})
+	before := rnrCounters(t)
+	const total = 4 << 20
+	go func() {
+		buf := make([]byte, 1000)
+		for sent := 0; sent < total; sent += len(buf) {
+			if _, err := c.Write(buf); err != nil {
+				return
+			}
+		}
+		c.CloseWrite()
+	}()
+	n := 0
+	buf := make([]byte, 512)
+	for i := 0; ; i++ {
+		m, err := s.Read(buf)
+		n += m
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err)
+		if i%64 == 0 {
+			time.Sleep(time.Millisecond) // the slow reader
+		}
+	}
+	require.Equal(t, (total+999)/1000*1000, n) // whole writes of 1000 bytes
+	require.Equal(t, before, rnrCounters(t))
+	t.Logf("RNR counters unchanged: %v", before)
+}
+
+func requireOpError(t *testing.T, err error, op string) *net.OpError {
+	t.Helper()
+	var oe *net.OpError
+	require.ErrorAs(t, err, &oe)
+	require.Equal(t, "rdma", oe.Net)
+	require.Equal(t, op, oe.Op)
+	return oe
+}
+
+func TestDialRefused(t *testing.T) {
+	needDevice(t)
+	// A port that was just free: listen, note it, close.
+	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close()
+	d := rdma.Dialer{Timeout: 20 * time.Second}
+	_, err = d.Dial("rdma", addr)
+	require.Error(t, err)
+	requireOpError(t, err, "dial")
+	require.ErrorIs(t, err, syscall.ECONNREFUSED)
+	require.Contains(t, err.Error(), "refused")
+}
+
+func TestNoDevice(t *testing.T) {
+	needDevice(t)
+	_, err := rdma.Dial("rdma", "127.0.0.1:7471")
+	require.Error(t, err)
+	requireOpError(t, err, "dial")
+	require.ErrorIs(t, err, rdma.ErrNoDevice)
+	require.Contains(t, err.Error(), "no RDMA device")
+
+	_, err = rdma.Listen("rdma", "127.0.0.1:0")
+	require.Error(t, err)
+	requireOpError(t, err, "listen")
+	require.ErrorIs(t, err, rdma.ErrNoDevice)
+}
+
+func TestGracefulClose(t *testing.T) {
+	c, s := pair(t, nil, nil)
+	data := bytes.Repeat([]byte("0123456789abcdef"), 64<<10) // 1 MiB
+	go func() {
+		c.Write(data)
+		c.Close()
+	}()
+	got, err := io.ReadAll(s)
+	require.NoError(t, err)
+	require.Equal(t, data, got)
+	n, err := s.Read(make([]byte, 10))
+	require.Equal(t, 0, n)
+	require.Equal(t, io.EOF, err)
+}
+
+func TestCloseUnblocksAndIsIdempotent(t *testing.T) {
+	c, _ := pair(t, nil, nil)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Read(make([]byte, 10))
+		errc <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	require.NoError(t, c.Close())
+	err := <-errc
+	requireOpError(t, err, "read")
+	require.ErrorIs(t, err, net.ErrClosed)
+
+	err = c.Close()
+	requireOpError(t, err, "close")
+	require.ErrorIs(t, err, net.ErrClosed)
+	_, err = c.Write([]byte("x"))
+	require.ErrorIs(t, err, net.ErrClosed)
+}
+
+func TestReadDeadline(t *testing.T) {
+	c, s := pair(t, nil, nil)
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(50*time.Millisecond)))
+	_, err := c.Read(make([]byte, 10))
+	oe := requireOpError(t, err, "read")
+	require.True(t, oe.Timeout())
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	// Still usable after a timeout.
+	require.NoError(t, c.SetReadDeadline(time.Time{}))
+	_, err = s.Write([]byte("ok"))
+	require.NoError(t, err)
+	b := make([]byte, 2)
+	_, err = io.ReadFull(c, b)
+	require.NoError(t, err)
+	require.Equal(t, "ok", string(b))
+}
+
+// TestForeignClientRejected: a perftest client dialing our listener is
+// refused, and the listener keeps serving.
+func TestForeignClientRejected(t *testing.T) {
+	needDevice(t)
+	path, err := exec.LookPath("ib_send_lat")
+	if err != nil {
+		t.Skip("ib_send_lat (perftest) not installed")
+	}
+	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	defer ln.Close()
+	port := ln.Addr().(*rdma.Addr).Port
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, path, "-R", "-p", strconv.Itoa(port), "-n", "5", testAddr).CombinedOutput()
+	require.Error(t, err, "ib_send_lat should fail against a foreign listener: %s", out)
+	require.NoError(t, ctx.Err(), "ib_send_lat hung")
+
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			io.Copy(c, c)
+			c.Close()
+		}
+	}()
+	c, err := rdma.Dial("rdma", ln.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = c.Write([]byte("still serving"))
+	require.NoError(t, err)
+	b := make([]byte, 13)
+	_, err = io.ReadFull(c, b)
+	require.NoError(t, err)
+}
+
+// TestForeignServer: dialing a perftest server fails with ErrProtocol (or
+// is refused), never hangs.
+func TestForeignServer(t *testing.T) {
+	needDevice(t)
+	path, err := exec.LookPath("ib_send_lat")
+	if err != nil {
+		t.Skip("ib_send_lat (perftest) not installed")
+	}
+	const port = 18515
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	srv := exec.CommandContext(ctx, path, "-R", "-p", strconv.Itoa(port), "-n", "5")
+	require.NoError(t, srv.Start())
+	defer srv.Wait()
+	defer srv.Process.Kill()
+	addr := net.JoinHostPort(testAddr, strconv.Itoa(port))
+	var derr error
+	for i := 0; i < 50; i++ { // until the server listens
+		d := rdma.Dialer{Timeout: 10 * time.Second}
+		var c net.Conn
+		c, derr = d.Dial("rdma", addr)
+		if c != nil {
+			c.Close()
+		}
+		if !errors.Is(derr, syscall.ECONNREFUSED) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	require.Error(t, derr)
+	requireOpError(t, derr, "dial")
+	require.ErrorIs(t, derr, rdma.ErrProtocol)
+}
+
+// runPeer is the child process of TestPeerKilled: it dials the parent and
+// writes until killed.
+func runPeer() int {
+	c, err := rdma.Dial("rdma", os.Getenv("RDMA_TEST_PEER"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println("connected")
+	buf := make([]byte, 4096)
+	for {
+		if _, err := c.Write(buf); err != nil {
+			return 1
+		}
+	}
+}
+
+// TestPeerKilled: a peer killed mid-transfer becomes an error on Read
+// within seconds, not a hang.
+func TestPeerKilled(t *testing.T) {
+	needDevice(t)
+	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	defer ln.Close()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "RDMA_TEST_PEER="+ln.Addr().String())
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	defer cmd.Wait()
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "connected\n", line)
+	c, err := ln.Accept()
+	require.NoError(t, err)
+	defer c.Close()
+	buf := make([]byte, 64<<10)
+	for read := 0; read < 1<<20; {
+		n, err := c.Read(buf)
+		require.NoError(t, err)
+		read += n
+	}
+	require.NoError(t, cmd.Process.Kill())
+	killed := time.Now()
+	var rerr error
+	for rerr == nil {
+		_, rerr = c.Read(buf)
+	}
+	took := time.Since(killed)
+	t.Logf("Read failed %v after the kill: %v", took.Round(time.Millisecond), rerr)
+	requireOpError(t, rerr, "read")
+	require.Less(t, took, 10*time.Second)
+	_, werr := c.Write(buf)
+	require.Error(t, werr)
+}

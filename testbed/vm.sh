@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# Run a command inside a throwaway qemu VM that has a real Soft-RoCE (rdma_rxe) device.
+#
+#   testbed/vm.sh [--timeout SECONDS] [--mem MB] -- COMMAND [ARGS...]
+#
+# The host kernel has no RDMA, so we boot the stock Debian kernel (which ships rdma_rxe as a
+# module) under TCG, share the host's / read-only over 9p and chroot into it: every host tool,
+# library and freshly built test binary is available unchanged. Inside the VM the command runs
+# in the caller's working directory with rxe0 on top of dummy netdev rd0 (10.77.0.1, fd77::1),
+# exported as RDMA_TEST_ADDR / RDMA_TEST_ADDR6. Its stdout+stderr stream to our stdout.
+# The VM's /tmp is the host's with writes kept in RAM (discarded); the rest of / is read-only.
+# Exit status: the command's; 124 timeout; 125 test bed failure (no boot, no rxe0).
+# Environment: RDMA_TESTBED_CACHE (kernel/initramfs cache), RDMA_TESTBED_VERBOSE=1 (timings).
+# See docs/testbed.md (the recipe this follows). Requires root (apt-get, qemu's 9p as root).
+set -euo pipefail
+
+timeout_s=900
+mem_mb=3072
+usage() { echo "usage: $0 [--timeout SECONDS] [--mem MB] -- COMMAND [ARGS...]" >&2; exit 2; }
+while (($#)); do
+	case $1 in
+	--timeout) (($# >= 2)) || usage; timeout_s=$2; shift 2 ;;
+	--mem) (($# >= 2)) || usage; mem_mb=$2; shift 2 ;;
+	--) shift; break ;;
+	*) usage ;;
+	esac
+done
+(($#)) || usage
+[[ $timeout_s =~ ^[0-9]+$ && $mem_mb =~ ^[0-9]+$ ]] || usage
+
+cache=${RDMA_TESTBED_CACHE:-/var/cache/goverbs-testbed}
+packages=(qemu-system-x86 busybox-static kmod cpio rdma-core ibverbs-providers ibverbs-utils
+	libibverbs-dev librdmacm-dev rdmacm-utils perftest iproute2 xz-utils)
+# Module trees (under lib/modules/VER/kernel) that rxe, 9p, virtio and dummy need, with their
+# dependencies (not the hardware RDMA drivers: a smaller initramfs unpacks faster under TCG);
+# overlayfs gives the VM a writable /tmp that still shows the host's /tmp.
+module_trees=(drivers/infiniband/core drivers/infiniband/sw/rxe net/ipv4/udp_tunnel.ko
+	net/ipv6/ip6_udp_tunnel.ko crypto arch/x86/crypto fs/9p net/9p fs/netfs fs/fscache
+	drivers/virtio drivers/net/dummy.ko drivers/net/veth.ko fs/configfs fs/overlayfs lib)
+
+# The VM's /init. It is the same for every job (the job comes in through the "job" 9p share,
+# mounted at /run/testbed inside the chroot), so the initramfs is built once per kernel.
+read -r -d '' init_script <<'EOF' || true
+#!/bin/busybox sh
+/bin/busybox mkdir -p /proc /sys /dev /sbin /usr/bin /usr/sbin /host /upper
+# Links for every applet; /sbin/modprobe is also what the kernel calls to autoload crypto.
+/bin/busybox --install -s
+mount -t devtmpfs dev /dev
+exec </dev/console >/dev/console 2>&1
+mount -t proc proc /proc && mount -t sysfs sys /sys && dmesg -n 1
+for m in virtio_pci 9pnet_virtio 9p overlay rdma_rxe rdma_ucm ib_uverbs dummy; do
+	modprobe "$m" $([ "$m" = dummy ] && echo numdummies=0) || echo "testbed: modprobe $m failed"
+done
+o=trans=virtio,version=9p2000.L,msize=262144
+# cache=loose: uncached 9p makes every exec from the host crawl (~2 s per tool under TCG).
+mount -t 9p -o "$o,ro,cache=loose" hostroot /host || { echo "testbed: cannot mount host /"; poweroff -f; }
+mount -t proc proc /host/proc && mount -t sysfs sys /host/sys && mount -t devtmpfs dev /host/dev
+mkdir -p /host/dev/pts /host/dev/shm && mount -t devpts devpts /host/dev/pts && mount -t tmpfs shm /host/dev/shm
+# The 9p root is read-only: /run is a tmpfs; /tmp is the host's /tmp (a job may live there)
+# with a tmpfs overlaid for writes, or a plain tmpfs if overlayfs refuses.
+mount -t tmpfs tmpfs /host/run && mount -t tmpfs tmpfs /upper && mkdir -p /upper/u /upper/w
+mount -t overlay overlay -o lowerdir=/host/tmp,upperdir=/upper/u,workdir=/upper/w /host/tmp ||
+	mount -t tmpfs tmpfs /host/tmp
+chmod 1777 /host/tmp /upper/u
+J=/host/run/testbed && mkdir -p "$J"
+mount -t 9p -o "$o" job "$J" || { echo "testbed: cannot mount job share"; poweroff -f; }
+# busybox ip (already in memory) is faster than the host's; no DAD, as with "nodad".
+echo 0 >/proc/sys/net/ipv6/conf/default/accept_dad
+ip link set lo up && ip link add rd0 type dummy && ip link set rd0 up
+ip addr add 10.77.0.1/24 dev rd0 && ip addr add fd77::1/64 dev rd0
+H="chroot /host /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin"
+if $H rdma link add rxe0 type rxe netdev rd0 >>"$J/output" 2>&1; then
+	echo "job start: uptime $(cat /proc/uptime)"
+	# env -i: the job sees only what run.sh exports, not the kernel's init environment.
+	$H bash /run/testbed/run.sh </dev/null >>"$J/output" 2>&1
+	echo $? >"$J/status.tmp" && mv "$J/status.tmp" "$J/status"
+else
+	echo "testbed: rxe0 could not be created" >"$J/error"
+fi
+sync
+poweroff -f
+EOF
+
+# 1. Host packages (the chroot reuses them, so they matter inside the VM too).
+missing=()
+for p in "${packages[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+	echo "testbed: installing ${missing[*]}" >&2
+	apt-get update -q >&2
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >&2
+fi
+
+# 2. Kernel and initramfs, cached; the lock keeps concurrent runs from building twice.
+# The module directory's name is the version (what uname -r reports and depmod wants); newer
+# Debian kernels ship it under usr/lib/modules.
+modules_dir() {
+	local d
+	for d in "$1"/lib/modules/*/ "$1"/usr/lib/modules/*/; do
+		[[ -d $d ]] && { echo "${d%/}"; return; }
+	done
+}
+mkdir -p "$cache"
+exec 9>"$cache/.lock"
+flock 9
+kdir=$(printf '%s\n' "$cache"/kernel-*/ | grep -v '\*' | sort -V | tail -n 1) || true
+if [[ -z $kdir ]]; then
+	pkg=$(apt-cache depends linux-image-amd64 | awk '$1 == "Depends:" && $2 ~ /^linux-image-/ {print $2; exit}')
+	[[ -n $pkg ]] || { echo "testbed: cannot find the linux-image-amd64 dependency" >&2; exit 125; }
+	if ! compgen -G "$cache/${pkg}_*.deb" >/dev/null; then
+		echo "testbed: downloading $pkg" >&2
+		# Sandbox user root: the _apt user could not write the root-owned cache.
+		(cd "$cache" && apt-get download -q -o APT::Sandbox::User=root "$pkg" >&2)
+	fi
+	deb=$(printf '%s\n' "$cache/${pkg}_"*.deb | sort -V | tail -n 1)
+	# Extract beside the cache, rename when done: a half-extracted tree is never used.
+	tmp=$(mktemp -d "$cache/.extract.XXXXXX")
+	dpkg-deb -x "$deb" "$tmp"
+	src=$(modules_dir "$tmp") || { echo "testbed: no lib/modules in $deb" >&2; exit 125; }
+	ver=${src##*/}
+	mv "$tmp" "$cache/kernel-$ver"
+	kdir=$cache/kernel-$ver/
+fi
+kdir=${kdir%/}
+src=$(modules_dir "$kdir") || true
+ver=${src##*/}
+vmlinuz=$kdir/boot/vmlinuz-$ver
+initrd=$cache/initrd-$ver.gz
+[[ -n $ver && -f $vmlinuz ]] || { echo "testbed: broken kernel cache $kdir" >&2; exit 125; }
+# Boot the uncompressed ELF through qemu's PVH entry when the kernel has one: the bzImage's own
+# xz decompression takes ~5 s under TCG. Any doubt (no PVH, not xz, not ELF): the bzImage.
+kernel=$vmlinuz
+if [[ ! -f $kdir/vmlinux ]] && grep -q '^CONFIG_PVH=y' "$kdir/boot/config-$ver" 2>/dev/null; then
+	off=$(LC_ALL=C grep -obUaP '\xfd7zXZ\x00' "$vmlinuz" | head -n 1 | cut -d: -f1) || true
+	if [[ -n $off ]] && xz -dc --single-stream <(tail -c +"$((off + 1))" "$vmlinuz") >"$kdir/vmlinux.tmp" 2>/dev/null &&
+		[[ $(head -c 4 "$kdir/vmlinux.tmp") == $'\x7fELF' ]]; then
+		mv "$kdir/vmlinux.tmp" "$kdir/vmlinux"
+	fi
+	rm -f "$kdir/vmlinux.tmp"
+fi
+[[ ! -f $kdir/vmlinux ]] || kernel=$kdir/vmlinux
+hash=$(printf '%s\n' "$init_script" "$ver" "${module_trees[@]}" | sha256sum | cut -d' ' -f1)
+if [[ ! -f $initrd || $(cat "$initrd.sha256" 2>/dev/null) != "$hash" ]]; then
+	echo "testbed: building $initrd" >&2
+	root=$(mktemp -d)
+	dst=$root/lib/modules/$ver
+	mkdir -p "$root/bin" "$dst/kernel"
+	cp /bin/busybox "$root/bin/busybox"
+	printf '%s\n' "$init_script" >"$root/init"
+	chmod 755 "$root/init"
+	cp "$src"/modules.builtin* "$src/modules.order" "$dst/"
+	for t in "${module_trees[@]}"; do
+		[[ -e $src/kernel/$t ]] || continue # e.g. fs/fscache is gone in newer kernels
+		mkdir -p "$(dirname "$dst/kernel/$t")"
+		cp -a "$src/kernel/$t" "$dst/kernel/$t"
+	done
+	depmod -b "$root" "$ver"
+	(cd "$root" && find . -print0 | cpio --null -o -H newc --quiet) | gzip -6 >"$initrd.tmp"
+	rm -rf "$root"
+	mv "$initrd.tmp" "$initrd"
+	echo "$hash" >"$initrd.sha256"
+fi
+exec 9>&- # unlocks; qemu need not inherit it
+
+# 3. The job: run.sh runs in the chroot under bash, so printf %q quoting round-trips exactly.
+job=$(mktemp -d /tmp/rdma-testbed.XXXXXX)
+qpid='' tpid=''
+# shellcheck disable=SC2317 # called by the EXIT trap
+cleanup() {
+	[[ -z $qpid ]] || kill "$qpid" 2>/dev/null || true
+	[[ -z $tpid ]] || kill "$tpid" 2>/dev/null || true
+	rm -rf "$job"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+{
+	echo 'ulimit -l unlimited'
+	printf 'export HOME=/tmp PATH=%q LANG=C.UTF-8\n' "$PATH:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	echo 'export RDMA_TEST_ADDR=10.77.0.1 RDMA_TEST_ADDR6=fd77::1'
+	printf 'cd -- %q || exit 125\n' "$PWD"
+	printf 'exec'; printf ' %q' "$@"; echo
+} >"$job/run.sh"
+: >"$job/output"
+
+# 4. Boot. The serial console goes to a log (shown only on failure); the job's output file is
+# followed live. timeout(1) returns 124 itself when it has to kill qemu.
+start=$SECONDS
+timeout -k 10 "$timeout_s" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 2 -m "$mem_mb" \
+	-kernel "$kernel" -initrd "$initrd" -append "console=ttyS0 quiet panic=-1" \
+	-nographic -no-reboot -nic none \
+	-virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
+	-virtfs "local,path=$job,mount_tag=job,security_model=none" \
+	</dev/null >"$job/console.log" 2>&1 &
+qpid=$!
+tail -s 0.2 -n +1 -f --pid="$qpid" "$job/output" &
+tpid=$!
+rc=0
+wait "$qpid" || rc=$?
+qpid=
+wait "$tpid" || true
+tpid=
+if ((rc == 124 || rc == 137)); then # 137: qemu ignored TERM and needed timeout's KILL
+	echo "testbed: VM timed out after $timeout_s s" >&2
+	exit 124
+elif [[ -f $job/error ]]; then
+	cat "$job/error" >&2
+	exit 125
+elif [[ ! -f $job/status ]]; then
+	echo "testbed: last lines of the VM console:" >&2
+	tail -n 30 "$job/console.log" | sed 's/\x1b\[[0-9;?]*[a-zA-Z]//g' >&2
+	echo "testbed: VM did not boot or the job did not finish (no exit status)" >&2
+	exit 125
+fi
+[[ -z ${RDMA_TESTBED_VERBOSE:-} ]] ||
+	echo "testbed: VM ran $((SECONDS - start)) s; $(grep -o 'job start: uptime [0-9.]*' "$job/console.log")" >&2
+exit "$(cat "$job/status")"
