@@ -81,11 +81,11 @@ func (l *cmLoop) register(h cmHandler) uintptr {
 // unregister stops delivery to handle's handler, waiting for a delivery in
 // progress. It must not be called from a handler.
 func (l *cmLoop) unregister(handle uintptr) {
+	l.dispatchMu.Lock()
+	defer l.dispatchMu.Unlock()
 	cmMu.Lock()
 	delete(l.handlers, handle)
 	cmMu.Unlock()
-	l.dispatchMu.Lock()
-	l.dispatchMu.Unlock()
 }
 
 func (l *cmLoop) run() {

@@ -77,10 +77,10 @@ type Conn struct {
 	rxOff      int
 	repost     []ibv.RecvWR // consumed data buffers not yet posted again
 	ctrlRepost [1]ibv.RecvWR
-	recvPosted int          // receives on the QP
-	unreported int          // data receives posted again, not yet reported to the peer
-	ctrlOwed   int          // control receives posted again, not yet acknowledged
-	wantCredit bool         // a credit message is due but could not be sent
+	recvPosted int  // receives on the QP
+	unreported int  // data receives posted again, not yet reported to the peer
+	ctrlOwed   int  // control receives posted again, not yet acknowledged
+	wantCredit bool // a credit message is due but could not be sent
 	finRcvd    bool
 	peerGone   bool // the peer disconnected
 	rerr       error

@@ -11,21 +11,23 @@
 # The VM's /tmp is the host's with writes kept in RAM (discarded); the rest of / is read-only.
 # Exit status: the command's; 124 timeout; 125 test bed failure (no boot, no rxe0).
 # Environment: RDMA_TESTBED_CACHE (kernel/initramfs cache), RDMA_TESTBED_VERBOSE=1 (timings).
-# See docs/testbed.md (the recipe this follows). Requires root (apt-get, qemu's 9p as root).
+# Requires root (apt-get, qemu's 9p as root).
 set -euo pipefail
 
 timeout_s=900
 mem_mb=3072
-usage() { echo "usage: $0 [--timeout SECONDS] [--mem MB] -- COMMAND [ARGS...]" >&2; exit 2; }
+prepare='' # --prepare: install packages and build the kernel cache, run nothing
+usage() { echo "usage: $0 [--timeout SECONDS] [--mem MB] -- COMMAND [ARGS...] | $0 --prepare" >&2; exit 2; }
 while (($#)); do
 	case $1 in
 	--timeout) (($# >= 2)) || usage; timeout_s=$2; shift 2 ;;
 	--mem) (($# >= 2)) || usage; mem_mb=$2; shift 2 ;;
+	--prepare) prepare=1; shift ;;
 	--) shift; break ;;
 	*) usage ;;
 	esac
 done
-(($#)) || usage
+(($# || prepare)) || usage
 [[ $timeout_s =~ ^[0-9]+$ && $mem_mb =~ ^[0-9]+$ ]] || usage
 
 cache=${RDMA_TESTBED_CACHE:-/var/cache/goverbs-testbed}
@@ -162,6 +164,7 @@ if [[ ! -f $initrd || $(cat "$initrd.sha256" 2>/dev/null) != "$hash" ]]; then
 	echo "$hash" >"$initrd.sha256"
 fi
 exec 9>&- # unlocks; qemu need not inherit it
+[[ -z $prepare ]] || exit 0
 
 # 3. The job: run.sh runs in the chroot under bash, so printf %q quoting round-trips exactly.
 job=$(mktemp -d /tmp/rdma-testbed.XXXXXX)
