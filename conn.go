@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -54,6 +55,7 @@ type Conn struct {
 	maxMsg       int // payload bytes per message, from both sides' buffer sizes
 	maxInline    int // bytes the QP sends inline
 	batch        int // receives reposted and credits returned at once
+	spinTime     time.Duration
 	lst          *Listener
 
 	cmEv    chan rdmacm.Event // handshake events, while dialing
@@ -150,6 +152,7 @@ func (c *Conn) setup(opts Options) error {
 	c.qp = ibv.QPFrom(qp)
 	c.maxInline = inline
 	c.batch = max(1, opts.RecvDepth/4)
+	c.spinTime = opts.SpinTime
 	c.rxq = make([]rxMsg, c.lay.recvSlots)
 	c.repost = make([]ibv.RecvWR, 0, ibv.MaxRecvBatch)
 	dev.addConn(c)
@@ -618,6 +621,7 @@ func (c *Conn) read(b []byte) (int, error) {
 		}
 		c.returnCredits(true)
 		c.mu.Unlock()
+		c.spin(c.rxReady)
 		select {
 		case <-c.rxReady:
 		case <-c.closing:
@@ -671,6 +675,7 @@ func (c *Conn) write(b []byte) (int, error) {
 			continue
 		}
 		c.mu.Unlock()
+		c.spin(c.txReady)
 		select {
 		case <-c.txReady:
 		case <-c.closing:
@@ -783,6 +788,24 @@ func (c *Conn) waitLocked(timeout time.Duration, cond func() bool) {
 			return
 		}
 		c.mu.Lock()
+	}
+}
+
+// spin polls the CQ from the waiting goroutine for up to the spin time, or
+// until ready is signaled: a reply that comes soon (the other half of a
+// round trip) then costs no goroutine handoff and no wakeup. c.mu is not
+// held.
+func (c *Conn) spin(ready chan struct{}) {
+	if c.spinTime <= 0 {
+		return
+	}
+	start := time.Now()
+	for len(ready) == 0 && !isClosed(c.closing) {
+		c.dev.tryPoll()
+		if len(ready) > 0 || time.Since(start) > c.spinTime {
+			return
+		}
+		runtime.Gosched()
 	}
 }
 

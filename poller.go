@@ -134,14 +134,34 @@ func (d *device) removeConn(c *Conn) {
 	d.connsMu.Unlock()
 }
 
+// poll polls a batch and dispatches it. cqMu is held across both, so that
+// batches reach connections in the order the CQ produced them even when a
+// waiting Read or Write polls beside the poller goroutine.
 func (d *device) poll(wcs []ibv.WC) int {
 	d.cqMu.Lock()
+	defer d.cqMu.Unlock()
+	return d.pollLocked(wcs)
+}
+
+func (d *device) pollLocked(wcs []ibv.WC) int {
 	n, err := d.cq.Poll(wcs)
-	d.cqMu.Unlock()
-	if err != nil {
+	if err != nil || n == 0 {
 		return 0
 	}
+	d.dispatch(wcs[:n])
 	return n
+}
+
+// tryPoll polls and dispatches one batch on the caller's goroutine unless
+// another goroutine is polling: a Read waiting for a reply picks it up
+// without the hop through the poller goroutine.
+func (d *device) tryPoll() {
+	if !d.cqMu.TryLock() {
+		return
+	}
+	var wcs [16]ibv.WC
+	d.pollLocked(wcs[:])
+	d.cqMu.Unlock()
 }
 
 // run is the poller: poll in batches while completions come, spin a little
@@ -152,8 +172,7 @@ func (d *device) run() {
 	var wcs [32]ibv.WC
 	idle := 0
 	for {
-		if n := d.poll(wcs[:]); n > 0 {
-			d.dispatch(wcs[:n])
+		if d.poll(wcs[:]) > 0 {
 			idle = 0
 			continue
 		}
@@ -168,8 +187,7 @@ func (d *device) run() {
 		if err := d.cq.ReqNotify(); err != nil {
 			return
 		}
-		if n := d.poll(wcs[:]); n > 0 {
-			d.dispatch(wcs[:n])
+		if d.poll(wcs[:]) > 0 {
 			idle = 0
 			continue
 		}

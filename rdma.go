@@ -137,6 +137,7 @@ const (
 	DefaultBufferSize = 64 << 10
 	DefaultSendDepth  = 16
 	DefaultRecvDepth  = 16
+	DefaultSpinTime   = 50 * time.Microsecond
 )
 
 // Limits on the per-connection buffer settings.
@@ -158,6 +159,11 @@ type Options struct {
 	// RecvDepth is the number of pre-posted receive buffers, the most
 	// messages the peer may have in flight to this side. Default 16.
 	RecvDepth int
+	// SpinTime is how long a Read or Write that must wait polls the
+	// completion queue itself before it parks: short waits (a round trip)
+	// then cost no wakeup, at the price of CPU while spinning. Default
+	// 50µs; negative disables spinning (event-driven only).
+	SpinTime time.Duration
 }
 
 func (o Options) normalized() (Options, error) {
@@ -169,6 +175,9 @@ func (o Options) normalized() (Options, error) {
 	}
 	if o.RecvDepth == 0 {
 		o.RecvDepth = DefaultRecvDepth
+	}
+	if o.SpinTime == 0 {
+		o.SpinTime = DefaultSpinTime
 	}
 	switch {
 	case o.BufferSize < minBufferSize || o.BufferSize > maxBufferSize:

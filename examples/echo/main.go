@@ -10,6 +10,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"flag"
 	"fmt"
@@ -25,21 +26,24 @@ import (
 func main() {
 	addr := flag.String("addr", os.Getenv("RDMA_TEST_ADDR")+":0", "listen address (an RDMA interface's IP and a port)")
 	rounds := flag.Int("n", 2000, "round trips per size")
+	spin := flag.Duration("spin", 0, "how long a waiting Read polls before it parks (0: the default; negative: never)")
 	flag.Parse()
-	if err := run(*addr, *rounds); err != nil {
+	if err := run(*addr, *rounds, rdma.Options{SpinTime: *spin}); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(addr string, rounds int) error {
-	ln, err := rdma.Listen("rdma", addr)
+func run(addr string, rounds int, opts rdma.Options) error {
+	lc := rdma.ListenConfig{Options: opts}
+	ln, err := lc.Listen(context.Background(), "rdma", addr)
 	if err != nil {
 		return err
 	}
 	defer ln.Close()
 	go serve(ln)
 
-	c, err := rdma.Dial("rdma", ln.Addr().String())
+	d := rdma.Dialer{Options: opts}
+	c, err := d.Dial("rdma", ln.Addr().String())
 	if err != nil {
 		return err
 	}
