@@ -4,6 +4,7 @@ package rdma
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/netip"
@@ -224,6 +225,10 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 		return &deviceError{os.NewSyscallError("rdma_resolve_addr", eventErrno(ev, syscall.ENODEV))}
 	}
 	if err := c.id.ResolveRoute(ms); err != nil {
+		if errors.Is(err, syscall.ENODEV) {
+			// The address resolved to an interface without RDMA (loopback).
+			return &deviceError{err}
+		}
 		return err
 	}
 	if ev, err = c.waitCM(ctx); err != nil {
@@ -306,7 +311,9 @@ func (c *Conn) cmEvent(ev rdmacm.Event) {
 		} else if ev.Type != rdmacm.EventTimewaitExit {
 			c.lst.failed(c)
 		}
-	case stateEstablished:
+	case stateEstablished, stateDead:
+		// While closing too: a disconnect ends the wait for the fin's
+		// acknowledgement.
 		switch ev.Type {
 		case rdmacm.EventDisconnected, rdmacm.EventDeviceRemoval:
 			c.peerDisconnected()
@@ -320,9 +327,6 @@ func (c *Conn) cmEvent(ev rdmacm.Event) {
 func (c *Conn) peerDisconnected() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.state == stateDead {
-		return
-	}
 	c.peerGone = true
 	c.id.Disconnect()
 	reset := os.NewSyscallError("rdma_get_cm_event", syscall.ECONNRESET)
@@ -765,8 +769,10 @@ func (c *Conn) teardown(graceful bool) {
 	if c.ar != nil {
 		c.ar.free()
 	}
-	c.id.Destroy()
+	// Unregister first: it waits out an event being handled, which may
+	// still use the id.
 	c.cm.unregister(c.handle)
+	c.id.Destroy()
 	if c.dev != nil {
 		c.dev.release(c.cqe)
 	}

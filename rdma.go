@@ -233,9 +233,14 @@ func Dial(network, address string) (*Conn, error) {
 }
 
 // DialContext connects to address on network, honouring ctx's deadline and
-// cancellation during resolution and connection. Its signature fits
-// http.Transport.DialContext and grpc.WithContextDialer.
+// cancellation during resolution and connection. So that it can be plugged
+// into code that dials TCP (http.Transport.DialContext, say), it takes
+// "tcp", "tcp4" and "tcp6" to mean "rdma", "rdma4" and "rdma6".
 func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	switch network {
+	case "tcp", "tcp4", "tcp6":
+		network = "rdma" + network[3:]
+	}
 	c, err := d.dial(ctx, network, address)
 	if err != nil {
 		return nil, err

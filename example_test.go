@@ -1,0 +1,91 @@
+package rdma_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/goverbs/rdma"
+)
+
+// The examples need an RDMA device at 10.0.0.1, so they have no Output
+// comments: go test compiles them but does not run them.
+
+// An echo server: every connection gets back what it sends.
+func ExampleListen() {
+	ln, err := rdma.Listen("rdma", "10.0.0.1:7471")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer ln.Close()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			log.Fatal(err)
+		}
+		go func(c net.Conn) {
+			defer c.Close()
+			io.Copy(c, c)
+		}(c)
+	}
+}
+
+// A client of the echo server.
+func ExampleDial() {
+	c, err := rdma.Dial("rdma", "10.0.0.1:7471")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	if _, err := c.Write([]byte("hello")); err != nil {
+		log.Fatal(err)
+	}
+	buf := make([]byte, len("hello"))
+	if _, err := io.ReadFull(c, buf); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%s\n", buf)
+}
+
+// HTTP over RDMA: the Transport dials with an rdma.Dialer. It asks for a
+// "tcp" connection, so the dial function substitutes "rdma".
+func ExampleDialer_DialContext() {
+	d := &rdma.Dialer{Timeout: 5 * time.Second}
+	// http.Transport dials network "tcp", which DialContext takes to mean
+	// "rdma".
+	client := &http.Client{Transport: &http.Transport{DialContext: d.DialContext}}
+
+	// The URL's host is the server's RDMA address: the IP of its RDMA
+	// interface (IPoIB or RoCE) and the port its rdma listener has.
+	resp, err := client.Get("http://10.0.0.1:7471/")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%s: %s", resp.Status, body)
+}
+
+// An HTTP server on an rdma listener.
+func ExampleListenConfig_Listen() {
+	lc := rdma.ListenConfig{Options: rdma.Options{BufferSize: 256 << 10}}
+	ln, err := lc.Listen(context.Background(), "rdma", "10.0.0.1:7471")
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "hello over RDMA, %s\n", r.RemoteAddr)
+	})
+	srv := &http.Server{Handler: mux}
+	log.Fatal(srv.Serve(ln))
+}
