@@ -31,7 +31,10 @@ unit: deps
 vmtest: deps
 	mkdir -p $(OUT)
 	$(GO) test -c -o $(OUT)/rdma.test .
-	$(VM) --timeout $(VMTIMEOUT) -- $(OUT)/rdma.test -test.v -test.count=1 -test.timeout 20m
+	$(GO) test -race -c -o $(OUT)/rdma.race.test .
+	$(VM) --timeout $(VMTIMEOUT) -- sh -c '$(OUT)/rdma.test -test.v -test.count=1 -test.timeout 20m && \
+		echo "=== the same tests under the race detector (-short)" && \
+		$(OUT)/rdma.race.test -test.v -test.count=1 -test.short -test.timeout 20m'
 
 test: check unit vmtest
 

@@ -85,6 +85,7 @@ type Conn struct {
 	ctrlOwed   int  // control receives posted again, not yet acknowledged
 	wantCredit bool // a credit message is due but could not be sent
 	finRcvd    bool
+	rdShut     bool // CloseRead was called
 	peerGone   bool // the peer disconnected
 	rerr       error
 	// Send side. Sequence numbers count posted messages; the done numbers
@@ -391,6 +392,12 @@ func (c *Conn) recvDone(wc *ibv.WC) {
 	}
 	switch h.typ {
 	case msgData:
+		if c.rdShut {
+			// CloseRead: discard, and give the buffer back to the peer.
+			c.queueRepost(slot)
+			c.returnCredits(false)
+			return
+		}
 		c.push(rxMsg{slot: int32(slot), n: int32(wc.ByteLen - hdrLen)})
 	case msgCredit:
 		// Post the buffer again at once, on its own (queued data buffers
@@ -588,6 +595,10 @@ func (c *Conn) read(b []byte) (int, error) {
 			c.mu.Unlock()
 			return 0, errTimeout
 		}
+		if c.rdShut {
+			c.mu.Unlock()
+			return 0, io.EOF
+		}
 		if c.rxLen > 0 {
 			m := c.rxq[c.rxHead]
 			if m.n < 0 {
@@ -700,6 +711,35 @@ func (c *Conn) CloseWrite() error {
 		return c.opErr("close", net.ErrClosed)
 	}
 	return c.opErr("close", c.sendFin())
+}
+
+// CloseRead shuts down the reading side: Reads return io.EOF from now on,
+// and data that arrives is discarded, its buffers returned to the peer so
+// that the peer's Writes do not block. Writing continues to work.
+func (c *Conn) CloseRead() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return c.opErr("close", net.ErrClosed)
+	}
+	c.rdShut = true
+	c.mu.Unlock()
+	signal(c.rxReady)
+	// A Read in progress returns io.EOF and releases readMu; then the
+	// queued messages are no one's.
+	c.readMu.Lock()
+	defer c.readMu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for ; c.rxLen > 0; c.rxLen-- {
+		if m := c.rxq[c.rxHead]; m.n >= 0 {
+			c.queueRepost(int(m.slot))
+		}
+		c.rxHead = (c.rxHead + 1) % len(c.rxq)
+	}
+	c.rxOff = 0
+	c.returnCredits(true)
+	return nil
 }
 
 // sendFin posts the fin unless it was already sent; c.mu is held.

@@ -169,7 +169,10 @@ func randomSize(r *rand.Rand) int {
 // from 1 B to 1 MiB, echoed back and verified by checksum.
 func TestEchoConcurrent(t *testing.T) {
 	needDevice(t)
-	const conns, msgs = 16, 1000
+	conns, msgs := 16, 1000
+	if testing.Short() { // the race detector's run: same paths, less data
+		conns, msgs = 4, 100
+	}
 	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
 	require.NoError(t, err)
 	defer ln.Close()
@@ -572,4 +575,252 @@ func TestHTTP(t *testing.T) {
 		require.Equal(t, http.StatusOK, resp.StatusCode)
 		require.Equal(t, body, got)
 	}
+}
+
+var testAddr6 = os.Getenv("RDMA_TEST_ADDR6")
+
+// echoOnce dials addr, writes a message and reads it back through an echo
+// server on ln.
+func echoOnce(t *testing.T, ln net.Listener, network, addr string) (net.Conn, net.Conn) {
+	t.Helper()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			acc <- nil
+			return
+		}
+		acc <- c
+		io.Copy(c, c)
+	}()
+	c, err := rdma.Dial(network, addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	s := <-acc
+	require.NotNil(t, s)
+	t.Cleanup(func() { s.Close() })
+	_, err = c.Write([]byte("ping"))
+	require.NoError(t, err)
+	b := make([]byte, 4)
+	_, err = io.ReadFull(c, b)
+	require.NoError(t, err)
+	require.Equal(t, "ping", string(b))
+	return c, s
+}
+
+func TestIPv6(t *testing.T) {
+	needDevice(t)
+	if testAddr6 == "" {
+		t.Skip("set RDMA_TEST_ADDR6 to an IPv6 address of an RDMA interface (make test does)")
+	}
+	ln, err := rdma.Listen("rdma6", net.JoinHostPort(testAddr6, "0"))
+	require.NoError(t, err)
+	defer ln.Close()
+	addr := ln.Addr().(*rdma.Addr)
+	require.Equal(t, net.ParseIP(testAddr6).String(), addr.IP.String())
+	require.NotZero(t, addr.Port)
+	c, s := echoOnce(t, ln, "rdma6", ln.Addr().String())
+	require.Equal(t, testAddr6, c.RemoteAddr().(*rdma.Addr).IP.String())
+	require.Equal(t, c.LocalAddr().String(), s.RemoteAddr().String())
+
+	_, err = rdma.Dial("rdma4", ln.Addr().String())
+	require.Error(t, err, "rdma4 cannot dial an IPv6 address")
+}
+
+// TestWildcardListener: a listener on all addresses ("[::]:0" or ":0")
+// serves connections to the device's addresses.
+func TestWildcardListener(t *testing.T) {
+	needDevice(t)
+	for _, tc := range []struct{ network, listen string }{
+		{"rdma", ":0"},
+		{"rdma6", "[::]:0"},
+	} {
+		t.Run(tc.network, func(t *testing.T) {
+			ln, err := rdma.Listen(tc.network, tc.listen)
+			require.NoError(t, err)
+			defer ln.Close()
+			port := strconv.Itoa(ln.Addr().(*rdma.Addr).Port)
+			host := testAddr
+			if tc.network == "rdma6" {
+				if testAddr6 == "" {
+					t.Skip("no RDMA_TEST_ADDR6")
+				}
+				host = testAddr6
+			}
+			c, _ := echoOnce(t, ln, "rdma", net.JoinHostPort(host, port))
+			require.Equal(t, host, c.LocalAddr().(*rdma.Addr).IP.String())
+		})
+	}
+}
+
+func TestListenerCloseUnblocksAccept(t *testing.T) {
+	needDevice(t)
+	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := ln.Accept()
+		errc <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, ln.Close())
+	err = <-errc
+	requireOpError(t, err, "accept")
+	require.ErrorIs(t, err, net.ErrClosed)
+	err = ln.Close()
+	requireOpError(t, err, "close")
+	require.ErrorIs(t, err, net.ErrClosed)
+}
+
+// TestBacklog: connections beyond the backlog that nobody accepts are
+// refused, and the queued ones are closed with the listener.
+func TestBacklog(t *testing.T) {
+	needDevice(t)
+	lc := rdma.ListenConfig{Backlog: 2}
+	ln, err := lc.Listen(context.Background(), "rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := 0; i < 2; i++ {
+		c, err := rdma.Dial("rdma", ln.Addr().String())
+		require.NoError(t, err)
+		conns = append(conns, c)
+	}
+	_, err = rdma.Dial("rdma", ln.Addr().String())
+	require.ErrorIs(t, err, syscall.ECONNREFUSED)
+	require.NoError(t, ln.Close())
+	// The queued connections were closed by the listener: their peers
+	// see the end of the stream.
+	for _, c := range conns {
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(10*time.Second)))
+		_, err := c.Read(make([]byte, 1))
+		require.Error(t, err)
+		require.False(t, errors.Is(err, os.ErrDeadlineExceeded), "read: %v", err)
+	}
+}
+
+// TestDialContext: cancellation and deadlines during address resolution
+// (10.77.0.2 is on the test bed's subnet but nobody answers for it) and
+// before dialing.
+func TestDialContext(t *testing.T) {
+	needDevice(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var d rdma.Dialer
+	_, err := d.DialContext(ctx, "rdma", net.JoinHostPort(testAddr, "1"))
+	requireOpError(t, err, "dial")
+	require.ErrorIs(t, err, context.Canceled)
+
+	silent := os.Getenv("RDMA_TEST_SILENT_ADDR")
+	if silent == "" {
+		t.Skip("set RDMA_TEST_SILENT_ADDR to an address on the RDMA subnet that nobody answers for")
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = d.DialContext(ctx, "rdma", net.JoinHostPort(silent, "7471"))
+	oe := requireOpError(t, err, "dial")
+	require.True(t, oe.Timeout(), "%v", err)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	t.Logf("dial to a silent address gave up after %v: %v", time.Since(start).Round(time.Millisecond), err)
+
+	d.Timeout = 300 * time.Millisecond
+	_, err = d.Dial("rdma", net.JoinHostPort(silent, "7471"))
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+}
+
+func TestCloseWrite(t *testing.T) {
+	c, s := pair(t, nil, nil)
+	// c half-closes: s reads to EOF, then still writes back to c.
+	_, err := c.Write([]byte("request"))
+	require.NoError(t, err)
+	require.NoError(t, c.CloseWrite())
+	_, err = c.Write([]byte("x"))
+	requireOpError(t, err, "write")
+	got, err := io.ReadAll(s)
+	require.NoError(t, err)
+	require.Equal(t, "request", string(got))
+	_, err = s.Write([]byte("response"))
+	require.NoError(t, err)
+	require.NoError(t, s.(*rdma.Conn).CloseWrite())
+	got, err = io.ReadAll(c)
+	require.NoError(t, err)
+	require.Equal(t, "response", string(got))
+}
+
+// TestErrors pins the error contract in the spirit of net/error_test.go:
+// what each failing call returns, its type and what it wraps.
+func TestErrors(t *testing.T) {
+	needDevice(t)
+	c, s := pair(t, nil, nil)
+	require.NoError(t, c.Close())
+	for _, tc := range []struct {
+		name string
+		op   string
+		err  func() error
+		is   error
+	}{
+		{"read after close", "read", func() error { _, err := c.Read(make([]byte, 1)); return err }, net.ErrClosed},
+		{"write after close", "write", func() error { _, err := c.Write([]byte("x")); return err }, net.ErrClosed},
+		{"close twice", "close", c.Close, net.ErrClosed},
+		{"close write after close", "close", c.CloseWrite, net.ErrClosed},
+		{"set deadline after close", "set", func() error { return c.SetDeadline(time.Now()) }, net.ErrClosed},
+		{"dial unknown network", "dial", func() error { _, err := rdma.Dial("udp", "10.0.0.1:1"); return err }, nil},
+		{"dial bad address", "dial", func() error { _, err := rdma.Dial("rdma", "no-port"); return err }, nil},
+		{"listen bad address", "listen", func() error { _, err := rdma.Listen("rdma", "no-port"); return err }, nil},
+		{"dial no device", "dial", func() error { _, err := rdma.Dial("rdma", "127.0.0.1:1"); return err }, rdma.ErrNoDevice},
+		{"listen no device", "listen", func() error { _, err := rdma.Listen("rdma", "127.0.0.1:0"); return err }, rdma.ErrNoDevice},
+		{"dial bad options", "dial", func() error {
+			d := rdma.Dialer{Options: rdma.Options{BufferSize: 1}}
+			_, err := d.Dial("rdma", net.JoinHostPort(testAddr, "1"))
+			return err
+		}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.err()
+			oe := requireOpError(t, err, tc.op)
+			require.NotNil(t, oe.Err)
+			if tc.is != nil {
+				require.ErrorIs(t, err, tc.is)
+			}
+		})
+	}
+	// The peer of a closed connection reads EOF, bare.
+	_, err := s.Read(make([]byte, 1))
+	require.Equal(t, io.EOF, err)
+	// A timeout is a net.Error with Timeout() true that stays usable.
+	require.NoError(t, s.SetReadDeadline(time.Now().Add(-time.Second)))
+	_, err = s.Read(make([]byte, 1))
+	var ne net.Error
+	require.ErrorAs(t, err, &ne)
+	require.True(t, ne.Timeout())
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+}
+
+func TestCloseRead(t *testing.T) {
+	c, s := pair(t, nil, &rdma.Dialer{Options: rdma.Options{BufferSize: 1024, RecvDepth: 2}})
+	_, err := s.Write([]byte("before"))
+	require.NoError(t, err)
+	require.NoError(t, c.CloseRead())
+	n, err := c.Read(make([]byte, 10))
+	require.Equal(t, 0, n)
+	require.Equal(t, io.EOF, err)
+	// The peer's writes are discarded but never block, far beyond the
+	// receive window.
+	buf := make([]byte, 1000)
+	for i := 0; i < 100; i++ {
+		_, err := s.Write(buf)
+		require.NoError(t, err)
+	}
+	// The other direction still works.
+	_, err = c.Write([]byte("after"))
+	require.NoError(t, err)
+	got := make([]byte, 5)
+	_, err = io.ReadFull(s, got)
+	require.NoError(t, err)
+	require.Equal(t, "after", string(got))
 }

@@ -38,6 +38,9 @@ func (c *Conn) Close() error { return unsupported("close") }
 // CloseWrite fails: RDMA needs linux and cgo.
 func (c *Conn) CloseWrite() error { return unsupported("close") }
 
+// CloseRead fails: RDMA needs linux and cgo.
+func (c *Conn) CloseRead() error { return unsupported("close") }
+
 // LocalAddr returns nil.
 func (c *Conn) LocalAddr() net.Addr { return nil }
 

@@ -181,7 +181,7 @@ trap 'exit 143' TERM
 {
 	echo 'ulimit -l unlimited'
 	printf 'export HOME=/tmp PATH=%q LANG=C.UTF-8\n' "$PATH:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-	echo 'export RDMA_TEST_ADDR=10.77.0.1 RDMA_TEST_ADDR6=fd77::1'
+	echo 'export RDMA_TEST_ADDR=10.77.0.1 RDMA_TEST_ADDR6=fd77::1 RDMA_TEST_SILENT_ADDR=10.77.0.2'
 	printf 'cd -- %q || exit 125\n' "$PWD"
 	printf 'exec'; printf ' %q' "$@"; echo
 } >"$job/run.sh"
