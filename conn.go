@@ -845,6 +845,8 @@ func (c *Conn) spin(ready chan struct{}) {
 	if c.spinTime <= 0 {
 		return
 	}
+	c.dev.spinStart()
+	defer c.dev.spinEnd()
 	start := time.Now()
 	for len(ready) == 0 && !isClosed(c.closing) {
 		c.dev.tryPoll()

@@ -22,6 +22,13 @@ type device struct {
 	done chan struct{}
 	stop atomic.Bool
 
+	// spinners counts Reads and Writes polling the CQ themselves; while
+	// there are any, the poller steps aside (it neither competes for the
+	// CPU nor arms the CQ, which would cost an event per completion) and
+	// the last one to leave wakes it through wake.
+	spinners atomic.Int32
+	wake     chan struct{}
+
 	cqMu     sync.Mutex // serializes Poll and Resize
 	cq       *ibv.CQ
 	reserved int // CQ entries promised to connections, under devMu
@@ -95,7 +102,7 @@ func newDevice(ctx *ibv.Context) (*device, error) {
 		pd.Dealloc()
 		return nil, err
 	}
-	d := &device{ctx: ctx, pd: pd, ch: ch, cq: cq, done: make(chan struct{}), conns: map[uint32]*Conn{}}
+	d := &device{ctx: ctx, pd: pd, ch: ch, cq: cq, done: make(chan struct{}), wake: make(chan struct{}, 1), conns: map[uint32]*Conn{}}
 	go d.run()
 	return d, nil
 }
@@ -115,6 +122,7 @@ func (d *device) release(cqe int) {
 
 func (d *device) destroy() {
 	d.stop.Store(true)
+	signal(d.wake)
 	d.ch.Interrupt()
 	<-d.done
 	d.cq.Destroy()
@@ -155,6 +163,14 @@ func (d *device) pollLocked(wcs []ibv.WC) int {
 // tryPoll polls and dispatches one batch on the caller's goroutine unless
 // another goroutine is polling: a Read waiting for a reply picks it up
 // without the hop through the poller goroutine.
+func (d *device) spinStart() { d.spinners.Add(1) }
+
+func (d *device) spinEnd() {
+	if d.spinners.Add(-1) == 0 {
+		signal(d.wake)
+	}
+}
+
 func (d *device) tryPoll() {
 	if !d.cqMu.TryLock() {
 		return
@@ -178,6 +194,11 @@ func (d *device) run() {
 		}
 		if d.stop.Load() {
 			return
+		}
+		if d.spinners.Load() > 0 {
+			<-d.wake
+			idle = 0
+			continue
 		}
 		if idle < spinPolls {
 			idle++

@@ -824,3 +824,43 @@ func TestCloseRead(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "after", string(got))
 }
+
+// TestSteadyStateAllocs: a round trip (Write, then Read of the echo, with
+// the echo server and the poller running in the same process) allocates
+// nothing once warmed up.
+func TestSteadyStateAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	c, s := pair(t, nil, nil)
+	go func() {
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := s.Read(buf)
+			if err != nil {
+				return
+			}
+			if _, err := s.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+	}()
+	for _, size := range []int{64, 4096, 64 << 10} {
+		msg := make([]byte, size)
+		back := make([]byte, size)
+		roundTrip := func() {
+			if _, err := c.Write(msg); err != nil {
+				panic(err)
+			}
+			if _, err := io.ReadFull(c, back); err != nil {
+				panic(err)
+			}
+		}
+		for i := 0; i < 50; i++ {
+			roundTrip()
+		}
+		allocs := testing.AllocsPerRun(200, roundTrip)
+		t.Logf("%d B round trip: %.2f allocations", size, allocs)
+		require.Zero(t, allocs, "%d B round trip allocates", size)
+	}
+}

@@ -236,8 +236,10 @@ func (mr *MR) Dereg() error {
 
 // CompChannel is a completion channel whose fd sits in the netpoller.
 type CompChannel struct {
-	ch *C.struct_ibv_comp_channel
-	fd *pollfd.FD
+	ch     *C.struct_ibv_comp_channel
+	fd     *pollfd.FD
+	drain  func(uintptr) bool // built once: Wait must not allocate
+	failed error
 }
 
 // CreateCompChannel creates a completion channel (ibv_create_comp_channel).
@@ -251,26 +253,26 @@ func (c *Context) CreateCompChannel() (*CompChannel, error) {
 		C.ibv_destroy_comp_channel(ch)
 		return nil, err
 	}
-	return &CompChannel{ch: ch, fd: fd}, nil
+	cc := &CompChannel{ch: ch, fd: fd}
+	cc.drain = func(uintptr) bool {
+		n, err := C.gv_drain_events(cc.ch)
+		if n < 0 {
+			cc.failed = os.NewSyscallError("ibv_get_cq_event", err)
+			return true
+		}
+		return n > 0
+	}
+	return cc, nil
 }
 
 // Wait parks until at least one completion event arrives, reads and
 // acknowledges every pending event, and returns. After Interrupt it returns
 // an error.
 func (ch *CompChannel) Wait() error {
-	var failed error
-	err := ch.fd.Wait(func() bool {
-		n, err := C.gv_drain_events(ch.ch)
-		if n < 0 {
-			failed = os.NewSyscallError("ibv_get_cq_event", err)
-			return true
-		}
-		return n > 0
-	})
-	if failed != nil {
-		return failed
+	if err := ch.fd.Wait(ch.drain); err != nil {
+		return err
 	}
-	return err
+	return ch.failed
 }
 
 // Interrupt wakes a parked Wait for shutdown; Wait fails from then on.

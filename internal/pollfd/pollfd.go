@@ -49,9 +49,11 @@ func New(fd int, name string) (*FD, error) {
 // empty (returns false), parks until the descriptor is readable and calls it
 // again. The netpoller is edge-triggered, so drain must consume everything
 // (read to EAGAIN) before it returns false, or a wakeup is lost. Wait
-// returns nil once drain returns true, and os.ErrClosed after Close.
-func (p *FD) Wait(drain func() bool) error {
-	return p.rc.Read(func(uintptr) bool { return drain() })
+// returns nil once drain returns true, and os.ErrClosed after Close. Callers
+// on a hot path pass the same func value every time: a new closure per call
+// would allocate.
+func (p *FD) Wait(drain func(fd uintptr) bool) error {
+	return p.rc.Read(drain)
 }
 
 // Close wakes a parked Wait (which then returns an error) and releases the

@@ -243,7 +243,7 @@ func NewEventChannel() (*EventChannel, error) {
 // until Interrupt is called; then it returns. Only one goroutine may Run.
 func (c *EventChannel) Run(handle func(Event)) error {
 	var failed error
-	err := c.fd.Wait(func() bool {
+	err := c.fd.Wait(func(uintptr) bool {
 		for {
 			r, err := C.gv_get_event(c.ch, &c.ev)
 			if r != 0 {
