@@ -87,6 +87,7 @@ type Conn struct {
 	finRcvd    bool
 	rdShut     bool // CloseRead was called
 	peerGone   bool // the peer disconnected
+	qpGone     bool // the teardown is destroying the QP
 	rerr       error
 	// Send side. Sequence numbers count posted messages; the done numbers
 	// trail them as signaled completions come back.
@@ -329,7 +330,9 @@ func (c *Conn) peerDisconnected() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.peerGone = true
-	c.id.Disconnect()
+	if !c.qpGone {
+		c.id.Disconnect()
+	}
 	reset := os.NewSyscallError("rdma_get_cm_event", syscall.ECONNRESET)
 	if c.werr == nil {
 		c.werr = reset
@@ -800,11 +803,19 @@ func (c *Conn) teardown(graceful bool) {
 			return c.recvPosted == 0 && c.dataDone == c.dataSeq && c.ctrlDone == c.ctrlSeq
 		})
 	}
+	// From here on a disconnect event must not touch the QP: destroying
+	// it while rdma_disconnect moves it to the error state fails (EBUSY).
+	c.qpGone = true
 	c.mu.Unlock()
 
 	if c.qp != nil {
 		c.dev.removeConn(c)
-		c.id.DestroyQP()
+		// The kernel refuses (EBUSY) to destroy a QP another verb is
+		// using at that moment; nothing of ours should be, but a bounded
+		// retry beats leaking the QP and, with it, the device.
+		for i := 0; c.id.DestroyQP() != nil && i < 100; i++ {
+			time.Sleep(time.Millisecond)
+		}
 	}
 	if c.ar != nil {
 		c.ar.free()

@@ -864,3 +864,56 @@ func TestSteadyStateAllocs(t *testing.T) {
 		require.Zero(t, allocs, "%d B round trip allocates", size)
 	}
 }
+
+// TestManyConnections: 256 connections open at once, all usable. The CQ
+// they share grows as they come.
+func TestManyConnections(t *testing.T) {
+	needDevice(t)
+	n := 256
+	if testing.Short() {
+		n = 64
+	}
+	opts := rdma.Options{BufferSize: 4096, SendDepth: 4, RecvDepth: 4}
+	lc := rdma.ListenConfig{Backlog: n, Options: opts}
+	ln, err := lc.Listen(context.Background(), "rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	defer ln.Close()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				io.Copy(c, c)
+			}()
+		}
+	}()
+	d := rdma.Dialer{Options: opts}
+	conns := make([]net.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := 0; i < n; i++ {
+		c, err := d.Dial("rdma", ln.Addr().String())
+		require.NoError(t, err, "connection %d", i)
+		conns = append(conns, c)
+	}
+	for i, c := range conns {
+		msg := []byte(fmt.Sprintf("conn %d", i))
+		_, err := c.Write(msg)
+		require.NoError(t, err)
+		back := make([]byte, len(msg))
+		_, err = io.ReadFull(c, back)
+		require.NoError(t, err)
+		require.Equal(t, msg, back)
+	}
+	t.Logf("%d connections open; rdma resource show: %v", n, resources())
+}

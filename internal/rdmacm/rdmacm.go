@@ -159,6 +159,18 @@ static int gv_create_qp(struct rdma_cm_id *id, void *pd, void *cq, uint32_t send
 	return 0;
 }
 
+// gv_destroy_qp destroys the id's QP, keeping it on the id if that fails
+// (rdma_destroy_qp forgets it either way, leaking it on failure).
+static int gv_destroy_qp(struct rdma_cm_id *id) {
+	if (!id->qp)
+		return 0;
+	int r = ibv_destroy_qp(id->qp);
+	if (r)
+		return r;
+	id->qp = NULL;
+	return 0;
+}
+
 static void *gv_qp(struct rdma_cm_id *id) { return id->qp; }
 static void *gv_verbs(struct rdma_cm_id *id) { return id->verbs; }
 static int gv_channel_fd(struct rdma_event_channel *ch) { return ch->fd; }
@@ -402,8 +414,13 @@ func (id *ID) CreateQP(pd, cq unsafe.Pointer, sendWR, recvWR, inline int) (unsaf
 	return C.gv_qp(id.id), int(maxInline), nil
 }
 
-// DestroyQP destroys the id's QP.
-func (id *ID) DestroyQP() { C.rdma_destroy_qp(id.id) }
+// DestroyQP destroys the id's QP (ibv_destroy_qp).
+func (id *ID) DestroyQP() error {
+	if r := C.gv_destroy_qp(id.id); r != 0 {
+		return os.NewSyscallError("ibv_destroy_qp", syscall.Errno(r))
+	}
+	return nil
+}
 
 // Destroy destroys the id (rdma_destroy_id). It blocks until every event of
 // the id is acknowledged, so it must not run on the event goroutine while
