@@ -155,6 +155,38 @@ func TestEchoRoundTrip(t *testing.T) {
 	require.Equal(t, c.RemoteAddr().String(), s.LocalAddr().String())
 }
 
+// transfer writes msg to from and requires it to arrive, whole, at to.
+func transfer(t *testing.T, from, to net.Conn, msg string) {
+	t.Helper()
+	_, err := from.Write([]byte(msg))
+	require.NoError(t, err)
+	got := make([]byte, len(msg))
+	_, err = io.ReadFull(to, got)
+	require.NoError(t, err)
+	require.Equal(t, msg, string(got))
+}
+
+// serveEcho accepts connections on ln until it is closed and echoes each
+// one back to itself; Wait waits for the echoing goroutines to finish.
+func serveEcho(ln net.Listener) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				io.Copy(c, c)
+			}()
+		}
+	}()
+	return &wg
+}
+
 // randomSize draws message sizes from 1 B to 1 MiB, log-uniformly and
 // skewed small (most RPC traffic is), so that every size class is covered
 // while the whole test moves a volume the emulated test bed can carry.
@@ -176,21 +208,7 @@ func TestEchoConcurrent(t *testing.T) {
 	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
 	require.NoError(t, err)
 	defer ln.Close()
-	var srv sync.WaitGroup
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			srv.Add(1)
-			go func() {
-				defer srv.Done()
-				defer c.Close()
-				io.Copy(c, c)
-			}()
-		}
-	}()
+	srv := serveEcho(ln)
 	errs := make(chan error, conns)
 	var bytesMoved int64
 	var mu sync.Mutex
@@ -389,12 +407,7 @@ func TestReadDeadline(t *testing.T) {
 	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
 	// Still usable after a timeout.
 	require.NoError(t, c.SetReadDeadline(time.Time{}))
-	_, err = s.Write([]byte("ok"))
-	require.NoError(t, err)
-	b := make([]byte, 2)
-	_, err = io.ReadFull(c, b)
-	require.NoError(t, err)
-	require.Equal(t, "ok", string(b))
+	transfer(t, s, c, "ok")
 }
 
 // TestForeignClientRejected: a perftest client dialing our listener is
@@ -599,12 +612,7 @@ func echoOnce(t *testing.T, ln net.Listener, network, addr string) (net.Conn, ne
 	s := <-acc
 	require.NotNil(t, s)
 	t.Cleanup(func() { s.Close() })
-	_, err = c.Write([]byte("ping"))
-	require.NoError(t, err)
-	b := make([]byte, 4)
-	_, err = io.ReadFull(c, b)
-	require.NoError(t, err)
-	require.Equal(t, "ping", string(b))
+	transfer(t, c, c, "ping") // through the echo
 	return c, s
 }
 
@@ -817,12 +825,7 @@ func TestCloseRead(t *testing.T) {
 		require.NoError(t, err)
 	}
 	// The other direction still works.
-	_, err = c.Write([]byte("after"))
-	require.NoError(t, err)
-	got := make([]byte, 5)
-	_, err = io.ReadFull(s, got)
-	require.NoError(t, err)
-	require.Equal(t, "after", string(got))
+	transfer(t, c, s, "after")
 }
 
 // TestSteadyStateAllocs: a round trip (Write, then Read of the echo, with
@@ -878,22 +881,8 @@ func TestManyConnections(t *testing.T) {
 	ln, err := lc.Listen(context.Background(), "rdma", net.JoinHostPort(testAddr, "0"))
 	require.NoError(t, err)
 	defer ln.Close()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				io.Copy(c, c)
-			}()
-		}
-	}()
+	srv := serveEcho(ln)
+	defer srv.Wait()
 	d := rdma.Dialer{Options: opts}
 	conns := make([]net.Conn, 0, n)
 	defer func() {
