@@ -45,3 +45,6 @@ demo: deps
 
 clean:
 	rm -rf $(OUT)
+
+bench: deps
+	bench/bench.sh

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# make bench: builds rdmaperf, runs bench/run.sh in the Soft-RoCE VM (testbed/vm.sh), and writes
+# bench/results.json (everything measured) and bench/results.md (the table, also printed).
+#
+#   bench/bench.sh
+#
+# Environment: GO (go), BENCH_ROUNDS (3), BENCH_SECONDS (2): passed on to run.sh.
+# The VM's whole output is kept in .testbed-out/bench.log.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+go=${GO:-go}
+trap 'rm -f bench/results.json.tmp bench/results.md.tmp' EXIT
+out=.testbed-out
+mkdir -p "$out"
+"$go" build -o "$out/rdmaperf" ./cmd/rdmaperf
+
+# vm.sh gives the job a clean environment: settings go in through env(1).
+log=$out/bench.log
+rc=0
+testbed/vm.sh --timeout 900 -- env BENCH_ROUNDS="${BENCH_ROUNDS:-3}" BENCH_SECONDS="${BENCH_SECONDS:-2}" \
+	bench/run.sh "" "$out/rdmaperf" | tee "$log" || rc=$?
+# run.sh reports failed measurements in the JSON and exits 0; anything else is the test bed's
+# or run.sh's own failure, but whatever JSON came out is still worth keeping.
+json=$(sed -n '/^BEGIN-JSON$/,/^END-JSON$/{/^BEGIN-JSON$/d;/^END-JSON$/d;p}' "$log")
+if [[ -z $json ]]; then
+	echo "bench: no results in the VM's output (exit $rc); see $log" >&2
+	exit $((rc ? rc : 1))
+fi
+printf '%s\n' "$json" >bench/results.json.tmp
+# Render before replacing: a broken document must not overwrite good results.
+"$out/rdmaperf" -render bench/results.json.tmp >bench/results.md.tmp
+mv bench/results.json.tmp bench/results.json
+mv bench/results.md.tmp bench/results.md
+echo
+cat bench/results.md
+if ((rc)); then
+	echo "bench: the VM job exited $rc; the results may be incomplete (see $log)" >&2
+	exit "$rc"
+fi

@@ -1,0 +1,327 @@
+#!/usr/bin/env bash
+# The benchmark proper: runs on a host with an RDMA device (in the Soft-RoCE VM: bench/bench.sh
+# starts it there through testbed/vm.sh) and measures, on one machine in one run:
+#   - this library:  rdmaperf -s / -c -net rdma (server and client pinned to CPUs 0 and 1)
+#   - Go TCP:        rdmaperf -s / -c -net tcp, same address and pinning
+#   - perftest:      ib_send_lat / ib_send_bw over rdma_cm (-R), busy polling and -e (events)
+#   - rsockets:      rstream
+# for: latency 64 B and 4 KiB, throughput with 4 KiB, 64 KiB and 1 MiB writes, 64 B message rate
+# over 1 and 8 connections, and the CPU an idle connection costs.
+#
+#   bench/run.sh [RESULTS.json [RDMAPERF]]
+#
+# The results JSON (read by rdmaperf -render) is printed between the lines BEGIN-JSON and
+# END-JSON (a file in the VM's /tmp does not survive it), and also written to RESULTS.json when
+# given. RDMAPERF defaults to the repository's .testbed-out/rdmaperf, then to PATH.
+# Environment: RDMA_TEST_ADDR (default 10.77.0.1); BENCH_ROUNDS (3): every test is repeated that
+# many times, the tools interleaved per workload so that a slow spell of the (emulated) machine
+# hits them alike; BENCH_SECONDS (2): length of each rdmaperf test; BENCH_BUDGET (420): no new
+# round starts when it might end after this many seconds; BENCH_ENVIRONMENT: the machine's
+# description in the results (default: the Soft-RoCE VM's).
+set -uo pipefail
+
+out_file=${1:-}
+here=$(cd "$(dirname "$0")" && pwd)
+rdmaperf=${2:-}
+if [[ -z $rdmaperf ]]; then
+	rdmaperf=$here/../.testbed-out/rdmaperf
+	[[ -x $rdmaperf ]] || rdmaperf=$(command -v rdmaperf) || { echo "run.sh: no rdmaperf binary" >&2; exit 2; }
+fi
+addr=${RDMA_TEST_ADDR:-10.77.0.1}
+rounds=${BENCH_ROUNDS:-3}
+secs=${BENCH_SECONDS:-2}
+budget=${BENCH_BUDGET:-420}
+environment=${BENCH_ENVIRONMENT:-"Soft-RoCE (rdma_rxe) in a $(nproc)-vCPU TCG VM; only ratios within one run mean anything"}
+tool_timeout=60 # seconds any one process may take; a hung tool becomes a failed measurement
+
+work=$(mktemp -d /tmp/rdma-bench.XXXXXX)
+results=$work/results.jsonl
+: >"$results"
+round=0
+port=18600 # perftest's default is 18515; each server gets its own port, never reused
+
+# Servers are started in the background; whatever is still running at the end is killed.
+cleanup() {
+	local p
+	for p in $(jobs -p); do kill "$p" 2>/dev/null; done
+	wait 2>/dev/null
+}
+trap cleanup EXIT
+
+# A JSON string body: backslashes and quotes escaped, control characters made spaces.
+jstr() {
+	local s=${1//\\/\\\\}
+	s=${s//\"/\\\"}
+	printf '%s' "${s//[$'\001'-$'\037']/ }"
+}
+
+# emit IMPL WORKLOAD SIZE CONNS KEY=VALUE...: one successful result.
+emit() {
+	local impl=$1 workload=$2 size=$3 conns=$4 kv k v metrics=''
+	shift 4
+	for kv in "$@"; do
+		k=${kv%%=*} v=${kv#*=}
+		if [[ ! $v =~ ^-?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]]; then
+			fail "$impl" "$workload" "$size" "$conns" "unparsable $k value '$v'"
+			return
+		fi
+		metrics+="${metrics:+,}\"$k\":$v"
+	done
+	printf '{"round":%d,"impl":"%s","workload":"%s","size":%d,"conns":%d,"metrics":{%s}}\n' \
+		"$round" "$(jstr "$impl")" "$workload" "$size" "$conns" "$metrics" >>"$results"
+	echo "  $impl $workload $size x$conns: $*"
+}
+
+# fail IMPL WORKLOAD SIZE CONNS MESSAGE: a failed measurement, kept in the results.
+fail() {
+	printf '{"round":%d,"impl":"%s","workload":"%s","size":%d,"conns":%d,"error":"%s"}\n' \
+		"$round" "$(jstr "$1")" "$2" "$3" "$4" "$(jstr "$5")" >>"$results"
+	echo "  $1 $2 $3 x$4: FAILED: $5"
+}
+
+# Last lines of a log, on one line, for an error message.
+tail_of() { tail -n "${2:-3}" "$1" 2>/dev/null | tr '\n\t' '  ' | cut -c1-400; }
+
+# ---- this library and Go TCP ---------------------------------------------------------------
+
+# run_rdmaperf NET WORKLOAD SIZE CONNS ARGS...
+run_rdmaperf() {
+	local net=$1 workload=$2 size=$3 conns=$4 log=$work/rdmaperf.log line rc
+	shift 4
+	# Two processes pinned apart, as the C peers run: a server on CPU 0, the client on CPU 1.
+	next_port
+	taskset -c 0 timeout -k 5 "$tool_timeout" "$rdmaperf" -s -addr "$addr:$port" -net "$net" >"$work/server.log" 2>&1 &
+	local spid=$! try
+	for try in 1 2 3 4 5 6 7 8 9 10; do
+		sleep 0.3
+		taskset -c 1 timeout -k 5 "$tool_timeout" "$rdmaperf" -c "$addr:$port" -net "$net" -json "$@" >"$log" 2>&1
+		rc=$?
+		((rc != 0)) && grep -qiE 'refused|connect' "$log" && kill -0 "$spid" 2>/dev/null || break
+	done
+	kill "$spid" 2>/dev/null
+	wait "$spid" 2>/dev/null
+	line=$(grep '^{' "$log" | tail -n 1)
+	if [[ -z $line ]]; then
+		if ((rc == 124)); then
+			fail "rdmaperf/$net" "$workload" "$size" "$conns" "timed out after ${tool_timeout}s"
+		else
+			fail "rdmaperf/$net" "$workload" "$size" "$conns" "exit $rc: $(tail_of "$log")"
+		fi
+		return
+	fi
+	# rdmaperf writes the record itself (with its error, if any); the round is ours to add.
+	printf '{"round":%d,%s\n' "$round" "${line#\{}" >>"$results"
+	echo "  rdmaperf/$net $workload $size x$conns: $(printf '%s' "$line" | grep -o '"metrics":{[^}]*}\|"error":"[^"]*"')"
+}
+
+# ---- peer tools: a server and a client pinned to different CPUs ----------------------------
+# With two busy-polling processes on a 2-vCPU VM, unpinned, the kernel's rxe work often waits for
+# a 4 ms scheduler tick (ib_send_lat swings between ~40 µs and ~4 ms from run to run), and both
+# on one CPU barely progress. Pinned apart, they are stable: the way perftest is meant to run.
+
+# pair SERVER-CMD... -- CLIENT-CMD...: runs the server in the background (CPU 0), then the client
+# (CPU 1), retrying the client while the server is not listening yet. The client's output is in
+# $work/client.log, the server's in $work/server.log. Returns the client's status.
+pair() {
+	local srv=() cli=() spid rc try
+	while [[ $1 != -- ]]; do srv+=("$1"); shift; done
+	shift
+	cli=("$@")
+	taskset -c 0 timeout -k 5 "$tool_timeout" "${srv[@]}" >"$work/server.log" 2>&1 &
+	spid=$!
+	sleep 1
+	for try in 1 2 3 4 5; do
+		taskset -c 1 timeout -k 5 "$tool_timeout" "${cli[@]}" >"$work/client.log" 2>&1
+		rc=$?
+		((rc != 0 && try < 5)) || break
+		# Only a refused or unanswered connect is retried (the server starts slowly the first
+		# time, its binary coming over 9p); a failure after connecting is final.
+		kill -0 "$spid" 2>/dev/null || break
+		grep -qiE 'unable to (init|perform rdma_client)|connection refused|rconnect|REJECTED|ADDR_ERROR|unreachable' \
+			"$work/client.log" || break
+		echo "  (server not ready, retrying: $(tail_of "$work/client.log" 1))"
+		sleep 1
+	done
+	# The server ends with its client; one that does not is killed rather than waited for.
+	for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$spid" 2>/dev/null || break; sleep 0.5; done
+	kill "$spid" 2>/dev/null
+	wait "$spid" 2>/dev/null
+	return "$rc"
+}
+
+next_port() { port=$((port + 1)); }
+
+# perftest_row FILE: the data row of a perftest report as KEY=VALUE lines, keys from its header
+# (#bytes, #iterations, t_typical, t_avg, p99, p999, bw_peak, bw_avg, MsgRate, ...). Works by
+# column name, not position, so extra or reordered columns in other perftest versions are fine.
+perftest_row() {
+	awk '
+		/#bytes/ {
+			h = $0
+			gsub(/99\.9% percentile/, "p999", h); gsub(/99% percentile/, "p99", h)
+			gsub(/BW peak/, "bw_peak", h); gsub(/BW average/, "bw_avg", h)
+			gsub(/\[[^]]*\]/, "", h); gsub(/#/, "", h)
+			n = split(h, col, " "); want = 1; next
+		}
+		want && $1 ~ /^[0-9]+$/ && NF >= n {
+			for (i = 1; i <= n; i++) print col[i] "=" $i
+			want = 0; found = 1
+		}
+		END { exit !found }
+	' "$1"
+}
+
+# perftest_fields FILE: perftest_row into the associative array pf. (No process substitution:
+# the VM's /dev has no /dev/fd.)
+declare -A pf
+perftest_fields() {
+	local k v rows
+	pf=()
+	rows=$(perftest_row "$1") || return 1
+	while IFS='=' read -r k v; do pf[$k]=$v; done <<<"$rows"
+	((${#pf[@]} > 0))
+}
+
+# perftest_lat IMPL SIZE ITERS [-e]
+perftest_lat() {
+	local impl=$1 size=$2 n=$3 rc
+	shift 3
+	next_port
+	pair ib_send_lat -R -p "$port" -s "$size" -n "$n" "$@" -- \
+		ib_send_lat -R -p "$port" -s "$size" -n "$n" "$@" "$addr"
+	rc=$?
+	if ((rc)); then
+		fail "$impl" lat "$size" 1 "ib_send_lat exit $rc: $(tail_of "$work/client.log")"
+	elif ! perftest_fields "$work/client.log"; then
+		fail "$impl" lat "$size" 1 "no result row in ib_send_lat output: $(tail_of "$work/client.log")"
+	else
+		emit "$impl" lat "$size" 1 \
+			"p50_us=${pf[t_typical]:-}" "p99_us=${pf[p99]:-}" "avg_us=${pf[t_avg]:-}" "count=${pf[iterations]:-}"
+	fi
+}
+
+# perftest_bw WORKLOAD SIZE ITERS QPS
+perftest_bw() {
+	local workload=$1 size=$2 n=$3 qps=$4 mbs rc
+	next_port
+	pair ib_send_bw -R -p "$port" -s "$size" -n "$n" -q "$qps" -- \
+		ib_send_bw -R -p "$port" -s "$size" -n "$n" -q "$qps" "$addr"
+	rc=$?
+	if ((rc)); then
+		fail perftest "$workload" "$size" "$qps" "ib_send_bw exit $rc: $(tail_of "$work/client.log")"
+	elif ! perftest_fields "$work/client.log" || [[ -z ${pf[bw_avg]:-} || -z ${pf[MsgRate]:-} ]]; then
+		fail perftest "$workload" "$size" "$qps" "no result row in ib_send_bw output: $(tail_of "$work/client.log")"
+	else
+		# perftest's MB is 2^20 bytes; ours is 10^6. MsgRate is in millions of messages/s.
+		mbs=$(awk -v m="${pf[bw_avg]}" 'BEGIN { printf "%.4f", m * 1.048576 }')
+		emit perftest "$workload" "$size" "$qps" \
+			"mb_s=$mbs" "msg_s=$(awk -v r="${pf[MsgRate]}" 'BEGIN { printf "%.1f", r * 1e6 }')" \
+			"count=${pf[iterations]:-0}"
+	fi
+}
+
+# rstream_run WORKLOAD SIZE COUNT ITERS: rstream's custom test sends COUNT transfers one way and
+# COUNT back, ITERS times, and reports usec/xfer = time / (2 * COUNT * ITERS). With COUNT 1 that is
+# a ping-pong (usec/xfer is half the round trip); with ITERS 1 it is streaming.
+rstream_run() {
+	local workload=$1 size=$2 count=$3 iters=$4 us rc
+	next_port
+	pair rstream -p "$port" -S "$size" -C "$count" -I "$iters" -- \
+		rstream -s "$addr" -p "$port" -S "$size" -C "$count" -I "$iters"
+	rc=$?
+	if ((rc)); then
+		fail rsockets "$workload" "$size" 1 "rstream exit $rc: $(tail_of "$work/client.log")"
+		return
+	fi
+	# The last column of the row after the "name bytes xfers ... usec/xfer" header.
+	us=$(awk '/usec\/xfer/ { getline; print $NF; exit }' "$work/client.log")
+	if [[ -z $us ]] || ! awk -v u="$us" 'BEGIN { exit !(u > 0) }'; then
+		fail rsockets "$workload" "$size" 1 "no result row in rstream output: $(tail_of "$work/client.log")"
+		return
+	fi
+	case $workload in
+	lat) emit rsockets lat "$size" 1 "avg_us=$us" "count=$iters" ;;
+	bw) emit rsockets bw "$size" 1 "mb_s=$(awk -v s="$size" -v u="$us" 'BEGIN { printf "%.4f", s / u }')" "count=$count" ;;
+	rate) emit rsockets rate "$size" 1 "msg_s=$(awk -v u="$us" 'BEGIN { printf "%.1f", 1e6 / u }')" "count=$count" ;;
+	esac
+}
+
+# ---- the run -------------------------------------------------------------------------------
+
+one_round() {
+	local net size
+	echo "== latency (round $round)"
+	for size in 64 4096; do
+		for net in rdma tcp; do run_rdmaperf "$net" lat "$size" 1 -test lat -size "$size" -duration "${secs}s"; done
+		perftest_lat perftest "$size" 2000
+		perftest_lat "perftest -e" "$size" 2000 -e
+		rstream_run lat "$size" 1 2000
+	done
+	echo "== throughput (round $round)"
+	for size in 4096 65536 1048576; do
+		for net in rdma tcp; do run_rdmaperf "$net" bw "$size" 1 -test bw -size "$size" -duration "${secs}s"; done
+		case $size in
+		4096) perftest_bw bw 4096 3000 1; rstream_run bw 4096 2000 1 ;;
+		65536) perftest_bw bw 65536 300 1; rstream_run bw 65536 200 1 ;;
+		1048576) perftest_bw bw 1048576 20 1; rstream_run bw 1048576 20 1 ;;
+		esac
+	done
+	echo "== message rate, 64 B (round $round)"
+	for net in rdma tcp; do run_rdmaperf "$net" rate 64 1 -test rate -size 64 -duration "${secs}s"; done
+	perftest_bw rate 64 10000 1
+	rstream_run rate 64 10000 1
+	for net in rdma tcp; do run_rdmaperf "$net" rate 64 8 -test rate -size 64 -conns 8 -duration "${secs}s"; done
+	perftest_bw rate 64 2000 8
+}
+
+echo "rdma bench: $(uname -r), $(nproc) CPUs, rdmaperf $rdmaperf, rounds: $rounds, ${secs} s per rdmaperf test"
+date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+# Bring every binary and its libraries in once: the first exec over 9p is slow.
+for t in "$rdmaperf" "$(command -v ib_send_lat)" "$(command -v ib_send_bw)" "$(command -v rstream)"; do
+	[[ -n $t ]] && cat "$t" >/dev/null
+done
+start=$SECONDS
+last=0
+done_rounds=0
+for ((r = 1; r <= rounds; r++)); do
+	if ((r > 1 && SECONDS - start + last > budget)); then
+		echo "== stopping after $done_rounds rounds: another would pass the ${budget}s budget"
+		break
+	fi
+	round=$r
+	t0=$SECONDS
+	one_round
+	last=$((SECONDS - t0))
+	done_rounds=$r
+	if ((r == 1)); then
+		# Once is enough: idle CPU varies little, and it costs 5 s a transport.
+		echo "== idle connection, 5 s (round $round)"
+		for net in rdma tcp; do run_rdmaperf "$net" idle 64 1 -idle 5s; done
+	fi
+done
+echo "== done in $((SECONDS - start)) s"
+
+notes=(
+	"the tools are interleaved per workload; rounds: $done_rounds; each figure is the median of its rounds"
+	"this library and Go TCP: rdmaperf -s and -c, two processes pinned to CPUs 0 and 1 like the C peers; latency is half the round trip, as perftest's; MB = 10^6 bytes; ${secs} s per test, after 100 unmeasured round trips for latency"
+	"perftest: ib_send_lat / ib_send_bw -R (rdma_cm), server pinned to CPU 0 and client to CPU 1 (unpinned, two busy-polling processes on 2 vCPUs often wait for 4 ms scheduler ticks); p50 is t_typical; MB/s converted from perftest's MiB/s; msg/s from MsgRate; 8 conns is -q 8 (8 QPs)"
+	"rsockets: rstream in its default non-blocking (busy-polling) mode, pinned like perftest; latency is -C 1 -I 2000, average only (usec/xfer, half the round trip); throughput and rate are -C N (N transfers one way, then N back), MB/s = size / usec-per-xfer"
+)
+{
+	printf '{"date":"%s","kernel":"%s","environment":"%s","notes":[' "$date" "$(jstr "$(uname -r)")" \
+		"$(jstr "$environment")"
+	sep=''
+	for n in "${notes[@]}"; do printf '%s"%s"' "$sep" "$(jstr "$n")"; sep=,; done
+	printf '],"results":[\n'
+	sep=''
+	while IFS= read -r line; do printf '%s%s' "$sep" "$line"; sep=$',\n'; done <"$results"
+	printf '\n]}\n'
+} >"$work/results.json"
+
+echo BEGIN-JSON
+cat "$work/results.json"
+echo END-JSON
+if [[ -n $out_file ]]; then
+	cp "$work/results.json" "$out_file" || echo "run.sh: could not write $out_file" >&2
+fi
+rm -rf "$work"

@@ -1,0 +1,242 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"strings"
+)
+
+// benchRun is the JSON document bench/run.sh prints: this tool's results
+// and the peer tools' results, from one run on one machine.
+type benchRun struct {
+	Date        string   `json:"date"`
+	Kernel      string   `json:"kernel"`
+	Environment string   `json:"environment"`
+	Notes       []string `json:"notes,omitempty"`
+	Results     []Result `json:"results"`
+}
+
+// self is the impl whose figures the ratio columns divide.
+const self = "rdmaperf/rdma"
+
+// Columns of the table, in order. The ratio columns compare this library
+// with the peers that measure the same thing the same way.
+var (
+	columns = []struct{ impl, title string }{
+		{self, "this library"},
+		{"rdmaperf/tcp", "Go TCP"},
+		{"perftest", "perftest"},
+		{"perftest -e", "perftest -e"},
+		{"rsockets", "rsockets"},
+	}
+	ratioPeers = []string{"perftest", "perftest -e", "rsockets"}
+)
+
+// metric is one row's figure for a workload.
+type metric struct{ key, label string }
+
+var metricsOf = map[string][]metric{
+	"lat":  {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"avg_us", "avg µs"}},
+	"bw":   {{"mb_s", "MB/s"}},
+	"rate": {{"msg_s", "msg/s"}},
+	"idle": {{"cpu_s", "CPU s"}},
+}
+
+var workloadNames = map[string]string{
+	"lat":  "latency (one-way)",
+	"bw":   "throughput",
+	"rate": "message rate",
+	"idle": "idle connection",
+}
+
+func renderFile(w io.Writer, path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var br benchRun
+	if err := json.Unmarshal(b, &br); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	renderMarkdown(w, &br)
+	return nil
+}
+
+// rowKey identifies the results that belong in one group of rows.
+type rowKey struct {
+	workload    string
+	size, conns int
+}
+
+func renderMarkdown(w io.Writer, br *benchRun) {
+	fmt.Fprintf(w, "# rdma benchmark\n\n")
+	fmt.Fprintf(w, "- Date (UTC): %s\n- Kernel: %s\n- %s\n\n", br.Date, br.Kernel, br.Environment)
+
+	// Rows appear in the order run.sh measured them. run.sh repeats every
+	// test in rounds, interleaving the tools, and each figure is the median
+	// of an impl's successful rounds: in an emulated VM a single run can be
+	// off by an order of magnitude (a missed scheduler tick), and the
+	// median of interleaved rounds keeps one such run from setting a ratio.
+	var keys []rowKey
+	runs := map[rowKey]map[string][]map[string]float64{}
+	rounds := 0
+	for _, r := range br.Results {
+		rounds = max(rounds, r.Round)
+		if r.Error != "" {
+			continue
+		}
+		k := rowKey{r.Workload, r.Size, max(r.Conns, 1)}
+		if runs[k] == nil {
+			runs[k] = map[string][]map[string]float64{}
+			keys = append(keys, k)
+		}
+		runs[k][r.Impl] = append(runs[k][r.Impl], r.Metrics)
+	}
+	figure := func(k rowKey, impl, metric string) (float64, bool) {
+		var vs []float64
+		for _, m := range runs[k][impl] {
+			if v, ok := m[metric]; ok {
+				vs = append(vs, v)
+			}
+		}
+		return median(vs)
+	}
+
+	head := []string{"workload", "figure"}
+	for _, c := range columns {
+		head = append(head, c.title)
+	}
+	for _, p := range ratioPeers {
+		head = append(head, "÷ "+p)
+	}
+	fmt.Fprintf(w, "| %s |\n", strings.Join(head, " | "))
+	fmt.Fprintf(w, "|%s\n", strings.Repeat(" --- |", len(head)))
+	for _, k := range keys {
+		for _, m := range metricsOf[k.workload] {
+			cells := []string{rowName(k), m.label}
+			have := false
+			for _, c := range columns {
+				v, ok := figure(k, c.impl, m.key)
+				cells = append(cells, cell(v, ok))
+				have = have || ok
+			}
+			if !have {
+				continue
+			}
+			mine, haveMine := figure(k, self, m.key)
+			for _, p := range ratioPeers {
+				theirs, ok := figure(k, p, m.key)
+				if !haveMine || !ok || theirs == 0 {
+					cells = append(cells, "")
+					continue
+				}
+				cells = append(cells, fmt.Sprintf("%.2f", mine/theirs))
+			}
+			fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | "))
+		}
+	}
+	fmt.Fprintf(w, "\nRatios are this library's figure divided by the peer's: above 1 is slower for "+
+		"latency, below 1 is slower for throughput and message rate.")
+	if rounds > 1 {
+		fmt.Fprintf(w, " Each figure is the median of up to %d rounds.", rounds)
+	}
+	fmt.Fprintln(w)
+
+	if notes := unique(br.Notes); len(notes) > 0 {
+		fmt.Fprintf(w, "\n## Notes\n\n")
+		for _, n := range notes {
+			fmt.Fprintf(w, "- %s\n", n)
+		}
+	}
+	var problems []string
+	for _, r := range br.Results {
+		if r.Error != "" {
+			where := rowName(rowKey{r.Workload, r.Size, max(r.Conns, 1)})
+			if r.Round > 0 {
+				where += fmt.Sprintf(" (round %d)", r.Round)
+			}
+			problems = append(problems, fmt.Sprintf("%s, %s: %s", r.Impl, where, strings.TrimSpace(r.Error)))
+		}
+	}
+	if len(problems) > 0 {
+		fmt.Fprintf(w, "\n## Failed measurements\n\n")
+		for _, p := range problems {
+			fmt.Fprintf(w, "- %s\n", p)
+		}
+	}
+}
+
+func rowName(k rowKey) string {
+	name := workloadNames[k.workload]
+	if name == "" {
+		name = k.workload
+	}
+	if k.workload != "idle" {
+		name += " " + sizeName(k.size)
+	}
+	if k.conns > 1 {
+		name += fmt.Sprintf(", %d conns", k.conns)
+	}
+	return name
+}
+
+func sizeName(n int) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+// cell formats a figure to about three significant digits: more would be
+// noise in an emulated VM.
+func cell(v float64, ok bool) string {
+	if !ok {
+		return "—"
+	}
+	a := math.Abs(v)
+	switch {
+	case a >= 100:
+		return fmt.Sprintf("%.0f", v)
+	case a >= 10:
+		return fmt.Sprintf("%.1f", v)
+	case a >= 1:
+		return fmt.Sprintf("%.2f", v)
+	case a == 0:
+		return "0"
+	}
+	return fmt.Sprintf("%.3f", v)
+}
+
+// median of vs (the mean of the middle two for an even count); false if
+// there are none.
+func median(vs []float64) (float64, bool) {
+	if len(vs) == 0 {
+		return 0, false
+	}
+	slices.Sort(vs)
+	n := len(vs)
+	if n%2 == 1 {
+		return vs[n/2], true
+	}
+	return (vs[n/2-1] + vs[n/2]) / 2, true
+}
+
+// unique drops repeated lines, keeping the first occurrence's place.
+func unique(ss []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, s := range ss {
+		if !seen[s] {
+			seen[s] = true
+			out = append(out, s)
+		}
+	}
+	return out
+}

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"encoding/binary"
+	"errors"
+	"io"
+	"log"
+	"net"
+)
+
+// serve accepts connections until the listener is closed. Each connection
+// gets its own goroutine, so a multi-connection rate test is served in
+// parallel.
+func serve(ln net.Listener, verbose bool) error {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		go func() {
+			defer c.Close()
+			if err := handle(c, verbose); err != nil && verbose {
+				log.Printf("%s: %v", c.RemoteAddr(), err)
+			}
+		}()
+	}
+}
+
+func handle(c net.Conn, verbose bool) error {
+	h, err := readHeader(c)
+	if err != nil {
+		return err
+	}
+	if verbose {
+		log.Printf("%s: %s, %d bytes", c.RemoteAddr(), h.kind, h.size)
+	}
+	if _, err := c.Write([]byte{readyByte}); err != nil {
+		return err
+	}
+	switch h.kind {
+	case kindSink:
+		return sink(c)
+	default:
+		return echo(c, h.size)
+	}
+}
+
+// echo answers each message of size bytes with the same bytes. It reads
+// whole messages before answering, so the client's round trip covers the
+// full message each way even when the transport splits it.
+func echo(c net.Conn, size int) error {
+	buf := make([]byte, size)
+	for {
+		if _, err := io.ReadFull(c, buf); err != nil {
+			if err == io.EOF {
+				return nil
+			}
+			return err
+		}
+		if _, err := c.Write(buf); err != nil {
+			return err
+		}
+	}
+}
+
+// sink discards everything until EOF and then reports how many bytes it
+// got: the client stops its clock on this reply, so the figure counts only
+// data that really arrived, not data still queued at the sender.
+func sink(c net.Conn) error {
+	// Large enough for many TCP segments per read; an rdma Read returns at
+	// most one message whatever the size.
+	buf := make([]byte, 1<<20)
+	var total uint64
+	for {
+		n, err := c.Read(buf)
+		total += uint64(n)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+	}
+	var reply [countLen]byte
+	binary.BigEndian.PutUint64(reply[:], total)
+	_, err := c.Write(reply[:])
+	return err
+}
