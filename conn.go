@@ -759,7 +759,9 @@ func (c *Conn) sendFin() error {
 
 // Close closes the connection. Data already written is delivered before the
 // peer's Read returns io.EOF; Reads and Writes blocked here return an error
-// wrapping net.ErrClosed.
+// wrapping net.ErrClosed. Close waits until the peer's NIC has acknowledged
+// everything sent (a few seconds at most if the peer is unreachable) and
+// every buffer is released.
 func (c *Conn) Close() error {
 	c.mu.Lock()
 	if c.closed {
