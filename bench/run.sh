@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The benchmark proper: runs on a host with an RDMA device (in the Soft-RoCE VM: bench/bench.sh
 # starts it there through testbed/vm.sh) and measures, on one machine in one run:
-#   - this library:  rdmaperf -s / -c -net rdma (server and client pinned to CPUs 0 and 1)
-#   - Go TCP:        rdmaperf -s / -c -net tcp, same address and pinning
+#   - this library:  rdmaperf -net rdma (BENCH_GO_MODE: local, one process; or pinned, two)
+#   - Go TCP:        rdmaperf -net tcp, same address and mode
 #   - perftest:      ib_send_lat / ib_send_bw over rdma_cm (-R), busy polling and -e (events)
 #   - rsockets:      rstream
 # for: latency 64 B and 4 KiB, throughput with 4 KiB, 64 KiB and 1 MiB writes, 64 B message rate
@@ -38,6 +38,11 @@ work=$(mktemp -d /tmp/rdma-bench.XXXXXX)
 results=$work/results.jsonl
 : >"$results"
 round=0
+# BENCH_GO_MODE: local (default) runs rdmaperf's two ends in one process, unpinned; pinned runs
+# them as two processes on CPUs 0 and 1 like the C peers. In this VM, Go programs pinned to one
+# vCPU each wait for scheduler ticks on cross-process wakeups (ms-scale p99), so local is the
+# configuration that shows the library, not the VM.
+go_mode=${BENCH_GO_MODE:-local}
 port=18600 # perftest's default is 18515; each server gets its own port, never reused
 
 # Servers are started in the background; whatever is still running at the end is killed.
@@ -88,18 +93,12 @@ tail_of() { tail -n "${2:-3}" "$1" 2>/dev/null | tr '\n\t' '  ' | cut -c1-400; }
 run_rdmaperf() {
 	local net=$1 workload=$2 size=$3 conns=$4 log=$work/rdmaperf.log line rc
 	shift 4
-	# Two processes pinned apart, as the C peers run: a server on CPU 0, the client on CPU 1.
-	next_port
-	taskset -c 0 timeout -k 5 "$tool_timeout" "$rdmaperf" -s -addr "$addr:$port" -net "$net" >"$work/server.log" 2>&1 &
-	local spid=$! try
-	for try in 1 2 3 4 5 6 7 8 9 10; do
-		sleep 0.3
-		taskset -c 1 timeout -k 5 "$tool_timeout" "$rdmaperf" -c "$addr:$port" -net "$net" -json "$@" >"$log" 2>&1
+	if [[ $go_mode == local ]]; then
+		timeout -k 5 "$tool_timeout" "$rdmaperf" -local -addr "$addr:0" -net "$net" -json "$@" >"$log" 2>&1
 		rc=$?
-		((rc != 0)) && grep -qiE 'refused|connect' "$log" && kill -0 "$spid" 2>/dev/null || break
-	done
-	kill "$spid" 2>/dev/null
-	wait "$spid" 2>/dev/null
+	else
+		run_rdmaperf_pinned "$net" "$@"
+	fi
 	line=$(grep '^{' "$log" | tail -n 1)
 	if [[ -z $line ]]; then
 		if ((rc == 124)); then
@@ -112,6 +111,24 @@ run_rdmaperf() {
 	# rdmaperf writes the record itself (with its error, if any); the round is ours to add.
 	printf '{"round":%d,%s\n' "$round" "${line#\{}" >>"$results"
 	echo "  rdmaperf/$net $workload $size x$conns: $(printf '%s' "$line" | grep -o '"metrics":{[^}]*}\|"error":"[^"]*"')"
+}
+
+# run_rdmaperf_pinned NET ARGS...: rdmaperf as two processes pinned apart, the way the C peers
+# run (server on CPU 0, client on CPU 1); output in $work/rdmaperf.log, status in rc.
+run_rdmaperf_pinned() {
+	local net=$1 log=$work/rdmaperf.log
+	shift
+	next_port
+	taskset -c 0 timeout -k 5 "$tool_timeout" "$rdmaperf" -s -addr "$addr:$port" -net "$net" >"$work/server.log" 2>&1 &
+	local spid=$! try
+	for try in 1 2 3 4 5 6 7 8 9 10; do
+		sleep 0.3
+		taskset -c 1 timeout -k 5 "$tool_timeout" "$rdmaperf" -c "$addr:$port" -net "$net" -json "$@" >"$log" 2>&1
+		rc=$?
+		((rc != 0)) && grep -qiE 'refused|connect' "$log" && kill -0 "$spid" 2>/dev/null || break
+	done
+	kill "$spid" 2>/dev/null
+	wait "$spid" 2>/dev/null
 }
 
 # ---- peer tools: a server and a client pinned to different CPUs ----------------------------
@@ -303,7 +320,7 @@ echo "== done in $((SECONDS - start)) s"
 
 notes=(
 	"the tools are interleaved per workload; rounds: $done_rounds; each figure is the median of its rounds"
-	"this library and Go TCP: rdmaperf -s and -c, two processes pinned to CPUs 0 and 1 like the C peers; latency is half the round trip, as perftest's; MB = 10^6 bytes; ${secs} s per test, after 100 unmeasured round trips for latency"
+	"this library and Go TCP: rdmaperf, mode $go_mode (local: both ends in one Go process, unpinned; pinned: -s and -c as two processes on CPUs 0 and 1 like the C peers); latency is half the round trip, as perftest's; MB = 10^6 bytes; ${secs} s per test, after 100 unmeasured round trips for latency"
 	"perftest: ib_send_lat / ib_send_bw -R (rdma_cm), server pinned to CPU 0 and client to CPU 1 (unpinned, two busy-polling processes on 2 vCPUs often wait for 4 ms scheduler ticks); p50 is t_typical; MB/s converted from perftest's MiB/s; msg/s from MsgRate; 8 conns is -q 8 (8 QPs)"
 	"rsockets: rstream in its default non-blocking (busy-polling) mode, pinned like perftest; latency is -C 1 -I 2000, average only (usec/xfer, half the round trip); throughput and rate are -C N (N transfers one way, then N back), MB/s = size / usec-per-xfer"
 )
