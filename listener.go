@@ -3,6 +3,7 @@
 package rdma
 
 import (
+	"errors"
 	"net"
 	"net/netip"
 	"os"
@@ -59,7 +60,7 @@ func listen(ap netip.AddrPort, backlog int, opts Options) (*Listener, error) {
 		return fail(err)
 	}
 	if err := l.id.Bind(ap); err != nil {
-		if errorsIsAny(err, syscall.ENODEV, syscall.EADDRNOTAVAIL) {
+		if errors.Is(err, syscall.ENODEV) || errors.Is(err, syscall.EADDRNOTAVAIL) {
 			err = &deviceError{err}
 		}
 		return fail(err)
@@ -72,27 +73,6 @@ func listen(ap netip.AddrPort, backlog int, opts Options) (*Listener, error) {
 	}
 	l.addr = addrFrom(l.id.LocalAddr())
 	return l, nil
-}
-
-func errorsIsAny(err error, errnos ...syscall.Errno) bool {
-	var se *os.SyscallError
-	if !asSyscallError(err, &se) {
-		return false
-	}
-	for _, e := range errnos {
-		if se.Err == e {
-			return true
-		}
-	}
-	return false
-}
-
-func asSyscallError(err error, se **os.SyscallError) bool {
-	s, ok := err.(*os.SyscallError)
-	if ok {
-		*se = s
-	}
-	return ok
 }
 
 // cmEvent runs on the CM goroutine.
