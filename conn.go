@@ -333,14 +333,11 @@ func (c *Conn) peerDisconnected() {
 	if !c.qpGone {
 		c.id.Disconnect()
 	}
-	reset := os.NewSyscallError("rdma_get_cm_event", syscall.ECONNRESET)
 	if c.werr == nil {
-		c.werr = reset
+		c.werr = errPeerReset()
 	}
-	if c.recvPosted == 0 && !c.finRcvd && c.rerr == nil {
-		// No receive left to flush, so no completion will report it.
-		c.rerr = reset
-	}
+	// Reads learn of it from the flushed receives, or, with none posted,
+	// from peerGone itself.
 	signal(c.rxReady)
 	signal(c.txReady)
 }
@@ -362,6 +359,10 @@ func (c *Conn) complete(wc *ibv.WC) {
 	}
 }
 
+// errPeerReset is the error of a connection the peer dropped without a
+// fin: its disconnect arrives as an rdma_cm event.
+func errPeerReset() error { return os.NewSyscallError("rdma_get_cm_event", syscall.ECONNRESET) }
+
 // wcError is a failed work completion.
 type wcError struct{ status uint32 }
 
@@ -373,7 +374,7 @@ func (c *Conn) recvDone(wc *ibv.WC) {
 	if wc.Status != ibv.WCSuccess {
 		if !c.finRcvd && c.rerr == nil {
 			if c.peerGone || wc.Status == ibv.WCFlushErr {
-				c.rerr = os.NewSyscallError("rdma_get_cm_event", syscall.ECONNRESET)
+				c.rerr = errPeerReset()
 			} else {
 				c.rerr = os.NewSyscallError("ibv_poll_cq", &wcError{wc.Status})
 			}
@@ -452,7 +453,7 @@ func (c *Conn) sendDone(wc *ibv.WC) {
 	c.ctrlDone = c.ctrlSeq - (c.ctrlSeq-ctrl)&0x7fffffff
 	if wc.Status != ibv.WCSuccess && c.werr == nil {
 		if c.peerGone || wc.Status == ibv.WCFlushErr {
-			c.werr = os.NewSyscallError("rdma_get_cm_event", syscall.ECONNRESET)
+			c.werr = errPeerReset()
 		} else {
 			c.werr = os.NewSyscallError("ibv_poll_cq", &wcError{wc.Status})
 			if c.rerr == nil && !c.finRcvd {
@@ -635,7 +636,7 @@ func (c *Conn) read(b []byte) (int, error) {
 		}
 		if c.peerGone && c.recvPosted == 0 {
 			c.mu.Unlock()
-			return 0, os.NewSyscallError("rdma_get_cm_event", syscall.ECONNRESET)
+			return 0, errPeerReset()
 		}
 		c.returnCredits(true)
 		c.mu.Unlock()

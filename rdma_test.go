@@ -142,13 +142,7 @@ func pair(t testing.TB, lc *rdma.ListenConfig, d *rdma.Dialer) (*rdma.Conn, net.
 func TestEchoRoundTrip(t *testing.T) {
 	c, s := pair(t, nil, nil)
 	go io.Copy(s, s)
-	msg := []byte("hello over rdma")
-	_, err := c.Write(msg)
-	require.NoError(t, err)
-	back := make([]byte, len(msg))
-	_, err = io.ReadFull(c, back)
-	require.NoError(t, err)
-	require.Equal(t, msg, back)
+	transfer(t, c, c, "hello over rdma") // through the echo
 
 	require.Equal(t, "rdma", c.LocalAddr().Network())
 	require.Equal(t, c.LocalAddr().String(), s.RemoteAddr().String())
@@ -896,13 +890,7 @@ func TestManyConnections(t *testing.T) {
 		conns = append(conns, c)
 	}
 	for i, c := range conns {
-		msg := []byte(fmt.Sprintf("conn %d", i))
-		_, err := c.Write(msg)
-		require.NoError(t, err)
-		back := make([]byte, len(msg))
-		_, err = io.ReadFull(c, back)
-		require.NoError(t, err)
-		require.Equal(t, msg, back)
+		transfer(t, c, c, fmt.Sprintf("conn %d", i)) // through the echo
 	}
 	t.Logf("%d connections open; rdma resource show: %v", n, resources())
 }
