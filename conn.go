@@ -57,6 +57,8 @@ type Conn struct {
 	maxInline    int // bytes the QP sends inline
 	batch        int // receives reposted and credits returned at once
 	spinTime     time.Duration
+	rdWait       time.Duration // moving average of Read waits, under readMu
+	wrWait       time.Duration // moving average of Write waits, under writeMu
 	lst          *Listener
 
 	cmEv    chan rdmacm.Event // handshake events, while dialing
@@ -640,12 +642,7 @@ func (c *Conn) read(b []byte) (int, error) {
 		}
 		c.returnCredits(true)
 		c.mu.Unlock()
-		c.spin(c.rxReady)
-		select {
-		case <-c.rxReady:
-		case <-c.closing:
-		case <-c.rdl.wait():
-		}
+		c.wait(c.rxReady, &c.rdl, &c.rdWait)
 		c.mu.Lock()
 	}
 }
@@ -694,12 +691,7 @@ func (c *Conn) write(b []byte) (int, error) {
 			continue
 		}
 		c.mu.Unlock()
-		c.spin(c.txReady)
-		select {
-		case <-c.txReady:
-		case <-c.closing:
-		case <-c.wdl.wait():
-		}
+		c.wait(c.txReady, &c.wdl, &c.wrWait)
 		c.mu.Lock()
 	}
 }
@@ -851,12 +843,38 @@ func (c *Conn) waitLocked(timeout time.Duration, cond func() bool) {
 	}
 }
 
-// spin polls the CQ from the waiting goroutine for up to the spin time, or
-// until ready is signaled: a reply that comes soon (the other half of a
-// round trip) then costs no goroutine handoff and no wakeup. c.mu is not
-// held.
-func (c *Conn) spin(ready chan struct{}) {
-	if c.spinTime <= 0 {
+// maxAdaptiveSpin bounds how long a wait spins when recent waits were
+// short: long enough to cover a round trip on a slow (emulated) device, short
+// enough that a connection whose traffic dries up wastes little CPU.
+const maxAdaptiveSpin = time.Millisecond
+
+// wait blocks until ready is signaled, the connection closes or the
+// deadline passes; c.mu is not held. It first spins (see spin) for the
+// configured SpinTime or, when the recent waits of this direction were
+// shorter than maxAdaptiveSpin, for twice their average: a stream whose
+// messages come every few hundred microseconds is then caught without
+// parking, while a quiet connection parks after SpinTime. avg is the
+// direction's moving average, guarded by its readMu or writeMu.
+func (c *Conn) wait(ready chan struct{}, dl *deadline, avg *time.Duration) {
+	budget := c.spinTime
+	if budget > 0 && *avg < maxAdaptiveSpin {
+		budget = max(budget, 2**avg)
+	}
+	start := time.Now()
+	c.spin(ready, budget)
+	select {
+	case <-ready:
+		*avg += (time.Since(start) - *avg) / 8
+	case <-c.closing:
+	case <-dl.wait():
+	}
+}
+
+// spin polls the CQ from the waiting goroutine for up to budget, or until
+// ready is signaled: a reply that comes soon (the other half of a round
+// trip) then costs no goroutine handoff and no wakeup. c.mu is not held.
+func (c *Conn) spin(ready chan struct{}, budget time.Duration) {
+	if budget <= 0 {
 		return
 	}
 	c.dev.spinStart()
@@ -864,7 +882,7 @@ func (c *Conn) spin(ready chan struct{}) {
 	start := time.Now()
 	for len(ready) == 0 && !isClosed(c.closing) {
 		c.dev.tryPoll()
-		if len(ready) > 0 || time.Since(start) > c.spinTime {
+		if len(ready) > 0 || time.Since(start) > budget {
 			return
 		}
 		runtime.Gosched()

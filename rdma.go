@@ -161,8 +161,10 @@ type Options struct {
 	RecvDepth int
 	// SpinTime is how long a Read or Write that must wait polls the
 	// completion queue itself before it parks: short waits (a round trip)
-	// then cost no wakeup, at the price of CPU while spinning. Default
-	// 50µs; negative disables spinning (event-driven only).
+	// then cost no wakeup, at the price of CPU while spinning. While a
+	// connection's recent waits were shorter than a millisecond it spins
+	// up to twice their average instead, if that is longer. Default 50µs;
+	// negative disables spinning (event-driven only).
 	SpinTime time.Duration
 }
 

@@ -68,7 +68,7 @@ func main() {
 		bufSize  = flag.Int("buffer", 0, "rdma: per-connection buffer size in bytes (0: library default)")
 		sdepth   = flag.Int("sdepth", 0, "rdma: send buffers per connection (0: library default)")
 		rdepth   = flag.Int("rdepth", 0, "rdma: receive buffers per connection (0: library default)")
-		spin     = flag.Duration("spin", 0, "rdma: poll mode: how long a waiting Read/Write polls before it parks (0: library default, 50µs; negative: event-driven only; long: busy)")
+		spin     = flag.Duration("spin", 0, "rdma: poll mode: how long a waiting Read/Write polls before it parks (0: library default, 50µs, longer while recent waits were short; negative: event-driven only; long: busy)")
 	)
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: rdmaperf -s [-addr host:port] | -c host:port [options] | -local [-addr ip:port] [options] | -render results.json\n")
