@@ -82,10 +82,11 @@ type Conn struct {
 	rxOff      int
 	repost     []ibv.RecvWR // consumed data buffers not yet posted again
 	ctrlRepost [1]ibv.RecvWR
-	recvPosted int  // receives on the QP
-	unreported int  // data receives posted again, not yet reported to the peer
-	ctrlOwed   int  // control receives posted again, not yet acknowledged
-	wantCredit bool // a credit message is due but could not be sent
+	sends      []ibv.SendWR // prepared by queueSend, posted by postSends
+	recvPosted int          // receives on the QP
+	unreported int          // data receives posted again, not yet reported to the peer
+	ctrlOwed   int          // control receives posted again, not yet acknowledged
+	wantCredit bool         // a credit message is due but could not be sent
 	finRcvd    bool
 	rdShut     bool // CloseRead was called
 	peerGone   bool // the peer disconnected
@@ -160,6 +161,7 @@ func (c *Conn) setup(opts Options) error {
 	c.spinTime = opts.SpinTime
 	c.rxq = make([]rxMsg, c.lay.recvSlots)
 	c.repost = make([]ibv.RecvWR, 0, ibv.MaxRecvBatch)
+	c.sends = make([]ibv.SendWR, 0, ibv.MaxSendBatch)
 	dev.addConn(c)
 
 	c.mu.Lock()
@@ -530,10 +532,17 @@ func (c *Conn) returnCredits(force bool) {
 	c.send(msgCredit, 0)
 }
 
-// send posts a message whose payload (n bytes) is already in place: a data
-// message in the next send buffer, a control message in the next control
-// buffer. The header piggybacks every credit owed to the peer.
+// send posts a message whose payload (n bytes) is already in place.
 func (c *Conn) send(typ uint8, n int) error {
+	c.queueSend(typ, n)
+	return c.postSends()
+}
+
+// queueSend prepares a message whose payload (n bytes) is already in place
+// (a data message in the next send buffer, a control message in the next
+// control buffer) for postSends. The header piggybacks every credit owed
+// to the peer.
+func (c *Conn) queueSend(typ uint8, n int) {
 	var off int
 	data := typ == msgData
 	if data {
@@ -566,7 +575,19 @@ func (c *Conn) send(typ uint8, n int) error {
 	if hdrLen+n <= c.maxInline {
 		flags |= ibv.SendInline
 	}
-	err := c.qp.PostSend(sendWRID(c.dataSeq, c.ctrlSeq), c.ar.base+uint64(off), uint32(hdrLen+n), c.ar.mr.LKey, flags)
+	c.sends = append(c.sends, ibv.SendWR{
+		ID:    sendWRID(c.dataSeq, c.ctrlSeq),
+		Addr:  c.ar.base + uint64(off),
+		Len:   uint32(hdrLen + n),
+		LKey:  c.ar.mr.LKey,
+		Flags: int32(flags),
+	})
+}
+
+// postSends posts the queued messages as one chain.
+func (c *Conn) postSends() error {
+	err := c.qp.PostSends(c.sends)
+	c.sends = c.sends[:0]
 	if err != nil && c.werr == nil {
 		c.werr = err
 	}
@@ -674,19 +695,34 @@ func (c *Conn) write(b []byte) (int, error) {
 		case n == len(b):
 			return n, nil
 		}
-		if c.credits > 0 && int(c.dataSeq-c.dataDone) < c.lay.sendSlots {
-			chunk := min(len(b)-n, c.maxMsg)
-			start := c.lay.sendOff(int(c.dataSeq%uint32(c.lay.sendSlots))) + hdrLen
-			// The buffer is ours until posted; copy without the lock.
+		// As many messages as credits, free buffers and b allow go out
+		// as one chain: one post (one system call on rxe) for all of them.
+		k := min(c.credits, c.lay.sendSlots-int(c.dataSeq-c.dataDone), ibv.MaxSendBatch,
+			(len(b)-n+c.maxMsg-1)/c.maxMsg)
+		if k > 0 {
+			seq := c.dataSeq
+			// The buffers are ours until posted; copy without the lock.
 			c.mu.Unlock()
-			copy(c.ar.mem[start:start+chunk], b[n:n+chunk])
+			off := n
+			for i := 0; i < k; i++ {
+				chunk := min(len(b)-off, c.maxMsg)
+				start := c.lay.sendOff(int((seq+uint32(i))%uint32(c.lay.sendSlots))) + hdrLen
+				copy(c.ar.mem[start:start+chunk], b[off:off+chunk])
+				off += chunk
+			}
 			c.mu.Lock()
 			if c.closed || c.werr != nil {
 				continue
 			}
-			c.credits--
-			if c.send(msgData, chunk) == nil {
-				n += chunk
+			off = n
+			for i := 0; i < k; i++ {
+				chunk := min(len(b)-off, c.maxMsg)
+				c.credits--
+				c.queueSend(msgData, chunk)
+				off += chunk
+			}
+			if c.postSends() == nil {
+				n = off
 			}
 			continue
 		}

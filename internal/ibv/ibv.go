@@ -13,6 +13,8 @@ package ibv
 #cgo noescape gv_post_recvs
 #cgo nocallback gv_post_recvs
 #cgo nocallback gv_post_send
+#cgo noescape gv_post_sends
+#cgo nocallback gv_post_sends
 #cgo nocallback gv_req_notify
 #include <errno.h>
 #include <string.h>
@@ -83,6 +85,38 @@ static int gv_post_send(struct ibv_qp *qp, uint64_t wr_id, uint64_t addr, uint32
 	wr.opcode = IBV_WR_SEND;
 	wr.send_flags = flags;
 	return ibv_post_send(qp, &wr, &bad);
+}
+
+// gv_send mirrors the Go type SendWR.
+struct gv_send {
+	uint64_t wr_id;
+	uint64_t addr;
+	uint32_t length;
+	uint32_t lkey;
+	int32_t flags;
+	int32_t pad;
+};
+
+// gv_post_sends posts n SENDs as one chain (one doorbell, one system call on
+// providers that need one). Returns 0 or an errno value.
+static int gv_post_sends(struct ibv_qp *qp, int n, const struct gv_send *in) {
+	struct ibv_send_wr wr[32], *bad;
+	struct ibv_sge sge[32];
+	if (n > 32)
+		return EINVAL;
+	memset(wr, 0, n * sizeof(wr[0]));
+	for (int i = 0; i < n; i++) {
+		sge[i].addr = in[i].addr;
+		sge[i].length = in[i].length;
+		sge[i].lkey = in[i].lkey;
+		wr[i].wr_id = in[i].wr_id;
+		wr[i].sg_list = &sge[i];
+		wr[i].num_sge = 1;
+		wr[i].opcode = IBV_WR_SEND;
+		wr[i].send_flags = in[i].flags;
+		wr[i].next = i + 1 < n ? &wr[i + 1] : NULL;
+	}
+	return ibv_post_send(qp, wr, &bad);
 }
 
 static int gv_req_notify(struct ibv_cq *cq) { return ibv_req_notify_cq(cq, 0); }
@@ -160,6 +194,19 @@ type RecvWR struct {
 	Len  uint32
 	LKey uint32
 }
+
+// SendWR is one SEND to post; its layout mirrors struct gv_send.
+type SendWR struct {
+	ID    uint64
+	Addr  uint64
+	Len   uint32
+	LKey  uint32
+	Flags int32
+	_     int32
+}
+
+// MaxSendBatch is the most sends PostSends takes at once.
+const MaxSendBatch = 32
 
 // MaxRecvBatch is the most receives PostRecvs takes at once.
 const MaxRecvBatch = 64
@@ -354,6 +401,18 @@ func QPFrom(p unsafe.Pointer) *QP {
 // PostSend posts one SEND of [addr, addr+length) (ibv_post_send).
 func (qp *QP) PostSend(wrID, addr uint64, length, lkey uint32, flags int) error {
 	if r := C.gv_post_send(qp.qp, C.uint64_t(wrID), C.uint64_t(addr), C.uint32_t(length), C.uint32_t(lkey), C.int(flags)); r != 0 {
+		return os.NewSyscallError("ibv_post_send", syscall.Errno(r))
+	}
+	return nil
+}
+
+// PostSends posts up to MaxSendBatch SENDs as one chain (ibv_post_send).
+func (qp *QP) PostSends(wrs []SendWR) error {
+	if len(wrs) == 0 {
+		return nil
+	}
+	r := C.gv_post_sends(qp.qp, C.int(len(wrs)), (*C.struct_gv_send)(unsafe.Pointer(unsafe.SliceData(wrs))))
+	if r != 0 {
 		return os.NewSyscallError("ibv_post_send", syscall.Errno(r))
 	}
 	return nil
