@@ -32,7 +32,7 @@ const ctrlSize = 64
 
 func newLayout(o Options) layout {
 	return layout{
-		bufSize:   o.BufferSize,
+		bufSize:   o.BufferSize + hdrLen, // a Write of BufferSize bytes is one message
 		recvSlots: o.RecvDepth + ctrlDepth + finSlots,
 		sendSlots: o.SendDepth,
 		ctrlSlots: ctrlDepth + finSlots,

@@ -24,7 +24,7 @@ func TestLayout(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := newLayout(tc.o)
-			require.Equal(t, tc.o.BufferSize, l.bufSize)
+			require.Equal(t, tc.o.BufferSize+hdrLen, l.bufSize, "a buffer holds a header and BufferSize bytes")
 			require.Equal(t, tc.o.RecvDepth+ctrlDepth+finSlots, l.recvSlots)
 			require.Equal(t, tc.o.SendDepth, l.sendSlots)
 			require.Equal(t, ctrlDepth+finSlots, l.ctrlSlots)

@@ -183,7 +183,7 @@ func (c *Conn) setup(opts Options) error {
 func (c *Conn) start(peer hello, opts Options) {
 	c.laddr = addrFrom(c.id.LocalAddr())
 	c.raddr = addrFrom(c.id.PeerAddr())
-	c.maxMsg = min(opts.BufferSize, int(peer.bufSize)) - hdrLen
+	c.maxMsg = min(c.lay.bufSize, int(peer.bufSize)) - hdrLen
 	c.mu.Lock()
 	c.credits += int(peer.recvDepth)
 	c.ctrlCredits += int(min(peer.ctrlDepth, ctrlDepth))

@@ -150,8 +150,9 @@ const (
 // Options are the per-connection resource settings shared by Dialer and
 // ListenConfig. Zero values pick the defaults.
 type Options struct {
-	// BufferSize is the size of each registered send and receive buffer,
-	// and so the largest message; bigger Writes are split. Default 64 KiB.
+	// BufferSize is the payload size of each registered send and receive
+	// buffer (each also holds an 8-byte header), and so the largest
+	// message; bigger Writes are split. Default 64 KiB.
 	BufferSize int
 	// SendDepth is the number of send buffers, the most messages in flight
 	// from this side. Default 16.
