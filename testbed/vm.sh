@@ -108,7 +108,12 @@ exec 9>"$cache/.lock"
 flock 9
 kdir=$(printf '%s\n' "$cache"/kernel-*/ | grep -v '\*' | sort -V | tail -n 1) || true
 if [[ -z $kdir ]]; then
-	pkg=$(apt-cache depends linux-image-amd64 | awk '$1 == "Depends:" && $2 ~ /^linux-image-/ {print $2; exit}')
+	find_image() { apt-cache depends linux-image-amd64 2>/dev/null | awk '$1 == "Depends:" && $2 ~ /^linux-image-/ {print $2; exit}'; }
+	pkg=$(find_image)
+	if [[ -z $pkg ]]; then # package lists never fetched on this machine
+		apt-get update -q >&2
+		pkg=$(find_image)
+	fi
 	[[ -n $pkg ]] || { echo "testbed: cannot find the linux-image-amd64 dependency" >&2; exit 125; }
 	if ! compgen -G "$cache/${pkg}_*.deb" >/dev/null; then
 		echo "testbed: downloading $pkg" >&2
