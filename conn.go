@@ -828,7 +828,9 @@ func (c *Conn) teardown(graceful bool) {
 		if c.dataDone != c.dataSeq || c.ctrlDone != c.ctrlSeq {
 			// A signaled marker behind everything posted: its (flushed)
 			// completion retires all earlier sends, signaled or not.
-			c.qp.PostSend(sendWRID(c.dataSeq, c.ctrlSeq), c.ar.base, 0, c.ar.mr.LKey, ibv.SendSignaled)
+			c.qp.PostSends([]ibv.SendWR{{
+				ID: sendWRID(c.dataSeq, c.ctrlSeq), Addr: c.ar.base, LKey: c.ar.mr.LKey, Flags: ibv.SendSignaled,
+			}})
 		}
 		c.waitLocked(drainTimeout, func() bool {
 			return c.recvPosted == 0 && c.dataDone == c.dataSeq && c.ctrlDone == c.ctrlSeq

@@ -12,7 +12,6 @@ package ibv
 #cgo nocallback gv_poll
 #cgo noescape gv_post_recvs
 #cgo nocallback gv_post_recvs
-#cgo nocallback gv_post_send
 #cgo noescape gv_post_sends
 #cgo nocallback gv_post_sends
 #cgo nocallback gv_req_notify
@@ -71,20 +70,6 @@ static int gv_post_recvs(struct ibv_qp *qp, int n, const struct gv_recv *in) {
 		wr[i].next = i + 1 < n ? &wr[i + 1] : NULL;
 	}
 	return ibv_post_recv(qp, wr, &bad);
-}
-
-// gv_post_send posts one SEND. Returns 0 or an errno value.
-static int gv_post_send(struct ibv_qp *qp, uint64_t wr_id, uint64_t addr, uint32_t length,
-                        uint32_t lkey, int flags) {
-	struct ibv_sge sge = { .addr = addr, .length = length, .lkey = lkey };
-	struct ibv_send_wr wr, *bad;
-	memset(&wr, 0, sizeof(wr));
-	wr.wr_id = wr_id;
-	wr.sg_list = &sge;
-	wr.num_sge = 1;
-	wr.opcode = IBV_WR_SEND;
-	wr.send_flags = flags;
-	return ibv_post_send(qp, &wr, &bad);
 }
 
 // gv_send mirrors the Go type SendWR.
@@ -396,14 +381,6 @@ type QP struct {
 func QPFrom(p unsafe.Pointer) *QP {
 	q := (*C.struct_ibv_qp)(p)
 	return &QP{qp: q, Num: uint32(q.qp_num)}
-}
-
-// PostSend posts one SEND of [addr, addr+length) (ibv_post_send).
-func (qp *QP) PostSend(wrID, addr uint64, length, lkey uint32, flags int) error {
-	if r := C.gv_post_send(qp.qp, C.uint64_t(wrID), C.uint64_t(addr), C.uint32_t(length), C.uint32_t(lkey), C.int(flags)); r != 0 {
-		return os.NewSyscallError("ibv_post_send", syscall.Errno(r))
-	}
-	return nil
 }
 
 // PostSends posts up to MaxSendBatch SENDs as one chain (ibv_post_send).
