@@ -56,6 +56,7 @@ type Conn struct {
 	maxMsg       int // payload bytes per message, from both sides' buffer sizes
 	maxInline    int // bytes the QP sends inline
 	batch        int // receives reposted and credits returned at once
+	poll         PollMode
 	spinTime     time.Duration
 	rdWait       time.Duration // moving average of Read waits, under readMu
 	wrWait       time.Duration // moving average of Write waits, under writeMu
@@ -82,7 +83,10 @@ type Conn struct {
 	rxOff      int
 	repost     []ibv.RecvWR // consumed data buffers not yet posted again
 	ctrlRepost [1]ibv.RecvWR
-	sends      []ibv.SendWR // prepared by queueSend, posted by postSends
+	sends      []ibv.SendWR // prepared by queueSend, posted by flush
+	sendsSpare []ibv.SendWR // the other half of a double buffer: the batch being posted
+	posting    bool         // a goroutine is posting without c.mu; others only queue
+	draining   bool         // the teardown owns the send queue: nothing more is posted
 	recvPosted int          // receives on the QP
 	unreported int          // data receives posted again, not yet reported to the peer
 	ctrlOwed   int          // control receives posted again, not yet acknowledged
@@ -101,7 +105,10 @@ type Conn struct {
 	lastSig     uint32
 	ctrlSeq     uint32
 	ctrlDone    uint32
-	finSent     bool
+	pendLen     int  // bytes waiting in the send buffer at dataSeq for a credit
+	filling     bool // a Write is copying into send buffers without c.mu
+	finSent     bool // CloseWrite or Close: no more Writes
+	finQueued   bool // the fin waits behind pending data
 	werr        error
 	closed      bool
 }
@@ -158,10 +165,14 @@ func (c *Conn) setup(opts Options) error {
 	c.qp = ibv.QPFrom(qp)
 	c.maxInline = inline
 	c.batch = max(1, opts.RecvDepth/4)
+	c.poll = opts.Poll
 	c.spinTime = opts.SpinTime
 	c.rxq = make([]rxMsg, c.lay.recvSlots)
 	c.repost = make([]ibv.RecvWR, 0, ibv.MaxRecvBatch)
-	c.sends = make([]ibv.SendWR, 0, ibv.MaxSendBatch)
+	// Room for everything that can be queued at once: a message per send
+	// buffer and control buffer, so appending never allocates.
+	c.sends = make([]ibv.SendWR, 0, c.lay.sendSlots+c.lay.ctrlSlots)
+	c.sendsSpare = make([]ibv.SendWR, 0, cap(c.sends))
 	dev.addConn(c)
 
 	c.mu.Lock()
@@ -358,6 +369,10 @@ func (c *Conn) complete(wc *ibv.WC) {
 	if c.wantCredit {
 		c.returnCredits(true)
 	}
+	if c.pendLen > 0 && c.credits > 0 {
+		// Credits came back for data a Write left pending.
+		c.flush()
+	}
 	if c.state == stateDead {
 		signal(c.drained)
 	}
@@ -517,7 +532,8 @@ func (c *Conn) returnCredits(force bool) {
 		c.wantCredit = false
 		return
 	}
-	if c.peerGone || c.finSent || c.werr != nil {
+	// Credits still flow after our fin: the peer may go on writing.
+	if c.peerGone || c.werr != nil {
 		c.wantCredit = false
 		return
 	}
@@ -532,15 +548,16 @@ func (c *Conn) returnCredits(force bool) {
 	c.send(msgCredit, 0)
 }
 
-// send posts a message whose payload (n bytes) is already in place.
-func (c *Conn) send(typ uint8, n int) error {
+// send queues a message whose payload (n bytes) is already in place and
+// posts it.
+func (c *Conn) send(typ uint8, n int) {
 	c.queueSend(typ, n)
-	return c.postSends()
+	c.flush()
 }
 
 // queueSend prepares a message whose payload (n bytes) is already in place
 // (a data message in the next send buffer, a control message in the next
-// control buffer) for postSends. The header piggybacks every credit owed
+// control buffer) for flush. The header piggybacks every credit owed
 // to the peer.
 func (c *Conn) queueSend(typ uint8, n int) {
 	var off int
@@ -584,14 +601,50 @@ func (c *Conn) queueSend(typ uint8, n int) {
 	})
 }
 
-// postSends posts the queued messages as one chain.
-func (c *Conn) postSends() error {
-	err := c.qp.PostSends(c.sends)
-	c.sends = c.sends[:0]
-	if err != nil && c.werr == nil {
-		c.werr = err
+// flush posts what is queued: prepared messages, then the pending send
+// buffer once a credit allows, then a fin that waited behind it. c.mu is
+// held on entry and exit but not across ibv_post_send (on rxe a system
+// call that runs the whole transfer), so completions, Reads and other
+// connections' work go on meanwhile. One goroutine posts at a time, which
+// keeps the send queue in sequence order; whoever finds another posting
+// only queues, and the poster picks that up before it leaves.
+func (c *Conn) flush() {
+	if c.posting || c.draining {
+		return
 	}
-	return err
+	c.posting = true
+	for {
+		if c.pendLen > 0 && c.credits > 0 && !c.filling {
+			c.credits--
+			c.queueSend(msgData, c.pendLen)
+			c.pendLen = 0
+		}
+		if c.finQueued && c.pendLen == 0 && !c.filling {
+			c.finQueued = false
+			c.queueSend(msgFin, 0)
+		}
+		if len(c.sends) == 0 {
+			break
+		}
+		batch := c.sends
+		c.sends, c.sendsSpare = c.sendsSpare[:0], batch
+		c.mu.Unlock()
+		var err error
+		for len(batch) > 0 && err == nil {
+			k := min(len(batch), ibv.MaxSendBatch)
+			err = c.qp.PostSends(batch[:k])
+			batch = batch[k:]
+		}
+		c.mu.Lock()
+		if err != nil && c.werr == nil {
+			c.werr = err
+			signal(c.txReady)
+		}
+	}
+	c.posting = false
+	if c.state == stateDead {
+		signal(c.drained)
+	}
 }
 
 func (c *Conn) opErr(op string, err error) error {
@@ -601,9 +654,9 @@ func (c *Conn) opErr(op string, err error) error {
 	return &net.OpError{Op: op, Net: "rdma", Source: c.laddr, Addr: c.raddr, Err: err}
 }
 
-// Read reads data into b. It returns the bytes of at most one message (the
-// rest of a longer message comes with the next Reads), and io.EOF once the
-// peer has closed its side and everything it sent has been read.
+// Read reads data into b: whatever has arrived, up to len(b), or, when
+// nothing has, waits for the next data. It returns io.EOF once the peer
+// has closed its side and everything it sent has been read.
 func (c *Conn) Read(b []byte) (int, error) {
 	c.readMu.Lock()
 	defer c.readMu.Unlock()
@@ -627,8 +680,7 @@ func (c *Conn) read(b []byte) (int, error) {
 			return 0, io.EOF
 		}
 		if c.rxLen > 0 {
-			m := c.rxq[c.rxHead]
-			if m.n < 0 {
+			if c.rxq[c.rxHead].n < 0 {
 				c.mu.Unlock()
 				return 0, io.EOF
 			}
@@ -636,18 +688,37 @@ func (c *Conn) read(b []byte) (int, error) {
 				c.mu.Unlock()
 				return 0, nil
 			}
-			// The head message is ours while readMu is held: copy it
-			// without blocking the poller.
+			if len(c.repost) == cap(c.repost) {
+				c.postReposts()
+			}
+			// The queued messages are the reader's while readMu is held
+			// (the poller only appends behind them): copy as many as fit
+			// without blocking the poller, stopping at a fin.
+			head, avail, off := c.rxHead, min(c.rxLen, cap(c.repost)-len(c.repost)), c.rxOff
 			c.mu.Unlock()
-			start := c.lay.recvOff(int(m.slot)) + hdrLen
-			n := copy(b, c.ar.mem[start+c.rxOff:start+int(m.n)])
+			n, used := 0, 0
+			for used < avail && n < len(b) {
+				m := c.rxq[(head+used)%len(c.rxq)]
+				if m.n < 0 {
+					break
+				}
+				start := c.lay.recvOff(int(m.slot)) + hdrLen
+				k := copy(b[n:], c.ar.mem[start+off:start+int(m.n)])
+				n += k
+				if off += k; off < int(m.n) {
+					break
+				}
+				off = 0
+				used++
+			}
 			c.mu.Lock()
-			c.rxOff += n
-			if c.rxOff == int(m.n) {
-				c.rxOff = 0
+			for range used {
+				c.queueRepost(int(c.rxq[c.rxHead].slot))
 				c.rxHead = (c.rxHead + 1) % len(c.rxq)
 				c.rxLen--
-				c.queueRepost(int(m.slot))
+			}
+			c.rxOff = off
+			if used > 0 {
 				c.returnCredits(false)
 			}
 			c.mu.Unlock()
@@ -668,9 +739,13 @@ func (c *Conn) read(b []byte) (int, error) {
 	}
 }
 
-// Write writes b as one or more messages and returns once all of it is
-// handed to the NIC; b may be reused at once. It blocks while the peer has
-// no receive buffer free for us, or all our send buffers are in flight.
+// Write writes b and returns once all of it is in the connection's
+// registered send buffers; b may be reused at once. The data goes out in
+// order as the peer has receive buffers free: at once when it has, and
+// otherwise Writes gather in a pending buffer that goes out as one message
+// when the peer returns credit (so a fast writer of small messages is not
+// held to one message per peer receive). Write blocks only while every send
+// buffer is in flight or full. Close delivers what Write accepted.
 func (c *Conn) Write(b []byte) (int, error) {
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
@@ -695,40 +770,52 @@ func (c *Conn) write(b []byte) (int, error) {
 		case n == len(b):
 			return n, nil
 		}
-		// As many messages as credits, free buffers and b allow go out
-		// as one chain: one post (one system call on rxe) for all of them.
-		k := min(c.credits, c.lay.sendSlots-int(c.dataSeq-c.dataDone), ibv.MaxSendBatch,
-			(len(b)-n+c.maxMsg-1)/c.maxMsg)
-		if k > 0 {
-			seq := c.dataSeq
-			// The buffers are ours until posted; copy without the lock.
+		// The buffers from dataSeq on are free up to the ring's end; the
+		// first may already hold pending bytes. With credits, fill as many
+		// as credits allow and post them as one chain (one ibv_post_send,
+		// one system call on rxe); without, add to the pending buffer.
+		free := c.lay.sendSlots - int(c.dataSeq-c.dataDone)
+		if free == 0 || (c.credits == 0 && c.pendLen == c.maxMsg) {
 			c.mu.Unlock()
-			off := n
-			for i := 0; i < k; i++ {
-				chunk := min(len(b)-off, c.maxMsg)
-				start := c.lay.sendOff(int((seq+uint32(i))%uint32(c.lay.sendSlots))) + hdrLen
-				copy(c.ar.mem[start:start+chunk], b[off:off+chunk])
-				off += chunk
-			}
+			c.wait(c.txReady, &c.wdl, &c.wrWait)
 			c.mu.Lock()
-			if c.closed || c.werr != nil {
-				continue
-			}
-			off = n
-			for i := 0; i < k; i++ {
-				chunk := min(len(b)-off, c.maxMsg)
-				c.credits--
-				c.queueSend(msgData, chunk)
-				off += chunk
-			}
-			if c.postSends() == nil {
-				n = off
-			}
 			continue
 		}
+		slots := 1
+		if c.credits > 0 {
+			slots = min(c.credits, free, ibv.MaxSendBatch, (c.pendLen+len(b)-n+c.maxMsg-1)/c.maxMsg)
+		}
+		// The buffers are the writer's until queued (flush leaves a pending
+		// buffer alone while filling is set): copy without the lock.
+		seq, pend := c.dataSeq, c.pendLen
+		c.filling = true
 		c.mu.Unlock()
-		c.wait(c.txReady, &c.wdl, &c.wrWait)
+		off := n
+		for i := 0; i < slots && off < len(b); i++ {
+			start := c.lay.sendOff(int((seq+uint32(i))%uint32(c.lay.sendSlots))) + hdrLen + pend
+			chunk := min(len(b)-off, c.maxMsg-pend)
+			copy(c.ar.mem[start:start+chunk], b[off:off+chunk])
+			off += chunk
+			pend = 0
+		}
 		c.mu.Lock()
+		c.filling = false
+		if c.closed || c.werr != nil {
+			continue
+		}
+		// Credits only grow while the lock is dropped (this writer is the
+		// only one spending them), so every buffer planned with credits
+		// goes out; without credits the one buffer stays pending.
+		queued := c.pendLen + off - n
+		n = off
+		for queued > 0 && c.credits > 0 {
+			m := min(queued, c.maxMsg)
+			c.credits--
+			c.queueSend(msgData, m)
+			queued -= m
+		}
+		c.pendLen = queued
+		c.flush()
 	}
 }
 
@@ -783,7 +870,9 @@ func (c *Conn) sendFin() error {
 		return c.werr
 	}
 	c.finSent = true
-	return c.send(msgFin, 0)
+	c.finQueued = true
+	c.flush()
+	return c.werr
 }
 
 // Close closes the connection. Data already written is delivered before the
@@ -820,11 +909,17 @@ func (c *Conn) teardown(graceful bool) {
 	c.state = stateDead
 	if c.qp != nil && graceful && wasEstablished && !c.peerGone {
 		if c.sendFin() == nil {
-			c.waitLocked(lingerTimeout, func() bool { return c.ctrlDone == c.ctrlSeq || c.werr != nil || c.peerGone })
+			c.waitLocked(lingerTimeout, func() bool {
+				return (!c.finQueued && c.ctrlDone == c.ctrlSeq) || c.werr != nil || c.peerGone
+			})
 		}
 	}
 	c.id.Disconnect()
 	if c.qp != nil {
+		// The send queue becomes the teardown's once a post in progress
+		// (on the poller, returning credits) is done.
+		c.waitLocked(drainTimeout, func() bool { return !c.posting })
+		c.draining = true
 		if c.dataDone != c.dataSeq || c.ctrlDone != c.ctrlSeq {
 			// A signaled marker behind everything posted: its (flushed)
 			// completion retires all earlier sends, signaled or not.
@@ -887,19 +982,27 @@ func (c *Conn) waitLocked(timeout time.Duration, cond func() bool) {
 const maxAdaptiveSpin = time.Millisecond
 
 // wait blocks until ready is signaled, the connection closes or the
-// deadline passes; c.mu is not held. It first spins (see spin) for the
-// configured SpinTime or, when the recent waits of this direction were
-// shorter than maxAdaptiveSpin, for twice their average: a stream whose
-// messages come every few hundred microseconds is then caught without
-// parking, while a quiet connection parks after SpinTime. avg is the
-// direction's moving average, guarded by its readMu or writeMu.
+// deadline passes; c.mu is not held. With PollBusy it spins (see spin) all
+// along. With PollAdaptive it first spins for the configured SpinTime or,
+// when the recent waits of this direction were shorter than
+// maxAdaptiveSpin, for twice their average: a stream whose messages come
+// every few hundred microseconds is then caught without parking, while a
+// quiet connection parks after SpinTime. avg is the direction's moving
+// average, guarded by its readMu or writeMu.
 func (c *Conn) wait(ready chan struct{}, dl *deadline, avg *time.Duration) {
-	budget := c.spinTime
-	if budget > 0 && *avg < maxAdaptiveSpin {
-		budget = max(budget, 2**avg)
-	}
 	start := time.Now()
-	c.spin(ready, budget)
+	switch c.poll {
+	case PollBusy:
+		// In slices, so that a deadline is noticed.
+		for c.spin(ready, time.Millisecond) && !dl.expired() {
+		}
+	case PollAdaptive:
+		budget := c.spinTime
+		if *avg < maxAdaptiveSpin {
+			budget = max(budget, 2**avg)
+		}
+		c.spin(ready, budget)
+	}
 	select {
 	case <-ready:
 		*avg += (time.Since(start) - *avg) / 8
@@ -909,22 +1012,24 @@ func (c *Conn) wait(ready chan struct{}, dl *deadline, avg *time.Duration) {
 }
 
 // spin polls the CQ from the waiting goroutine for up to budget, or until
-// ready is signaled: a reply that comes soon (the other half of a round
-// trip) then costs no goroutine handoff and no wakeup. c.mu is not held.
-func (c *Conn) spin(ready chan struct{}, budget time.Duration) {
-	if budget <= 0 {
-		return
-	}
+// ready is signaled or the connection closes: a reply that comes soon (the
+// other half of a round trip) then costs no goroutine handoff and no
+// wakeup. It reports whether it stopped for the budget. c.mu is not held.
+func (c *Conn) spin(ready chan struct{}, budget time.Duration) bool {
 	c.dev.spinStart()
 	defer c.dev.spinEnd()
 	start := time.Now()
 	for len(ready) == 0 && !isClosed(c.closing) {
 		c.dev.tryPoll()
-		if len(ready) > 0 || time.Since(start) > budget {
-			return
+		if len(ready) > 0 {
+			return false
+		}
+		if time.Since(start) > budget {
+			return true
 		}
 		runtime.Gosched()
 	}
+	return false
 }
 
 // LocalAddr returns the local address, an *Addr.

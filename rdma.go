@@ -160,13 +160,72 @@ type Options struct {
 	// RecvDepth is the number of pre-posted receive buffers, the most
 	// messages the peer may have in flight to this side. Default 16.
 	RecvDepth int
+	// Poll chooses how a Read or Write that must wait learns that it can
+	// go on: PollAdaptive (the default) spins for SpinTime and then parks,
+	// PollBusy spins until it can go on, PollEvent parks at once.
+	Poll PollMode
 	// SpinTime is how long a Read or Write that must wait polls the
-	// completion queue itself before it parks: short waits (a round trip)
-	// then cost no wakeup, at the price of CPU while spinning. While a
-	// connection's recent waits were shorter than a millisecond it spins
-	// up to twice their average instead, if that is longer. Default 50µs;
-	// negative disables spinning (event-driven only).
+	// completion queue itself before it parks, with PollAdaptive: short
+	// waits (a round trip) then cost no wakeup, at the price of CPU while
+	// spinning. While a connection's recent waits were shorter than a
+	// millisecond it spins up to twice their average instead, if that is
+	// longer. Default 50µs; negative is the same as PollEvent.
 	SpinTime time.Duration
+}
+
+// RegisteredMemory returns how many bytes of memory a connection with
+// these options registers with the device: its receive, send and control
+// buffers: RecvDepth + SendDepth + 5 buffers of BufferSize + 8 bytes and
+// a few hundred bytes of control buffers, rounded up to pages. That is what each connection pins, whatever its
+// traffic; it returns an error for options Dial and Listen would refuse.
+func (o Options) RegisteredMemory() (int, error) {
+	o, err := o.normalized()
+	if err != nil {
+		return 0, err
+	}
+	return newLayout(o).size(), nil
+}
+
+// PollMode is how a waiting Read or Write learns of completions. Every
+// mode leaves the device's completion queue to a poller goroutine that
+// parks in the network poller (no CPU) while nobody spins.
+type PollMode int
+
+const (
+	// PollAdaptive spins for Options.SpinTime (longer while the
+	// connection's recent waits were short), then parks: round trips are
+	// caught without a wakeup, an idle connection costs nothing.
+	PollAdaptive PollMode = iota
+	// PollBusy spins until the call can go on, a deadline passes or the
+	// connection closes: the lowest latency, at the price of a CPU per
+	// waiting goroutine. For dedicated cores, as perftest runs by default.
+	PollBusy
+	// PollEvent parks at once and is woken through the completion
+	// channel: the least CPU, the most latency.
+	PollEvent
+)
+
+// String returns the mode's name: "adaptive", "busy" or "event".
+func (m PollMode) String() string {
+	switch m {
+	case PollAdaptive:
+		return "adaptive"
+	case PollBusy:
+		return "busy"
+	case PollEvent:
+		return "event"
+	}
+	return fmt.Sprintf("PollMode(%d)", int(m))
+}
+
+// ParsePollMode returns the mode named by s, as String names it.
+func ParsePollMode(s string) (PollMode, error) {
+	for m := PollAdaptive; m <= PollEvent; m++ {
+		if m.String() == s {
+			return m, nil
+		}
+	}
+	return 0, fmt.Errorf("rdma: unknown poll mode %q (want adaptive, busy or event)", s)
 }
 
 func (o Options) normalized() (Options, error) {
@@ -189,6 +248,11 @@ func (o Options) normalized() (Options, error) {
 		return o, fmt.Errorf("rdma: SendDepth %d outside [2, %d]", o.SendDepth, maxDepth)
 	case o.RecvDepth < 2 || o.RecvDepth > maxDepth:
 		return o, fmt.Errorf("rdma: RecvDepth %d outside [2, %d]", o.RecvDepth, maxDepth)
+	case o.Poll < PollAdaptive || o.Poll > PollEvent:
+		return o, fmt.Errorf("rdma: unknown poll mode %d", int(o.Poll))
+	}
+	if o.SpinTime < 0 && o.Poll == PollAdaptive {
+		o.Poll = PollEvent
 	}
 	return o, nil
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -748,10 +749,86 @@ func TestCloseWrite(t *testing.T) {
 	require.Equal(t, "request", string(got))
 	_, err = s.Write([]byte("response"))
 	require.NoError(t, err)
-	require.NoError(t, s.(*rdma.Conn).CloseWrite())
+	// More messages than the receive window: c keeps returning credits
+	// after its fin.
+	more := bytes.Repeat([]byte("0123456789abcdef"), 4096)
+	go func() {
+		for range 8 {
+			if _, err := s.Write(more); err != nil {
+				return
+			}
+		}
+		s.(*rdma.Conn).CloseWrite()
+	}()
 	got, err = io.ReadAll(c)
 	require.NoError(t, err)
-	require.Equal(t, "response", string(got))
+	require.Equal(t, "response"+strings.Repeat(string(more), 8), string(got))
+}
+
+// TestWritesCoalesce: while the peer has no receive buffer free, small
+// Writes gather in one pending buffer instead of blocking, go out as one
+// message when credit returns, and Reads take in several messages at once.
+// Close delivers what is still pending before the fin.
+func TestWritesCoalesce(t *testing.T) {
+	opts := rdma.Options{BufferSize: 4096, SendDepth: 4, RecvDepth: 4}
+	c, s := pair(t, &rdma.ListenConfig{Options: opts}, &rdma.Dialer{Options: opts})
+	// Four messages fill the peer's window, then 40 writes of 100 bytes
+	// fit the pending buffer: none of them may block, though s reads
+	// nothing yet. The deadline turns a blocked Write into a failure.
+	const writes, size = 44, 100
+	var want []byte
+	require.NoError(t, c.SetWriteDeadline(time.Now().Add(10*time.Second)))
+	for i := range writes {
+		msg := bytes.Repeat([]byte{byte('A' + i%26)}, size)
+		_, err := c.Write(msg)
+		require.NoError(t, err, "write %d", i)
+		want = append(want, msg...)
+	}
+	// Close waits for the fin's acknowledgement, and the fin goes behind
+	// the pending data: it returns once s has read.
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+
+	var got []byte
+	reads := 0
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := s.Read(buf)
+		got = append(got, buf[:n]...)
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err)
+		reads++
+	}
+	require.NoError(t, <-closed)
+	require.Equal(t, want, got)
+	require.Less(t, reads, writes/4, "each Read should take in whole batches of writes")
+}
+
+// TestPollModes: round trips and deadlines work in every poll mode.
+func TestPollModes(t *testing.T) {
+	for _, m := range []rdma.PollMode{rdma.PollAdaptive, rdma.PollBusy, rdma.PollEvent} {
+		t.Run(m.String(), func(t *testing.T) {
+			opts := rdma.Options{Poll: m}
+			c, s := pair(t, &rdma.ListenConfig{Options: opts}, &rdma.Dialer{Options: opts})
+			go io.Copy(s, s)
+			buf := make([]byte, 64)
+			for i := range 100 {
+				binary.BigEndian.PutUint64(buf, uint64(i))
+				_, err := c.Write(buf)
+				require.NoError(t, err)
+				_, err = io.ReadFull(c, buf)
+				require.NoError(t, err)
+				require.Equal(t, uint64(i), binary.BigEndian.Uint64(buf))
+			}
+			require.NoError(t, c.SetReadDeadline(time.Now().Add(20*time.Millisecond)))
+			_, err := c.Read(buf)
+			require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+		})
+	}
+	_, err := (&rdma.Dialer{Options: rdma.Options{Poll: 7}}).Dial("rdma", net.JoinHostPort(testAddr, "1"))
+	require.ErrorContains(t, err, "poll mode")
 }
 
 // TestErrors pins the error contract in the spirit of net/error_test.go:

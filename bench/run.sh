@@ -91,8 +91,9 @@ tail_of() { tail -n "${2:-3}" "$1" 2>/dev/null | tr '\n\t' '  ' | cut -c1-400; }
 
 # run_rdmaperf NET WORKLOAD SIZE CONNS ARGS...
 run_rdmaperf() {
-	local net=$1 workload=$2 size=$3 conns=$4 log=$work/rdmaperf.log line rc
+	local net=$1 workload=$2 size=$3 conns=$4 log=$work/rdmaperf.log line rc label=rdmaperf/$1
 	shift 4
+	[[ " $* " == *" -poll busy "* ]] && label+=" busy"
 	if [[ $go_mode == local ]]; then
 		timeout -k 5 "$tool_timeout" "$rdmaperf" -local -addr "$addr:0" -net "$net" -json "$@" >"$log" 2>&1
 		rc=$?
@@ -102,15 +103,15 @@ run_rdmaperf() {
 	line=$(grep '^{' "$log" | tail -n 1)
 	if [[ -z $line ]]; then
 		if ((rc == 124)); then
-			fail "rdmaperf/$net" "$workload" "$size" "$conns" "timed out after ${tool_timeout}s"
+			fail "$label" "$workload" "$size" "$conns" "timed out after ${tool_timeout}s"
 		else
-			fail "rdmaperf/$net" "$workload" "$size" "$conns" "exit $rc: $(tail_of "$log")"
+			fail "$label" "$workload" "$size" "$conns" "exit $rc: $(tail_of "$log")"
 		fi
 		return
 	fi
 	# rdmaperf writes the record itself (with its error, if any); the round is ours to add.
 	printf '{"round":%d,%s\n' "$round" "${line#\{}" >>"$results"
-	echo "  rdmaperf/$net $workload $size x$conns: $(printf '%s' "$line" | grep -o '"metrics":{[^}]*}\|"error":"[^"]*"')"
+	echo "  $label $workload $size x$conns: $(printf '%s' "$line" | grep -o '"metrics":{[^}]*}\|"error":"[^"]*"')"
 }
 
 # run_rdmaperf_pinned NET ARGS...: rdmaperf as two processes pinned apart, the way the C peers
@@ -270,6 +271,7 @@ one_round() {
 	echo "== latency (round $round)"
 	for size in 64 4096; do
 		for net in rdma tcp; do run_rdmaperf "$net" lat "$size" 1 -test lat -size "$size" -duration "${secs}s"; done
+		run_rdmaperf rdma lat "$size" 1 -test lat -size "$size" -duration "${secs}s" -poll busy
 		perftest_lat perftest "$size" 2000
 		perftest_lat "perftest -e" "$size" 2000 -e
 		rstream_run lat "$size" 1 2000
@@ -320,7 +322,7 @@ echo "== done in $((SECONDS - start)) s"
 
 notes=(
 	"the tools are interleaved per workload; rounds: $done_rounds; each figure is the median of its rounds"
-	"this library and Go TCP: rdmaperf, mode $go_mode (local: both ends in one Go process, unpinned; pinned: -s and -c as two processes on CPUs 0 and 1 like the C peers); latency is half the round trip, as perftest's; MB = 10^6 bytes; ${secs} s per test, after 100 unmeasured round trips for latency"
+	"this library and Go TCP: rdmaperf, mode $go_mode (local: both ends in one Go process, unpinned; pinned: -s and -c as two processes on CPUs 0 and 1 like the C peers); latency is half the round trip, as perftest's; MB = 10^6 bytes; ${secs} s per test, after 100 unmeasured round trips for latency; default poll mode (adaptive: spin, then park) except the busy column (-poll busy, spinning like busy perftest); registered KiB per connection with the default options"
 	"perftest: ib_send_lat / ib_send_bw -R (rdma_cm), server pinned to CPU 0 and client to CPU 1 (unpinned, two busy-polling processes on 2 vCPUs often wait for 4 ms scheduler ticks); p50 is t_typical; MB/s converted from perftest's MiB/s; msg/s from MsgRate; 8 conns is -q 8 (8 QPs)"
 	"rsockets: rstream in its default non-blocking (busy-polling) mode, pinned like perftest; latency is -C 1 -I 2000, average only (usec/xfer, half the round trip); throughput and rate are -C N (N transfers one way, then N back), MB/s = size / usec-per-xfer"
 )

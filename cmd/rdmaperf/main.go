@@ -68,7 +68,8 @@ func main() {
 		bufSize  = flag.Int("buffer", 0, "rdma: per-connection buffer size in bytes (0: library default)")
 		sdepth   = flag.Int("sdepth", 0, "rdma: send buffers per connection (0: library default)")
 		rdepth   = flag.Int("rdepth", 0, "rdma: receive buffers per connection (0: library default)")
-		spin     = flag.Duration("spin", 0, "rdma: poll mode: how long a waiting Read/Write polls before it parks (0: library default, 50µs, longer while recent waits were short; negative: event-driven only; long: busy)")
+		poll     = flag.String("poll", "adaptive", "rdma: how a waiting Read/Write learns of completions: adaptive (spin, then park), busy (spin) or event (park)")
+		spin     = flag.Duration("spin", 0, "rdma: with -poll adaptive, how long a waiting Read/Write polls before it parks (0: library default, 50µs, longer while recent waits were short)")
 	)
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: rdmaperf -s [-addr host:port] | -c host:port [options] | -local [-addr ip:port] [options] | -render results.json\n")
@@ -97,7 +98,12 @@ func main() {
 		flag.Usage()
 		os.Exit(2)
 	}
-	tr, err := newTransport(*netw, rdma.Options{BufferSize: *bufSize, SendDepth: *sdepth, RecvDepth: *rdepth, SpinTime: *spin})
+	pm, err := rdma.ParsePollMode(*poll)
+	if err != nil {
+		log.Fatal(err)
+	}
+	opts := rdma.Options{BufferSize: *bufSize, SendDepth: *sdepth, RecvDepth: *rdepth, Poll: pm, SpinTime: *spin}
+	tr, err := newTransport(*netw, opts)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -165,6 +171,9 @@ func main() {
 		warmup:   *warmup,
 	}
 	res := Result{Impl: "rdmaperf/" + tr.name, Workload: workload, Size: *size, Conns: *conns}
+	if tr.name == "rdma" && pm != rdma.PollAdaptive {
+		res.Impl += " " + pm.String()
+	}
 	switch workload {
 	case "lat":
 		res.Conns = 1
@@ -179,6 +188,14 @@ func main() {
 	}
 	if err != nil {
 		res.Error = err.Error()
+	} else if tr.name == "rdma" && workload == "idle" {
+		// What each connection pins, whatever its traffic: with the
+		// idle figure, the cost of a connection that is kept open.
+		mem, err := opts.RegisteredMemory()
+		if err != nil {
+			log.Fatal(err)
+		}
+		res.Metrics["reg_kib"] = float64(mem) / 1024
 	}
 	if *asJSON {
 		b, _ := json.Marshal(res)
@@ -236,6 +253,9 @@ func describe(r Result) string {
 			m["p50_us"], m["p99_us"], m["avg_us"], m["count"], m["seconds"])
 	case r.Workload == "idle":
 		fmt.Fprintf(&b, ": %.3f CPU s in %.2f s idle (%.2f%% of one CPU)", m["cpu_s"], m["seconds"], m["cpu_pct"])
+		if v, ok := m["reg_kib"]; ok {
+			fmt.Fprintf(&b, ", %.0f KiB registered per connection", v)
+		}
 	default:
 		fmt.Fprintf(&b, ": %.2f MB/s, %.0f msg/s (%.0f writes in %.2f s, %.2f CPU s)",
 			m["mb_s"], m["msg_s"], m["count"], m["seconds"], m["cpu_s"])

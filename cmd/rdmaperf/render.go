@@ -20,20 +20,31 @@ type benchRun struct {
 	Results     []Result `json:"results"`
 }
 
-// self is the impl whose figures the ratio columns divide.
-const self = "rdmaperf/rdma"
+// self is this library in its default (adaptive) poll mode, busy the
+// same with -poll busy.
+const (
+	self = "rdmaperf/rdma"
+	busy = "rdmaperf/rdma busy"
+)
 
 // Columns of the table, in order. The ratio columns compare this library
-// with the peers that measure the same thing the same way.
+// with the peers that measure the same thing the same way: the default
+// mode with each peer, and busy polling with busy-polling perftest.
 var (
 	columns = []struct{ impl, title string }{
 		{self, "this library"},
+		{busy, "this library, busy poll"},
 		{"rdmaperf/tcp", "Go TCP"},
 		{"perftest", "perftest"},
 		{"perftest -e", "perftest -e"},
 		{"rsockets", "rsockets"},
 	}
-	ratioPeers = []string{"perftest", "perftest -e", "rsockets"}
+	ratios = []struct{ mine, peer, title string }{
+		{self, "perftest", "÷ perftest"},
+		{self, "perftest -e", "÷ perftest -e"},
+		{self, "rsockets", "÷ rsockets"},
+		{busy, "perftest", "busy ÷ perftest"},
+	}
 )
 
 // metric is one row's figure for a workload.
@@ -43,7 +54,7 @@ var metricsOf = map[string][]metric{
 	"lat":  {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"avg_us", "avg µs"}},
 	"bw":   {{"mb_s", "MB/s"}},
 	"rate": {{"msg_s", "msg/s"}},
-	"idle": {{"cpu_s", "CPU s"}},
+	"idle": {{"cpu_s", "CPU s"}, {"reg_kib", "registered KiB per connection"}},
 }
 
 var workloadNames = map[string]string{
@@ -110,8 +121,8 @@ func renderMarkdown(w io.Writer, br *benchRun) {
 	for _, c := range columns {
 		head = append(head, c.title)
 	}
-	for _, p := range ratioPeers {
-		head = append(head, "÷ "+p)
+	for _, r := range ratios {
+		head = append(head, r.title)
 	}
 	fmt.Fprintf(w, "| %s |\n", strings.Join(head, " | "))
 	fmt.Fprintf(w, "|%s\n", strings.Repeat(" --- |", len(head)))
@@ -127,9 +138,9 @@ func renderMarkdown(w io.Writer, br *benchRun) {
 			if !have {
 				continue
 			}
-			mine, haveMine := figure(k, self, m.key)
-			for _, p := range ratioPeers {
-				theirs, ok := figure(k, p, m.key)
+			for _, r := range ratios {
+				mine, haveMine := figure(k, r.mine, m.key)
+				theirs, ok := figure(k, r.peer, m.key)
 				if !haveMine || !ok || theirs == 0 {
 					cells = append(cells, "")
 					continue
