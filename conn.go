@@ -33,6 +33,10 @@ const (
 	stateDead               // torn down or being torn down
 )
 
+// holdDepth is how many unconsumed messages at the peer make small Writes
+// gather (see hold): bursts of up to this many Writes go out one by one.
+const holdDepth = 4
+
 // Timeouts of the teardown: how long Close waits for the fin to be
 // acknowledged, and for the QP to flush its work requests once in error.
 const (
@@ -106,6 +110,9 @@ type Conn struct {
 	ctrlSeq     uint32
 	ctrlDone    uint32
 	pendLen     int  // bytes waiting in the send buffer at dataSeq for a credit
+	peerWindow  int  // the peer's data receives: credits when none is in use
+	holdAt      int  // unconsumed messages at the peer from which hold holds
+	noDelay     bool // SetNoDelay(true): hold never holds
 	filling     bool // a Write is copying into send buffers without c.mu
 	finSent     bool // CloseWrite or Close: no more Writes
 	finQueued   bool // the fin waits behind pending data
@@ -197,6 +204,8 @@ func (c *Conn) start(peer hello, opts Options) {
 	c.maxMsg = min(c.lay.bufSize, int(peer.bufSize)) - hdrLen
 	c.mu.Lock()
 	c.credits += int(peer.recvDepth)
+	c.peerWindow = int(peer.recvDepth)
+	c.holdAt = max(1, min(holdDepth, c.peerWindow/2))
 	c.ctrlCredits += int(min(peer.ctrlDepth, ctrlDepth))
 	c.mu.Unlock()
 	signal(c.txReady)
@@ -357,8 +366,12 @@ func (c *Conn) peerDisconnected() {
 	signal(c.txReady)
 }
 
-// complete handles one work completion; it runs on the device's poller.
-func (c *Conn) complete(wc *ibv.WC) {
+// complete handles one work completion on whichever goroutine polled it,
+// with the device's CQ lock held. It only queues what must go out (a credit
+// message, a pending buffer that credits now allow); it reports whether
+// there is any, and the caller flushes once the CQ lock is released, so a
+// post does not hold up the device's other connections.
+func (c *Conn) complete(wc *ibv.WC) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if wc.WRID&wrSend != 0 {
@@ -369,13 +382,17 @@ func (c *Conn) complete(wc *ibv.WC) {
 	if c.wantCredit {
 		c.returnCredits(true)
 	}
-	if c.pendLen > 0 && c.credits > 0 {
-		// Credits came back for data a Write left pending.
-		c.flush()
-	}
 	if c.state == stateDead {
 		signal(c.drained)
 	}
+	return len(c.sends) > 0 || (c.pendLen > 0 && c.credits > 0 && !c.hold(c.pendLen))
+}
+
+// flushLocked is flush for a caller without c.mu.
+func (c *Conn) flushLocked() {
+	c.mu.Lock()
+	c.flush()
+	c.mu.Unlock()
 }
 
 // errPeerReset is the error of a connection the peer dropped without a
@@ -545,14 +562,36 @@ func (c *Conn) returnCredits(force bool) {
 	}
 	c.wantCredit = false
 	c.ctrlCredits--
-	c.send(msgCredit, 0)
+	c.queueSend(msgCredit, 0)
 }
 
-// send queues a message whose payload (n bytes) is already in place and
-// posts it.
-func (c *Conn) send(typ uint8, n int) {
-	c.queueSend(typ, n)
+// hold reports whether a send buffer holding n bytes should wait for more
+// Writes rather than go out now. It waits while it is not full and at
+// least holdAt earlier messages are still unconsumed at the peer: the
+// peer is behind, so its credits (and with them the flush) will come, and
+// meanwhile small Writes gather into one message instead of costing a post
+// each. A peer that drains everything and waits for more returns its
+// credits at once, so a held buffer costs at most that exchange. This is
+// Nagle's rule with credits for acknowledgements; SetNoDelay turns it off.
+func (c *Conn) hold(n int) bool {
+	return n < c.maxMsg && !c.noDelay && !c.finQueued && c.peerWindow-c.credits >= c.holdAt
+}
+
+// SetNoDelay controls whether a small Write goes out at once even while
+// the peer is behind (noDelay true), or may wait, while earlier messages
+// are unconsumed at the peer, to be sent with the Writes that follow (the
+// default). Like TCP's option of that name, it trades message rate for the
+// latency of back-to-back small Writes; request-response traffic, where
+// the peer has consumed what was sent before each Write, never waits.
+func (c *Conn) SetNoDelay(noDelay bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return c.opErr("set", net.ErrClosed)
+	}
+	c.noDelay = noDelay
 	c.flush()
+	return nil
 }
 
 // queueSend prepares a message whose payload (n bytes) is already in place
@@ -582,7 +621,9 @@ func (c *Conn) queueSend(typ uint8, n int) {
 		}
 	} else {
 		c.ctrlSeq++
-		if typ == msgFin || int(c.ctrlSeq-c.ctrlDone) >= ctrlDepth/2 {
+		// After the fin every control message is signaled: Close waits for
+		// all of them to complete.
+		if typ == msgFin || c.finSent || int(c.ctrlSeq-c.ctrlDone) >= ctrlDepth/2 {
 			flags |= ibv.SendSignaled
 		}
 	}
@@ -614,7 +655,7 @@ func (c *Conn) flush() {
 	}
 	c.posting = true
 	for {
-		if c.pendLen > 0 && c.credits > 0 && !c.filling {
+		if c.pendLen > 0 && c.credits > 0 && !c.filling && !c.hold(c.pendLen) {
 			c.credits--
 			c.queueSend(msgData, c.pendLen)
 			c.pendLen = 0
@@ -720,6 +761,7 @@ func (c *Conn) read(b []byte) (int, error) {
 			c.rxOff = off
 			if used > 0 {
 				c.returnCredits(false)
+				c.flush()
 			}
 			c.mu.Unlock()
 			return n, nil
@@ -733,6 +775,7 @@ func (c *Conn) read(b []byte) (int, error) {
 			return 0, errPeerReset()
 		}
 		c.returnCredits(true)
+		c.flush()
 		c.mu.Unlock()
 		c.wait(c.rxReady, &c.rdl, &c.rdWait)
 		c.mu.Lock()
@@ -805,17 +848,26 @@ func (c *Conn) write(b []byte) (int, error) {
 		}
 		// Credits only grow while the lock is dropped (this writer is the
 		// only one spending them), so every buffer planned with credits
-		// goes out; without credits the one buffer stays pending.
+		// goes out, but for a last, partly filled one that hold keeps;
+		// without credits the one buffer stays pending.
 		queued := c.pendLen + off - n
 		n = off
 		for queued > 0 && c.credits > 0 {
 			m := min(queued, c.maxMsg)
+			if c.hold(m) {
+				break
+			}
 			c.credits--
 			c.queueSend(msgData, m)
 			queued -= m
 		}
 		c.pendLen = queued
 		c.flush()
+		if n == len(b) {
+			// Accepted, whatever happened while flush had the lock
+			// dropped (the peer may have answered and closed).
+			return n, nil
+		}
 	}
 }
 
@@ -858,6 +910,7 @@ func (c *Conn) CloseRead() error {
 	}
 	c.rxOff = 0
 	c.returnCredits(true)
+	c.flush()
 	return nil
 }
 
@@ -871,8 +924,10 @@ func (c *Conn) sendFin() error {
 	}
 	c.finSent = true
 	c.finQueued = true
+	// Not c.werr afterwards: while flush posts without the lock, the peer
+	// may read the fin, close, and have its disconnect recorded here.
 	c.flush()
-	return c.werr
+	return nil
 }
 
 // Close closes the connection. Data already written is delivered before the

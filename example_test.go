@@ -89,3 +89,20 @@ func ExampleListenConfig_Listen() {
 	srv := &http.Server{Handler: mux}
 	log.Fatal(srv.Serve(ln))
 }
+
+// Options size each connection and choose how it waits. RegisteredMemory
+// tells what a connection with them pins, for sizing a server that keeps
+// many connections open.
+func ExampleOptions() {
+	opts := rdma.Options{
+		BufferSize: 16 << 10,      // small messages: smaller buffers
+		RecvDepth:  32,            // more messages in flight per connection
+		Poll:       rdma.PollBusy, // dedicated cores: spin instead of parking
+	}
+	mem, err := opts.RegisteredMemory()
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%d KiB registered per connection\n", mem>>10)
+	// Output: 852 KiB registered per connection
+}

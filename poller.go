@@ -145,19 +145,25 @@ func (d *device) removeConn(c *Conn) {
 // poll polls a batch and dispatches it. cqMu is held across both, so that
 // batches reach connections in the order the CQ produced them even when a
 // waiting Read or Write polls beside the poller goroutine.
-func (d *device) poll(wcs []ibv.WC) int {
+// Connections that have something to post (see Conn.complete) are
+// flushed after the lock is released; flush, a slice as long as wcs, holds
+// them meanwhile.
+func (d *device) poll(wcs []ibv.WC, flush []*Conn) int {
 	d.cqMu.Lock()
-	defer d.cqMu.Unlock()
-	return d.pollLocked(wcs)
+	n, flush := d.pollLocked(wcs, flush)
+	d.cqMu.Unlock()
+	for _, c := range flush {
+		c.flushLocked()
+	}
+	return n
 }
 
-func (d *device) pollLocked(wcs []ibv.WC) int {
+func (d *device) pollLocked(wcs []ibv.WC, flush []*Conn) (int, []*Conn) {
 	n, err := d.cq.Poll(wcs)
 	if err != nil || n == 0 {
-		return 0
+		return 0, flush
 	}
-	d.dispatch(wcs[:n])
-	return n
+	return n, d.dispatch(wcs[:n], flush)
 }
 
 // tryPoll polls and dispatches one batch on the caller's goroutine unless
@@ -176,8 +182,12 @@ func (d *device) tryPoll() {
 		return
 	}
 	var wcs [16]ibv.WC
-	d.pollLocked(wcs[:])
+	var fl [16]*Conn
+	_, flush := d.pollLocked(wcs[:], fl[:0])
 	d.cqMu.Unlock()
+	for _, c := range flush {
+		c.flushLocked()
+	}
 }
 
 // run is the poller: poll in batches while completions come, spin a little
@@ -186,9 +196,10 @@ func (d *device) tryPoll() {
 func (d *device) run() {
 	defer close(d.done)
 	var wcs [32]ibv.WC
+	var fl [32]*Conn
 	idle := 0
 	for {
-		if d.poll(wcs[:]) > 0 {
+		if d.poll(wcs[:], fl[:0]) > 0 {
 			idle = 0
 			continue
 		}
@@ -208,7 +219,7 @@ func (d *device) run() {
 		if err := d.cq.ReqNotify(); err != nil {
 			return
 		}
-		if d.poll(wcs[:]) > 0 {
+		if d.poll(wcs[:], fl[:0]) > 0 {
 			idle = 0
 			continue
 		}
@@ -219,7 +230,7 @@ func (d *device) run() {
 	}
 }
 
-func (d *device) dispatch(wcs []ibv.WC) {
+func (d *device) dispatch(wcs []ibv.WC, flush []*Conn) []*Conn {
 	d.connsMu.RLock()
 	defer d.connsMu.RUnlock()
 	var last *Conn
@@ -231,8 +242,9 @@ func (d *device) dispatch(wcs []ibv.WC) {
 			c = d.conns[wc.QPNum]
 			last, lastQP = c, wc.QPNum
 		}
-		if c != nil {
-			c.complete(wc)
+		if c != nil && c.complete(wc) && (len(flush) == 0 || flush[len(flush)-1] != c) {
+			flush = append(flush, c)
 		}
 	}
+	return flush
 }

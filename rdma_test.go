@@ -806,6 +806,41 @@ func TestWritesCoalesce(t *testing.T) {
 	require.Less(t, reads, writes/4, "each Read should take in whole batches of writes")
 }
 
+// TestHoldAndNoDelay: a small Write waits while the peer has four earlier
+// messages unconsumed, and goes out, with the Writes after it, once the
+// peer has read them; SetNoDelay(true) sends each Write at once. Either
+// way every byte arrives, in order.
+func TestHoldAndNoDelay(t *testing.T) {
+	for _, noDelay := range []bool{false, true} {
+		t.Run(fmt.Sprint("nodelay=", noDelay), func(t *testing.T) {
+			c, s := pair(t, nil, nil)
+			require.NoError(t, c.SetNoDelay(noDelay))
+			var want []byte
+			for i := range 10 {
+				msg := bytes.Repeat([]byte{byte('a' + i)}, 100)
+				_, err := c.Write(msg)
+				require.NoError(t, err)
+				want = append(want, msg...)
+			}
+			var got []byte
+			first := -1
+			buf := make([]byte, 64<<10)
+			for len(got) < len(want) {
+				n, err := s.Read(buf)
+				require.NoError(t, err)
+				if first < 0 {
+					first = n
+				}
+				got = append(got, buf[:n]...)
+			}
+			require.Equal(t, want, got)
+			if !noDelay {
+				require.LessOrEqual(t, first, 400, "Writes 5 to 10 went out before the peer read 1 to 4")
+			}
+		})
+	}
+}
+
 // TestPollModes: round trips and deadlines work in every poll mode.
 func TestPollModes(t *testing.T) {
 	for _, m := range []rdma.PollMode{rdma.PollAdaptive, rdma.PollBusy, rdma.PollEvent} {
