@@ -1074,18 +1074,25 @@ func (c *Conn) spin(ready chan struct{}, budget time.Duration) bool {
 	c.dev.spinStart()
 	defer c.dev.spinEnd()
 	start := time.Now()
-	for len(ready) == 0 && !isClosed(c.closing) {
+	for i := 1; len(ready) == 0 && !isClosed(c.closing); i++ {
 		c.dev.tryPoll()
 		if len(ready) > 0 {
 			return false
 		}
-		if time.Since(start) > budget {
-			return true
+		// Reading the clock costs about as much as a poll (more under
+		// emulation), and yielding as much again: both every few polls.
+		if i%spinCheck == 0 {
+			if time.Since(start) > budget {
+				return true
+			}
+			runtime.Gosched()
 		}
-		runtime.Gosched()
 	}
 	return false
 }
+
+// spinCheck is how many polls a spin makes between looks at the clock.
+const spinCheck = 8
 
 // LocalAddr returns the local address, an *Addr.
 func (c *Conn) LocalAddr() net.Addr { return c.laddr }

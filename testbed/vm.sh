@@ -194,9 +194,13 @@ trap 'exit 143' TERM
 
 # 4. Boot. The serial console goes to a log (shown only on failure); the job's output file is
 # followed live. timeout(1) returns 124 itself when it has to kill qemu.
+# Under TCG the kernel does not trust the TSC and picks the emulated HPET, so every clock read
+# (Go's scheduler and timers, time.Now) becomes a system call plus an emulated device access,
+# ~10 µs each; real hosts read the TSC in user space. The TSC qemu emulates is derived from
+# the host clock and consistent across vCPUs, so the guest is told to use it.
 start=$SECONDS
 timeout -k 10 "$timeout_s" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 2 -m "$mem_mb" \
-	-kernel "$kernel" -initrd "$initrd" -append "console=ttyS0 quiet panic=-1" \
+	-kernel "$kernel" -initrd "$initrd" -append "console=ttyS0 quiet panic=-1 clocksource=tsc tsc=reliable" \
 	-nographic -no-reboot -nic none \
 	-virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
 	-virtfs "local,path=$job,mount_tag=job,security_model=none" \
