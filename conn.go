@@ -573,8 +573,12 @@ func (c *Conn) returnCredits(force bool) {
 // each. A peer that drains everything and waits for more returns its
 // credits at once, so a held buffer costs at most that exchange. This is
 // Nagle's rule with credits for acknowledgements; SetNoDelay turns it off.
+// It never holds once half the peer's control credits await our
+// acknowledgement (ctrlOwed): the peer may need them to return the very
+// credits that would end the hold.
 func (c *Conn) hold(n int) bool {
-	return n < c.maxMsg && !c.noDelay && !c.finQueued && c.peerWindow-c.credits >= c.holdAt
+	return n < c.maxMsg && !c.noDelay && !c.finQueued && c.ctrlOwed < ctrlDepth/2 &&
+		c.peerWindow-c.credits >= c.holdAt
 }
 
 // SetNoDelay controls whether a small Write goes out at once even while
