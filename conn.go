@@ -34,8 +34,9 @@ const (
 )
 
 // holdDepth is how many unconsumed messages at the peer make small Writes
-// gather (see hold): bursts of up to this many Writes go out one by one.
-const holdDepth = 4
+// gather (see hold): a burst of two Writes (a length, then the payload)
+// goes out at once; in a longer one, the third may wait.
+const holdDepth = 2
 
 // Timeouts of the teardown: how long Close waits for the fin to be
 // acknowledged, and for the QP to flush its work requests once in error.
@@ -113,6 +114,7 @@ type Conn struct {
 	peerWindow  int  // the peer's data receives: credits when none is in use
 	holdAt      int  // unconsumed messages at the peer from which hold holds
 	noDelay     bool // SetNoDelay(true): hold never holds
+	streaming   bool // see hold
 	filling     bool // a Write is copying into send buffers without c.mu
 	finSent     bool // CloseWrite or Close: no more Writes
 	finQueued   bool // the fin waits behind pending data
@@ -566,19 +568,27 @@ func (c *Conn) returnCredits(force bool) {
 }
 
 // hold reports whether a send buffer holding n bytes should wait for more
-// Writes rather than go out now. It waits while it is not full and at
-// least holdAt earlier messages are still unconsumed at the peer: the
-// peer is behind, so its credits (and with them the flush) will come, and
+// Writes rather than go out now. A buffer that is not full waits while the
+// connection streams: from the moment holdAt earlier messages are
+// unconsumed at the peer until the peer has consumed all of them. The peer
+// is behind, so its credits (and with them the flush) will come, and
 // meanwhile small Writes gather into one message instead of costing a post
 // each. A peer that drains everything and waits for more returns its
-// credits at once, so a held buffer costs at most that exchange. This is
-// Nagle's rule with credits for acknowledgements; SetNoDelay turns it off.
-// It never holds once half the peer's control credits await our
-// acknowledgement (ctrlOwed): the peer may need them to return the very
-// credits that would end the hold.
+// credits at once, so a held buffer costs at most that exchange, and
+// bursts of fewer than holdAt Writes (a request in a few pieces) never
+// wait. This is Nagle's rule with credits for acknowledgements;
+// SetNoDelay turns it off. It never holds once half the peer's control
+// credits await our acknowledgement (ctrlOwed): the peer may need them to
+// return the very credits that would end the hold.
 func (c *Conn) hold(n int) bool {
-	return n < c.maxMsg && !c.noDelay && !c.finQueued && c.ctrlOwed < ctrlDepth/2 &&
-		c.peerWindow-c.credits >= c.holdAt
+	out := c.peerWindow - c.credits
+	switch {
+	case out == 0:
+		c.streaming = false
+	case out >= c.holdAt:
+		c.streaming = true
+	}
+	return c.streaming && n < c.maxMsg && !c.noDelay && !c.finQueued && c.ctrlOwed < ctrlDepth/2
 }
 
 // SetNoDelay controls whether a small Write goes out at once even while
