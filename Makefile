@@ -9,7 +9,7 @@ VM          := testbed/vm.sh
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 VMTIMEOUT   ?= 1500
 
-.PHONY: all deps check unit vmtest test demo bench clean
+.PHONY: all deps check unit vmtest test demo bench microbench clean
 
 all: test
 
@@ -48,3 +48,10 @@ clean:
 
 bench: deps
 	bench/bench.sh
+
+# The testing.B benchmarks of the data path (round trips per poll mode,
+# streaming per write size), in the VM.
+microbench: deps
+	mkdir -p $(OUT)
+	$(GO) test -c -o $(OUT)/rdma.test .
+	$(VM) --timeout 900 -- $(OUT)/rdma.test -test.run '^$$' -test.bench . -test.benchtime 2s
