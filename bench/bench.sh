@@ -4,7 +4,7 @@
 #
 #   bench/bench.sh
 #
-# Environment: GO (go), BENCH_ROUNDS (3), BENCH_SECONDS (2), BENCH_GO_MODE (local): passed on to
+# Environment: GO (go), BENCH_ROUNDS (5), BENCH_SECONDS (2), BENCH_GO_MODE (local): passed on to
 # run.sh.
 # The VM's whole output is kept in .testbed-out/bench.log.
 set -euo pipefail
@@ -19,7 +19,7 @@ mkdir -p "$out"
 # vm.sh gives the job a clean environment: settings go in through env(1).
 log=$out/bench.log
 rc=0
-testbed/vm.sh --timeout 900 -- env BENCH_ROUNDS="${BENCH_ROUNDS:-3}" BENCH_SECONDS="${BENCH_SECONDS:-2}" BENCH_GO_MODE="${BENCH_GO_MODE:-local}" \
+testbed/vm.sh --timeout 1200 -- env BENCH_ROUNDS="${BENCH_ROUNDS:-5}" BENCH_SECONDS="${BENCH_SECONDS:-2}" BENCH_GO_MODE="${BENCH_GO_MODE:-local}" \
 	bench/run.sh "" "$out/rdmaperf" | tee "$log" || rc=$?
 # run.sh reports failed measurements in the JSON and exits 0; anything else is the test bed's
 # or run.sh's own failure, but whatever JSON came out is still worth keeping.

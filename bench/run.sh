@@ -13,9 +13,9 @@
 # The results JSON (read by rdmaperf -render) is printed between the lines BEGIN-JSON and
 # END-JSON (a file in the VM's /tmp does not survive it), and also written to RESULTS.json when
 # given. RDMAPERF defaults to the repository's .testbed-out/rdmaperf, then to PATH.
-# Environment: RDMA_TEST_ADDR (default 10.77.0.1); BENCH_ROUNDS (3): every test is repeated that
+# Environment: RDMA_TEST_ADDR (default 10.77.0.1); BENCH_ROUNDS (5): every test is repeated that
 # many times, the tools interleaved per workload so that a slow spell of the (emulated) machine
-# hits them alike; BENCH_SECONDS (2): length of each rdmaperf test; BENCH_BUDGET (420): no new
+# hits them alike; BENCH_SECONDS (2): length of each rdmaperf test; BENCH_BUDGET (780): no new
 # round starts when it might end after this many seconds; BENCH_ENVIRONMENT: the machine's
 # description in the results (default: the Soft-RoCE VM's).
 set -uo pipefail
@@ -28,9 +28,9 @@ if [[ -z $rdmaperf ]]; then
 	[[ -x $rdmaperf ]] || rdmaperf=$(command -v rdmaperf) || { echo "run.sh: no rdmaperf binary" >&2; exit 2; }
 fi
 addr=${RDMA_TEST_ADDR:-10.77.0.1}
-rounds=${BENCH_ROUNDS:-3}
+rounds=${BENCH_ROUNDS:-5}
 secs=${BENCH_SECONDS:-2}
-budget=${BENCH_BUDGET:-420}
+budget=${BENCH_BUDGET:-780}
 environment=${BENCH_ENVIRONMENT:-"Soft-RoCE (rdma_rxe) in a $(nproc)-vCPU TCG VM; only ratios within one run mean anything"}
 tool_timeout=60 # seconds any one process may take; a hung tool becomes a failed measurement
 
