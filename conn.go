@@ -1074,7 +1074,10 @@ func (c *Conn) wait(ready chan struct{}, dl *deadline, avg *time.Duration) {
 	}
 	select {
 	case <-ready:
-		*avg += (time.Since(start) - *avg) / 8
+		// A wait that ended in a park also counts the wakeup; unclipped,
+		// a few of those would lift the average over maxAdaptiveSpin, and
+		// then every wait would park, which keeps the average there.
+		*avg += (min(time.Since(start), 2*maxAdaptiveSpin) - *avg) / 8
 	case <-c.closing:
 	case <-dl.wait():
 	}
