@@ -445,7 +445,7 @@ func (c *Conn) recvDone(wc *ibv.WC) {
 		// Post the buffer again at once, on its own (queued data buffers
 		// are reported as data credits); the peer learns of it through
 		// ctrlAck on our next message.
-		if !c.peerGone {
+		if !c.peerGone && !c.draining {
 			c.ctrlRepost[0] = c.recvWR(slot)
 			if err := c.qp.PostRecvs(c.ctrlRepost[:]); err == nil {
 				c.recvPosted++
@@ -544,6 +544,12 @@ func (c *Conn) postReposts() error {
 // set (the reader is about to wait, so the writer must not be left without
 // credits).
 func (c *Conn) returnCredits(force bool) {
+	if c.draining {
+		// The teardown owns the QP: nothing is posted or owed any more.
+		c.repost = c.repost[:0]
+		c.wantCredit = false
+		return
+	}
 	if n := len(c.repost); n >= c.batch || (force && n > 0) {
 		c.postReposts()
 	}
@@ -691,9 +697,15 @@ func (c *Conn) flush() {
 			batch = batch[k:]
 		}
 		c.mu.Lock()
-		if err != nil && c.werr == nil {
-			c.werr = err
+		if err != nil {
+			// The connection has failed: post nothing more (the
+			// teardown's marker retires what never went out).
+			if c.werr == nil {
+				c.werr = err
+			}
+			c.sends = c.sends[:0]
 			signal(c.txReady)
+			break
 		}
 	}
 	c.posting = false
@@ -727,6 +739,13 @@ func (c *Conn) read(b []byte) (int, error) {
 			return 0, net.ErrClosed
 		}
 		if c.rdl.expired() {
+			// A reader that polls with a past deadline must still give
+			// credits back, or a writer holding data for them would wait
+			// for a Read that never blocks.
+			if c.rxLen == 0 {
+				c.returnCredits(true)
+				c.flush()
+			}
 			c.mu.Unlock()
 			return 0, errTimeout
 		}
@@ -802,7 +821,9 @@ func (c *Conn) read(b []byte) (int, error) {
 // otherwise Writes gather in a pending buffer that goes out as one message
 // when the peer returns credit (so a fast writer of small messages is not
 // held to one message per peer receive). Write blocks only while every send
-// buffer is in flight or full. Close delivers what Write accepted.
+// buffer is in flight or full. Close delivers what Write accepted, unless
+// the peer leaves no receive buffer free for the few seconds Close waits;
+// then Close reports the loss.
 func (c *Conn) Write(b []byte) (int, error) {
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
@@ -916,6 +937,10 @@ func (c *Conn) CloseRead() error {
 	defer c.readMu.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.closed {
+		// Close ran meanwhile: the buffers and the QP are gone.
+		return c.opErr("close", net.ErrClosed)
+	}
 	for ; c.rxLen > 0; c.rxLen-- {
 		if m := c.rxq[c.rxHead]; m.n >= 0 {
 			c.queueRepost(int(m.slot))
@@ -948,7 +973,9 @@ func (c *Conn) sendFin() error {
 // peer's Read returns io.EOF; Reads and Writes blocked here return an error
 // wrapping net.ErrClosed. Close waits until the peer's NIC has acknowledged
 // everything sent (a few seconds at most if the peer is unreachable) and
-// every buffer is released.
+// every buffer is released. If the peer leaves no receive buffer free for
+// that long while Writes' data still waits for one, the data is discarded
+// and Close returns an error wrapping syscall.ETIMEDOUT.
 func (c *Conn) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -961,33 +988,42 @@ func (c *Conn) Close() error {
 	// Wait for Reads and Writes to leave: the teardown frees their buffers.
 	c.writeMu.Lock()
 	c.readMu.Lock()
-	c.teardown(true)
+	err := c.teardown(true)
 	c.readMu.Unlock()
 	c.writeMu.Unlock()
 	c.rdl.stop()
 	c.wdl.stop()
-	return nil
+	return c.opErr("close", err)
 }
 
 // teardown releases everything in order: fin (if graceful) and its
 // acknowledgement, disconnect, flush of every work request, then QP,
 // memory, id, device and CM references.
-func (c *Conn) teardown(graceful bool) {
+func (c *Conn) teardown(graceful bool) error {
 	c.mu.Lock()
 	wasEstablished := c.state == stateEstablished
 	c.state = stateDead
+	var lost error
 	if c.qp != nil && graceful && wasEstablished && !c.peerGone {
 		if c.sendFin() == nil {
 			c.waitLocked(lingerTimeout, func() bool {
 				return (!c.finQueued && c.ctrlDone == c.ctrlSeq) || c.werr != nil || c.peerGone
 			})
 		}
+		if c.pendLen > 0 && c.werr == nil && !c.peerGone {
+			// The peer left no receive free for the linger time: what
+			// Writes left pending is discarded, and Close says so.
+			lost = os.NewSyscallError("ibv_post_send", syscall.ETIMEDOUT)
+		}
 	}
 	c.id.Disconnect()
 	if c.qp != nil {
 		// The send queue becomes the teardown's once a post in progress
-		// (on the poller, returning credits) is done.
-		c.waitLocked(drainTimeout, func() bool { return !c.posting })
+		// (on the poller, returning credits) is done; a post always
+		// returns, and the QP must not be destroyed under it.
+		for c.posting {
+			c.waitLocked(drainTimeout, func() bool { return !c.posting })
+		}
 		c.draining = true
 		if c.dataDone != c.dataSeq || c.ctrlDone != c.ctrlSeq {
 			// A signaled marker behind everything posted: its (flushed)
@@ -1025,6 +1061,7 @@ func (c *Conn) teardown(graceful bool) {
 		c.dev.release(c.cqe)
 	}
 	c.cm.release()
+	return lost
 }
 
 // waitLocked waits, with c.mu held on entry and exit, until cond holds or

@@ -806,6 +806,28 @@ func TestWritesCoalesce(t *testing.T) {
 	require.Less(t, reads, writes/4, "each Read should take in whole batches of writes")
 }
 
+// TestCloseReportsUndelivered: when the peer never reads, data a Write
+// accepted but could not send is discarded at Close, and Close says so
+// instead of returning nil. The peer reads what did arrive, then a reset.
+func TestCloseReportsUndelivered(t *testing.T) {
+	opts := rdma.Options{BufferSize: 4096, RecvDepth: 2, SendDepth: 2}
+	c, s := pair(t, &rdma.ListenConfig{Options: opts}, &rdma.Dialer{Options: opts})
+	require.NoError(t, c.SetNoDelay(true))
+	msg := bytes.Repeat([]byte("z"), 100)
+	for range 5 { // two messages fill the peer's window, three wait
+		_, err := c.Write(msg)
+		require.NoError(t, err)
+	}
+	err := c.Close()
+	requireOpError(t, err, "close")
+	require.ErrorIs(t, err, syscall.ETIMEDOUT)
+
+	got, err := io.ReadAll(s)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, io.EOF)
+	require.Equal(t, bytes.Repeat(msg, 2), got)
+}
+
 // TestHoldAndNoDelay: once the peer has two earlier messages unconsumed, a
 // small Write waits, and goes out, with the Writes after it, once the peer
 // has read them; SetNoDelay(true) sends each Write at once. Either way
