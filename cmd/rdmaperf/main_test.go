@@ -103,6 +103,8 @@ func TestRender(t *testing.T) {
 			{Round: 3, Impl: "rdmaperf/rdma", Workload: "lat", Size: 64, Conns: 1, Metrics: map[string]float64{"p50_us": 90, "p99_us": 90, "avg_us": 90}},
 			{Round: 1, Impl: "rdmaperf/rdma busy", Workload: "lat", Size: 64, Conns: 1, Metrics: map[string]float64{"p50_us": 6, "p99_us": 16, "avg_us": 9}},
 			{Round: 1, Impl: "perftest", Workload: "lat", Size: 64, Conns: 1, Metrics: map[string]float64{"p50_us": 5, "p99_us": 8, "avg_us": 6}},
+			{Round: 2, Impl: "perftest", Workload: "lat", Size: 64, Conns: 1, Metrics: map[string]float64{"p50_us": 5, "p99_us": 8, "avg_us": 6}},
+			{Round: 3, Impl: "perftest", Workload: "lat", Size: 64, Conns: 1, Metrics: map[string]float64{"p50_us": 90, "p99_us": 90, "avg_us": 90}},
 			{Round: 1, Impl: "rsockets", Workload: "bw", Size: 4096, Conns: 1, Error: "rstream exit 1"},
 		},
 	}
@@ -110,8 +112,10 @@ func TestRender(t *testing.T) {
 	renderMarkdown(&b, br)
 	out := b.String()
 	for _, want := range []string{
-		"| latency (one-way) 64 B | p50 µs | 20.0 | 6.00 | — | 5.00 | — | — | 4.00 |  |  | 1.20 |", // median of 10, 20, 90
-		"| latency (one-way) 64 B | avg µs | 22.0 | 9.00 | — | 6.00 | — | — | 3.67 |  |  | 1.50 |",
+		// Figures are medians (of 10, 20, 90 and of 5, 5, 90); ratios are the
+		// medians of the per-round ratios (2, 4, 1), not 20 / 5.
+		"| latency (one-way) 64 B | p50 µs | 20.0 | 6.00 | — | 5.00 | — | — | 2.00 |  |  | 1.20 |",
+		"| latency (one-way) 64 B | avg µs | 22.0 | 9.00 | — | 6.00 | — | — | 2.00 |  |  | 1.50 |",
 		"rsockets, throughput 4 KiB (round 1): rstream exit 1",
 		"median of up to 3 rounds",
 	} {

@@ -94,6 +94,7 @@ func renderMarkdown(w io.Writer, br *benchRun) {
 	// median of interleaved rounds keeps one such run from setting a ratio.
 	var keys []rowKey
 	runs := map[rowKey]map[string][]map[string]float64{}
+	byRound := map[rowKey]map[string]map[int]map[string]float64{}
 	rounds := 0
 	for _, r := range br.Results {
 		rounds = max(rounds, r.Round)
@@ -106,16 +107,40 @@ func renderMarkdown(w io.Writer, br *benchRun) {
 			keys = append(keys, k)
 		}
 		runs[k][r.Impl] = append(runs[k][r.Impl], r.Metrics)
+		if r.Round > 0 {
+			if byRound[k] == nil {
+				byRound[k] = map[string]map[int]map[string]float64{}
+			}
+			if byRound[k][r.Impl] == nil {
+				byRound[k][r.Impl] = map[int]map[string]float64{}
+			}
+			byRound[k][r.Impl][r.Round] = r.Metrics
+		}
 	}
-	figure := func(k rowKey, impl, metric string) (float64, bool) {
-		var vs []float64
-		for _, m := range runs[k][impl] {
-			if v, ok := m[metric]; ok {
-				vs = append(vs, v)
+	// ratio compares two impls the way the machine allows: the median of
+	// their per-round ratios (run.sh measures them back to back within a
+	// round, so a slow or fast spell of the emulated machine hits both
+	// alike), or, without rounds in common, the ratio of their medians.
+	ratio := func(k rowKey, mine, peer, metric string) (float64, bool) {
+		var rs []float64
+		for round, m := range byRound[k][mine] {
+			a, okA := m[metric]
+			b, okB := byRound[k][peer][round][metric]
+			if okA && okB && b != 0 {
+				rs = append(rs, a/b)
 			}
 		}
-		return median(vs)
+		if len(rs) > 0 {
+			return median(rs)
+		}
+		a, okA := figure0(runs, k, mine, metric)
+		b, okB := figure0(runs, k, peer, metric)
+		if !okA || !okB || b == 0 {
+			return 0, false
+		}
+		return a / b, true
 	}
+	figure := func(k rowKey, impl, metric string) (float64, bool) { return figure0(runs, k, impl, metric) }
 
 	head := []string{"workload", "figure"}
 	for _, c := range columns {
@@ -139,13 +164,12 @@ func renderMarkdown(w io.Writer, br *benchRun) {
 				continue
 			}
 			for _, r := range ratios {
-				mine, haveMine := figure(k, r.mine, m.key)
-				theirs, ok := figure(k, r.peer, m.key)
-				if !haveMine || !ok || theirs == 0 {
+				v, ok := ratio(k, r.mine, r.peer, m.key)
+				if !ok {
 					cells = append(cells, "")
 					continue
 				}
-				cells = append(cells, fmt.Sprintf("%.2f", mine/theirs))
+				cells = append(cells, fmt.Sprintf("%.2f", v))
 			}
 			fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | "))
 		}
@@ -153,7 +177,9 @@ func renderMarkdown(w io.Writer, br *benchRun) {
 	fmt.Fprintf(w, "\nRatios are this library's figure divided by the peer's: above 1 is slower for "+
 		"latency, below 1 is slower for throughput and message rate.")
 	if rounds > 1 {
-		fmt.Fprintf(w, " Each figure is the median of up to %d rounds.", rounds)
+		fmt.Fprintf(w, " Each figure is the median of up to %d rounds; each ratio is the median of the "+
+			"ratios within a round (the tools of a round run back to back), so it need not equal "+
+			"the ratio of the figures.", rounds)
 	}
 	fmt.Fprintln(w)
 
@@ -223,6 +249,17 @@ func cell(v float64, ok bool) string {
 		return "0"
 	}
 	return fmt.Sprintf("%.3f", v)
+}
+
+// figure0 is the median of an impl's figures for a row.
+func figure0(runs map[rowKey]map[string][]map[string]float64, k rowKey, impl, metric string) (float64, bool) {
+	var vs []float64
+	for _, m := range runs[k][impl] {
+		if v, ok := m[metric]; ok {
+			vs = append(vs, v)
+		}
+	}
+	return median(vs)
 }
 
 // median of vs (the mean of the middle two for an even count); false if
