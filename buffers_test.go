@@ -24,7 +24,7 @@ func TestLayout(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := newLayout(tc.o)
-			require.Equal(t, tc.o.BufferSize+hdrLen, l.bufSize, "a buffer holds a header and BufferSize bytes")
+			require.Equal(t, tc.o.BufferSize, l.bufSize, "a buffer holds BufferSize bytes of payload, nothing else")
 			require.Equal(t, tc.o.RecvDepth+ctrlDepth+finSlots, l.recvSlots)
 			require.Equal(t, tc.o.SendDepth, l.sendSlots)
 			require.Equal(t, ctrlDepth+finSlots, l.ctrlSlots)
@@ -41,15 +41,11 @@ func TestLayout(t *testing.T) {
 			for i := range l.sendSlots {
 				regions = append(regions, region{"send", i, l.sendOff(i), l.sendOff(i) + l.bufSize})
 			}
-			for i := range l.ctrlSlots {
-				regions = append(regions, region{"ctrl", i, l.ctrlOff(i), l.ctrlOff(i) + ctrlSize})
-			}
-
-			// Listed in arena order: receives, then sends, then control
-			// sends, each region starting at or after the previous end.
+			// Listed in arena order: receives, then sends, each region
+			// starting at or after the previous end.
 			require.Zero(t, l.recvOff(0))
 			require.True(t, sort.SliceIsSorted(regions, func(a, b int) bool { return regions[a].off < regions[b].off }),
-				"regions are not ordered recv, send, ctrl")
+				"regions are not ordered recv, send")
 			for k := 1; k < len(regions); k++ {
 				prev, cur := regions[k-1], regions[k]
 				require.LessOrEqualf(t, prev.end, cur.off, "%s[%d] [%d,%d) overlaps %s[%d] [%d,%d)",
@@ -58,10 +54,15 @@ func TestLayout(t *testing.T) {
 
 			size := l.size()
 			last := regions[len(regions)-1]
-			require.Equal(t, "ctrl", last.kind)
+			require.Equal(t, "send", last.kind)
 			require.Zero(t, size%4096, "size %d is not page-aligned", size)
-			require.GreaterOrEqual(t, size, last.end, "size does not cover the last control slot")
+			require.GreaterOrEqual(t, size, last.end, "size does not cover the last send buffer")
 			require.Less(t, size-last.end, 4096, "size rounds up by more than a page")
+			if tc.o.BufferSize%4096 == 0 {
+				for _, r := range regions {
+					require.Zerof(t, r.off%4096, "%s[%d] does not start on a page", r.kind, r.i)
+				}
+			}
 		})
 	}
 }

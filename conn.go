@@ -203,7 +203,7 @@ func (c *Conn) setup(opts Options) error {
 func (c *Conn) start(peer hello, opts Options) {
 	c.laddr = addrFrom(c.id.LocalAddr())
 	c.raddr = addrFrom(c.id.PeerAddr())
-	c.maxMsg = min(c.lay.bufSize, int(peer.bufSize)) - hdrLen
+	c.maxMsg = min(c.lay.bufSize, int(peer.bufSize))
 	c.mu.Lock()
 	c.credits += int(peer.recvDepth)
 	c.peerWindow = int(peer.recvDepth)
@@ -421,12 +421,11 @@ func (c *Conn) recvDone(wc *ibv.WC) {
 		return
 	}
 	slot := int(wc.WRID)
-	if slot >= c.lay.recvSlots || wc.ByteLen < hdrLen {
-		c.protocolViolation("malformed message")
+	if slot >= c.lay.recvSlots || wc.Flags&ibv.WCWithImm == 0 {
+		c.protocolViolation("message without immediate data (its header)")
 		return
 	}
-	off := c.lay.recvOff(slot)
-	h := getHeader(c.ar.mem[off:])
+	h := headerOf(wc.Imm)
 	if h.credits > 0 || h.ctrlAck > 0 {
 		c.credits += int(h.credits)
 		c.ctrlCredits += int(h.ctrlAck)
@@ -440,7 +439,7 @@ func (c *Conn) recvDone(wc *ibv.WC) {
 			c.returnCredits(false)
 			return
 		}
-		c.push(rxMsg{slot: int32(slot), n: int32(wc.ByteLen - hdrLen)})
+		c.push(rxMsg{slot: int32(slot), n: int32(wc.ByteLen)})
 	case msgCredit:
 		// Post the buffer again at once, on its own (queued data buffers
 		// are reported as data credits); the peer learns of it through
@@ -614,20 +613,18 @@ func (c *Conn) SetNoDelay(noDelay bool) error {
 	return nil
 }
 
-// queueSend prepares a message whose payload (n bytes) is already in place
-// (a data message in the next send buffer, a control message in the next
-// control buffer) for flush. The header piggybacks every credit owed
+// queueSend prepares a message for flush: a data message whose payload (n
+// bytes) is already in the next send buffer, or a control message, which
+// has none. The header, in the immediate data, piggybacks every credit owed
 // to the peer.
 func (c *Conn) queueSend(typ uint8, n int) {
-	var off int
+	var addr uint64
 	data := typ == msgData
 	if data {
-		off = c.lay.sendOff(int(c.dataSeq % uint32(c.lay.sendSlots)))
-	} else {
-		off = c.lay.ctrlOff(int(c.ctrlSeq % uint32(c.lay.ctrlSlots)))
+		addr = c.ar.base + uint64(c.lay.sendOff(int(c.dataSeq%uint32(c.lay.sendSlots))))
 	}
 	c.postReposts()
-	header{typ: typ, ctrlAck: uint8(c.ctrlOwed), credits: uint16(c.unreported)}.put(c.ar.mem[off:])
+	imm := header{typ: typ, ctrlAck: uint8(c.ctrlOwed), credits: uint16(c.unreported)}.imm()
 	c.unreported, c.ctrlOwed, c.wantCredit = 0, 0, false
 
 	// Signal every half ring (so buffers come back while the rest are in
@@ -650,15 +647,16 @@ func (c *Conn) queueSend(typ uint8, n int) {
 	if flags&ibv.SendSignaled != 0 {
 		c.lastSig = c.dataSeq
 	}
-	if hdrLen+n <= c.maxInline {
+	if n > 0 && n <= c.maxInline {
 		flags |= ibv.SendInline
 	}
 	c.sends = append(c.sends, ibv.SendWR{
 		ID:    sendWRID(c.dataSeq, c.ctrlSeq),
-		Addr:  c.ar.base + uint64(off),
-		Len:   uint32(hdrLen + n),
+		Addr:  addr,
+		Len:   uint32(n),
 		LKey:  c.ar.mr.LKey,
 		Flags: int32(flags),
+		Imm:   imm,
 	})
 }
 
@@ -776,7 +774,7 @@ func (c *Conn) read(b []byte) (int, error) {
 				if m.n < 0 {
 					break
 				}
-				start := c.lay.recvOff(int(m.slot)) + hdrLen
+				start := c.lay.recvOff(int(m.slot))
 				k := copy(b[n:], c.ar.mem[start+off:start+int(m.n)])
 				n += k
 				if off += k; off < int(m.n) {
@@ -870,7 +868,7 @@ func (c *Conn) write(b []byte) (int, error) {
 		c.mu.Unlock()
 		off := n
 		for i := 0; i < slots && off < len(b); i++ {
-			start := c.lay.sendOff(int((seq+uint32(i))%uint32(c.lay.sendSlots))) + hdrLen + pend
+			start := c.lay.sendOff(int((seq+uint32(i))%uint32(c.lay.sendSlots))) + pend
 			chunk := min(len(b)-off, c.maxMsg-pend)
 			copy(c.ar.mem[start:start+chunk], b[off:off+chunk])
 			off += chunk

@@ -104,5 +104,5 @@ func ExampleOptions() {
 		log.Fatal(err)
 	}
 	fmt.Printf("%d KiB registered per connection\n", mem>>10)
-	// Output: 852 KiB registered per connection
+	// Output: 848 KiB registered per connection
 }

@@ -12,10 +12,13 @@ import (
 // version, and the sender's receive geometry, so each side knows how many
 // messages it may send and how large they may be.
 //
-// Messages: every SEND starts with an 8-byte header. Data messages carry
-// payload; credit messages only return credits; a fin message ends the
-// stream. Every header piggybacks the credits the sender has freed since
-// its last message, so request/response traffic needs no extra messages.
+// Messages: every message is a SEND with immediate data, and the 32-bit
+// immediate is its header, so a buffer holds payload only: a Write of
+// BufferSize bytes is exactly that many bytes on the wire (64 packets for
+// 64 KiB at a 1 KiB MTU, not 65) and every buffer starts on a page.
+// Data messages carry payload; credit messages and the fin carry none.
+// Every header piggybacks the credits the sender has freed since its last
+// message, so request/response traffic needs no extra messages.
 //
 // Credits come in two classes so that returning credits can never wait on
 // credits. Data messages spend data credits (the peer's RecvDepth). Credit
@@ -26,10 +29,9 @@ import (
 
 const (
 	helloMagic   = 0x47565244 // "GVRD"
-	helloVersion = 1
+	helloVersion = 2          // 1 carried the header in an 8-byte prefix
 	helloLen     = 16
 
-	hdrLen    = 8
 	ctrlDepth = 4 // control credits; small because credit messages are rare
 	finSlots  = 1 // receives reserved for the fin
 
@@ -42,7 +44,7 @@ const (
 type hello struct {
 	recvDepth uint16 // data credits granted to the peer
 	ctrlDepth uint8  // control credits granted to the peer
-	bufSize   uint32 // bytes per receive buffer, header included
+	bufSize   uint32 // bytes per receive buffer: the largest message
 }
 
 func (h hello) marshal() []byte {
@@ -72,28 +74,27 @@ func parseHello(b []byte) (hello, error) {
 		ctrlDepth: b[8],
 		bufSize:   binary.BigEndian.Uint32(b[10:]),
 	}
-	if h.recvDepth < 1 || h.ctrlDepth < 1 || h.bufSize <= hdrLen {
+	if h.recvDepth < 1 || h.ctrlDepth < 1 || h.bufSize < 1 {
 		return hello{}, &protocolError{fmt.Sprintf("bad geometry %+v", h)}
 	}
 	return h, nil
 }
 
-// header is the start of every message.
+// header is every message's immediate data: type in the top byte, then
+// ctrlAck, then credits in the low 16 bits. (The C layer moves it to and
+// from network byte order.)
 type header struct {
 	typ     uint8
 	ctrlAck uint8  // control messages received and reposted since the last report
 	credits uint16 // data receives reposted since the last report
 }
 
-func (h header) put(b []byte) {
-	b[0] = h.typ
-	b[1] = h.ctrlAck
-	binary.LittleEndian.PutUint16(b[2:], h.credits)
-	binary.LittleEndian.PutUint32(b[4:], 0)
+func (h header) imm() uint32 {
+	return uint32(h.typ)<<24 | uint32(h.ctrlAck)<<16 | uint32(h.credits)
 }
 
-func getHeader(b []byte) header {
-	return header{typ: b[0], ctrlAck: b[1], credits: binary.LittleEndian.Uint16(b[2:])}
+func headerOf(imm uint32) header {
+	return header{typ: uint8(imm >> 24), ctrlAck: uint8(imm >> 16), credits: uint16(imm)}
 }
 
 // Work request ids. A receive's id is its buffer index. A send's id has the

@@ -21,7 +21,7 @@ func TestHelloRoundTrip(t *testing.T) {
 		h    hello
 	}{
 		{"defaults", hello{recvDepth: DefaultRecvDepth, ctrlDepth: ctrlDepth, bufSize: DefaultBufferSize}},
-		{"smallest", hello{recvDepth: 1, ctrlDepth: 1, bufSize: hdrLen + 1}},
+		{"smallest", hello{recvDepth: 1, ctrlDepth: 1, bufSize: 1}},
 		{"largest", hello{recvDepth: 0xffff, ctrlDepth: 0xff, bufSize: 0xffffffff}},
 		{"mixed", hello{recvDepth: 0x1234, ctrlDepth: 0x56, bufSize: 0x789abcde}},
 	} {
@@ -60,11 +60,11 @@ func TestHelloRejected(t *testing.T) {
 		{"zeros", make([]byte, 56), "bad magic"},
 		{"bad magic", mutate(func(b []byte) { b[0] ^= 0xff }), "bad magic"},
 		{"version 0", mutate(func(b []byte) { b[4] = 0 }), "protocol version 0"},
-		{"version 2", mutate(func(b []byte) { b[4] = helloVersion + 1 }), "protocol version 2"},
+		{"version 1 (header in the payload)", mutate(func(b []byte) { b[4] = 1 }), "protocol version 1"},
+		{"version 3", mutate(func(b []byte) { b[4] = helloVersion + 1 }), "protocol version 3"},
 		{"zero recvDepth", with(hello{recvDepth: 0, ctrlDepth: ctrlDepth, bufSize: 4096}), "bad geometry"},
 		{"zero ctrlDepth", with(hello{recvDepth: 16, ctrlDepth: 0, bufSize: 4096}), "bad geometry"},
 		{"zero bufSize", with(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 0}), "bad geometry"},
-		{"bufSize == hdrLen", with(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: hdrLen}), "bad geometry"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := parseHello(tc.b)
@@ -89,16 +89,9 @@ func TestHeaderRoundTrip(t *testing.T) {
 		{"zero", header{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := make([]byte, hdrLen+8)
-			for i := range b {
-				b[i] = 0xa5
-			}
-			tc.h.put(b)
-			require.Equal(t, tc.h, getHeader(b))
-			require.Equal(t, []byte{0, 0, 0, 0}, b[4:hdrLen], "reserved header bytes are zeroed")
-			for i := hdrLen; i < len(b); i++ {
-				require.Equalf(t, byte(0xa5), b[i], "put wrote past the header at byte %d", i)
-			}
+			require.Equal(t, tc.h, headerOf(tc.h.imm()))
+			// The layout is part of the wire format: type, ctrlAck, credits.
+			require.Equal(t, uint32(tc.h.typ)<<24|uint32(tc.h.ctrlAck)<<16|uint32(tc.h.credits), tc.h.imm())
 		})
 	}
 }

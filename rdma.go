@@ -150,9 +150,9 @@ const (
 // Options are the per-connection resource settings shared by Dialer and
 // ListenConfig. Zero values pick the defaults.
 type Options struct {
-	// BufferSize is the payload size of each registered send and receive
-	// buffer (each also holds an 8-byte header), and so the largest
-	// message; bigger Writes are split. Default 64 KiB.
+	// BufferSize is the size of each registered send and receive buffer,
+	// and so the largest message (headers travel apart, as immediate
+	// data); bigger Writes are split. Default 64 KiB.
 	BufferSize int
 	// SendDepth is the number of send buffers, the most messages in flight
 	// from this side. Default 16.
@@ -175,8 +175,8 @@ type Options struct {
 
 // RegisteredMemory returns how many bytes of memory a connection with
 // these options registers with the device: its receive, send and control
-// buffers: RecvDepth + SendDepth + 5 buffers of BufferSize + 8 bytes and
-// a few hundred bytes of control buffers, rounded up to pages. That is what each connection pins, whatever its
+// buffers: RecvDepth + SendDepth + 5 buffers of BufferSize bytes, rounded
+// up to a page. That is what each connection pins, whatever its
 // traffic; it returns an error for options Dial and Listen would refuse.
 func (o Options) RegisteredMemory() (int, error) {
 	o, err := o.normalized()

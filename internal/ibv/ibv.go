@@ -15,6 +15,7 @@ package ibv
 #cgo noescape gv_post_sends
 #cgo nocallback gv_post_sends
 #cgo nocallback gv_req_notify
+#include <arpa/inet.h>
 #include <errno.h>
 #include <string.h>
 #include <stdint.h>
@@ -28,6 +29,8 @@ struct gv_wc {
 	uint32_t opcode;
 	uint32_t byte_len;
 	uint32_t qp_num;
+	uint32_t imm;      // host order; valid when wc_flags has IBV_WC_WITH_IMM
+	uint32_t wc_flags;
 };
 
 // The data-path shims take the CQ or QP as an integer: cgo checks every
@@ -47,6 +50,8 @@ static int gv_poll(uintptr_t cqp, int n, struct gv_wc *out) {
 		out[i].opcode = wc[i].opcode;
 		out[i].byte_len = wc[i].byte_len;
 		out[i].qp_num = wc[i].qp_num;
+		out[i].wc_flags = wc[i].wc_flags;
+		out[i].imm = (wc[i].wc_flags & IBV_WC_WITH_IMM) ? ntohl(wc[i].imm_data) : 0;
 	}
 	return got;
 }
@@ -85,11 +90,12 @@ struct gv_send {
 	uint32_t length;
 	uint32_t lkey;
 	int32_t flags;
-	int32_t pad;
+	uint32_t imm; // host order
 };
 
-// gv_post_sends posts n SENDs as one chain (one doorbell, one system call on
-// providers that need one). Returns 0 or an errno value.
+// gv_post_sends posts n SENDs with immediate data as one chain (one
+// doorbell, one system call on providers that need one); a zero length
+// sends no payload. Returns 0 or an errno value.
 static int gv_post_sends(uintptr_t qpp, int n, const struct gv_send *in) {
 	struct ibv_qp *qp = (struct ibv_qp *)qpp;
 	struct ibv_send_wr wr[32], *bad;
@@ -103,8 +109,9 @@ static int gv_post_sends(uintptr_t qpp, int n, const struct gv_send *in) {
 		sge[i].lkey = in[i].lkey;
 		wr[i].wr_id = in[i].wr_id;
 		wr[i].sg_list = &sge[i];
-		wr[i].num_sge = 1;
-		wr[i].opcode = IBV_WR_SEND;
+		wr[i].num_sge = in[i].length ? 1 : 0;
+		wr[i].opcode = IBV_WR_SEND_WITH_IMM;
+		wr[i].imm_data = htonl(in[i].imm);
 		wr[i].send_flags = in[i].flags;
 		wr[i].next = i + 1 < n ? &wr[i + 1] : NULL;
 	}
@@ -163,6 +170,7 @@ const (
 	WCFlushErr    = C.IBV_WC_WR_FLUSH_ERR
 	WCRetryExcErr = C.IBV_WC_RETRY_EXC_ERR
 	WCOpRecv      = C.IBV_WC_RECV
+	WCWithImm     = C.IBV_WC_WITH_IMM // in WC.Flags
 )
 
 // WC is one work completion; its layout mirrors struct gv_wc.
@@ -172,6 +180,8 @@ type WC struct {
 	Opcode  uint32
 	ByteLen uint32
 	QPNum   uint32
+	Imm     uint32 // immediate data, host order, when Flags has WCWithImm
+	Flags   uint32
 }
 
 // StatusString describes a completion status (ibv_wc_status_str).
@@ -187,14 +197,15 @@ type RecvWR struct {
 	LKey uint32
 }
 
-// SendWR is one SEND to post; its layout mirrors struct gv_send.
+// SendWR is one SEND with immediate data to post; its layout mirrors
+// struct gv_send. Len 0 sends no payload.
 type SendWR struct {
 	ID    uint64
 	Addr  uint64
 	Len   uint32
 	LKey  uint32
 	Flags int32
-	_     int32
+	Imm   uint32 // host order
 }
 
 // MaxSendBatch is the most sends PostSends takes at once.
