@@ -387,11 +387,18 @@ func (c *Conn) complete(wc *ibv.WC) bool {
 	if c.state == stateDead {
 		signal(c.drained)
 	}
-	return len(c.sends) > 0 || (c.pendLen > 0 && c.credits > 0 && !c.hold(c.pendLen))
+	return len(c.sends) > 0 || c.pendingGoes()
 }
 
-// flushLocked is flush for a caller without c.mu.
-func (c *Conn) flushLocked() {
+// pendingGoes reports whether flush would post the pending buffer now: it
+// holds data, a credit allows it, no Write is filling it and hold does not
+// keep it.
+func (c *Conn) pendingGoes() bool {
+	return c.pendLen > 0 && c.credits > 0 && !c.filling && !c.hold(c.pendLen)
+}
+
+// lockAndFlush is flush for a caller without c.mu.
+func (c *Conn) lockAndFlush() {
 	c.mu.Lock()
 	c.flush()
 	c.mu.Unlock()
@@ -673,7 +680,7 @@ func (c *Conn) flush() {
 	}
 	c.posting = true
 	for {
-		if c.pendLen > 0 && c.credits > 0 && !c.filling && !c.hold(c.pendLen) {
+		if c.pendingGoes() {
 			c.credits--
 			c.queueSend(msgData, c.pendLen)
 			c.pendLen = 0

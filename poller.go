@@ -142,33 +142,32 @@ func (d *device) removeConn(c *Conn) {
 	d.connsMu.Unlock()
 }
 
-// poll polls a batch and dispatches it. cqMu is held across both, so that
-// batches reach connections in the order the CQ produced them even when a
-// waiting Read or Write polls beside the poller goroutine.
-// Connections that have something to post (see Conn.complete) are
-// flushed after the lock is released; flush, a slice as long as wcs, holds
-// them meanwhile.
+// poll polls a batch and dispatches it (see pollUnlock).
 func (d *device) poll(wcs []ibv.WC, flush []*Conn) int {
 	d.cqMu.Lock()
-	n, flush := d.pollLocked(wcs, flush)
+	return d.pollUnlock(wcs, flush)
+}
+
+// pollUnlock polls a batch and dispatches it with cqMu held, so that
+// batches reach connections in the order the CQ produced them even when a
+// waiting Read or Write polls beside the poller goroutine; then it
+// releases cqMu and flushes the connections that have something to post
+// (see Conn.complete). flush, a slice as long as wcs, holds them meanwhile.
+func (d *device) pollUnlock(wcs []ibv.WC, flush []*Conn) int {
+	n, err := d.cq.Poll(wcs)
+	if err != nil {
+		n = 0
+	}
+	if n > 0 {
+		flush = d.dispatch(wcs[:n], flush)
+	}
 	d.cqMu.Unlock()
 	for _, c := range flush {
-		c.flushLocked()
+		c.lockAndFlush()
 	}
 	return n
 }
 
-func (d *device) pollLocked(wcs []ibv.WC, flush []*Conn) (int, []*Conn) {
-	n, err := d.cq.Poll(wcs)
-	if err != nil || n == 0 {
-		return 0, flush
-	}
-	return n, d.dispatch(wcs[:n], flush)
-}
-
-// tryPoll polls and dispatches one batch on the caller's goroutine unless
-// another goroutine is polling: a Read waiting for a reply picks it up
-// without the hop through the poller goroutine.
 func (d *device) spinStart() { d.spinners.Add(1) }
 
 func (d *device) spinEnd() {
@@ -177,17 +176,16 @@ func (d *device) spinEnd() {
 	}
 }
 
+// tryPoll polls and dispatches one batch on the caller's goroutine unless
+// another goroutine is polling: a Read waiting for a reply picks it up
+// without the hop through the poller goroutine.
 func (d *device) tryPoll() {
 	if !d.cqMu.TryLock() {
 		return
 	}
 	var wcs [16]ibv.WC
 	var fl [16]*Conn
-	_, flush := d.pollLocked(wcs[:], fl[:0])
-	d.cqMu.Unlock()
-	for _, c := range flush {
-		c.flushLocked()
-	}
+	d.pollUnlock(wcs[:], fl[:0])
 }
 
 // run is the poller: poll in batches while completions come, spin a little
