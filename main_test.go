@@ -1,0 +1,221 @@
+package rdma_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand"
+	"net"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/goverbs/rdma"
+)
+
+// Device tests run where RDMA_TEST_ADDR names the address of an interface
+// with an RDMA device (the test bed sets it to its rxe netdev's address).
+var testAddr = os.Getenv("RDMA_TEST_ADDR")
+
+var testAddr6 = os.Getenv("RDMA_TEST_ADDR6")
+
+func needDevice(t testing.TB) {
+	t.Helper()
+	if testAddr == "" {
+		t.Skip("no RDMA device: set RDMA_TEST_ADDR to an RDMA interface's IP (make test does, in the VM)")
+	}
+}
+
+// TestMain checks, after all tests, that no goroutine is left and that the
+// verbs objects of the whole device are back to what they were before.
+func TestMain(m *testing.M) {
+	if os.Getenv("RDMA_TEST_PEER") != "" {
+		os.Exit(runPeer())
+	}
+	var before map[string]int
+	if testAddr != "" {
+		// librdmacm opens each device once per process and keeps it open
+		// (the ctx count); take the baseline after that has happened.
+		if ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0")); err == nil {
+			ln.Close()
+		}
+		before = resources()
+	}
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	if code == 0 && before != nil {
+		after := resources()
+		for deadline := time.Now().Add(5 * time.Second); !equalCounts(before, after) && time.Now().Before(deadline); {
+			time.Sleep(100 * time.Millisecond)
+			after = resources()
+		}
+		if !equalCounts(before, after) {
+			fmt.Fprintf(os.Stderr, "verbs objects leaked: before %v, after %v\n", before, after)
+			code = 1
+		} else {
+			fmt.Printf("rdma resource show: back to baseline %v\n", after)
+		}
+	}
+	os.Exit(code)
+}
+
+var resourceRE = regexp.MustCompile(`\b(pd|cq|qp|cm_id|mr|ctx|srq) (\d+)`)
+
+// resources sums `rdma resource show` over all devices.
+func resources() map[string]int {
+	out, err := exec.Command("rdma", "resource", "show").Output()
+	if err != nil {
+		return map[string]int{"error": 1}
+	}
+	m := map[string]int{}
+	for _, f := range resourceRE.FindAllStringSubmatch(string(out), -1) {
+		n, _ := strconv.Atoi(f[2])
+		m[f[1]] += n
+	}
+	return m
+}
+
+func equalCounts(a, b map[string]int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// pair returns a connected (dialed, accepted) pair and closes everything at
+// the end of the test.
+func pair(t testing.TB, lc *rdma.ListenConfig, d *rdma.Dialer) (*rdma.Conn, net.Conn) {
+	t.Helper()
+	needDevice(t)
+	if lc == nil {
+		lc = &rdma.ListenConfig{}
+	}
+	if d == nil {
+		d = &rdma.Dialer{}
+	}
+	ln, err := lc.Listen(context.Background(), "rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	defer ln.Close()
+	type res struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		c, err := ln.Accept()
+		ch <- res{c, err}
+	}()
+	nc, err := d.DialContext(context.Background(), "rdma", ln.Addr().String())
+	require.NoError(t, err)
+	r := <-ch
+	require.NoError(t, r.err)
+	t.Cleanup(func() {
+		nc.Close()
+		r.c.Close()
+	})
+	return nc.(*rdma.Conn), r.c
+}
+
+// transfer writes msg to from and requires it to arrive, whole, at to.
+func transfer(t *testing.T, from, to net.Conn, msg string) {
+	t.Helper()
+	_, err := from.Write([]byte(msg))
+	require.NoError(t, err)
+	got := make([]byte, len(msg))
+	_, err = io.ReadFull(to, got)
+	require.NoError(t, err)
+	require.Equal(t, msg, string(got))
+}
+
+// serveEcho accepts connections on ln until it is closed and echoes each
+// one back to itself; Wait waits for the echoing goroutines to finish.
+func serveEcho(ln net.Listener) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				io.Copy(c, c)
+			}()
+		}
+	}()
+	return &wg
+}
+
+// randomSize draws message sizes from 1 B to 1 MiB, log-uniformly and
+// skewed small (most RPC traffic is), so that every size class is covered
+// while the whole test moves a volume the emulated test bed can carry.
+func randomSize(r *rand.Rand) int {
+	if r.Intn(50) == 0 {
+		return 1 << 20 >> r.Intn(4) // the large end: 128 KiB .. 1 MiB
+	}
+	return 1 + r.Intn(1<<r.Intn(14))
+}
+
+// rnrCounters reads the RNR counters of every RDMA link.
+func rnrCounters(t testing.TB) map[string]int {
+	out, err := exec.Command("rdma", "statistic", "show").Output()
+	require.NoError(t, err, "rdma statistic show")
+	m := map[string]int{}
+	f := strings.Fields(string(out))
+	for i := 0; i+1 < len(f); i++ {
+		if strings.Contains(f[i], "rnr") {
+			n, err := strconv.Atoi(f[i+1])
+			if err == nil {
+				m[f[i]] += n
+			}
+		}
+	}
+	require.NotEmpty(t, m, "no RNR counters in: %s", out)
+	return m
+}
+
+func requireOpError(t *testing.T, err error, op string) *net.OpError {
+	t.Helper()
+	var oe *net.OpError
+	require.ErrorAs(t, err, &oe)
+	require.Equal(t, "rdma", oe.Net)
+	require.Equal(t, op, oe.Op)
+	return oe
+}
+
+// runPeer is the child process of TestPeerKilled: it dials the parent and
+// writes until killed.
+func runPeer() int {
+	c, err := rdma.Dial("rdma", os.Getenv("RDMA_TEST_PEER"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println("connected")
+	buf := make([]byte, 4096)
+	for {
+		if _, err := c.Write(buf); err != nil {
+			return 1
+		}
+	}
+}
