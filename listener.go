@@ -1,16 +1,8 @@
-//go:build linux && cgo
-
 package rdma
 
 import (
-	"errors"
 	"net"
-	"net/netip"
-	"os"
-	"sync"
 	"syscall"
-
-	"github.com/goverbs/rdma/internal/rdmacm"
 )
 
 // Listener is an RDMA listener; it implements net.Listener. Connection
@@ -18,151 +10,20 @@ import (
 // this package's handshake are rejected, the others are given their
 // resources, accepted, and queued for Accept once established.
 type Listener struct {
-	cm      *cmLoop
-	handle  uintptr
-	id      *rdmacm.ID
-	addr    *Addr
-	opts    Options
-	backlog int
+	listenerSys // the platform's part (listener_verbs.go)
 
+	addr    *Addr
 	queue   chan *Conn // established, waiting for Accept
 	closing chan struct{}
-
-	mu      sync.Mutex
-	closed  bool
-	pending map[*Conn]struct{} // accepted by us, not yet established
-	wg      sync.WaitGroup     // teardowns started from the CM goroutine
 }
 
-func listen(ap netip.AddrPort, backlog int, opts Options) (*Listener, error) {
-	cm, err := acquireCM()
-	if err != nil {
-		return nil, err
-	}
-	l := &Listener{
-		cm:      cm,
-		opts:    opts,
-		backlog: backlog,
-		queue:   make(chan *Conn, backlog),
-		closing: make(chan struct{}),
-		pending: map[*Conn]struct{}{},
-	}
-	l.handle = cm.register(l)
-	fail := func(err error) (*Listener, error) {
-		if l.id != nil {
-			l.id.Destroy()
-		}
-		cm.unregister(l.handle)
-		cm.release()
-		return nil, err
-	}
-	if l.id, err = rdmacm.NewID(cm.ch, l.handle); err != nil {
-		return fail(err)
-	}
-	if err := l.id.Bind(ap); err != nil {
-		if errors.Is(err, syscall.ENODEV) || errors.Is(err, syscall.EADDRNOTAVAIL) {
-			err = &deviceError{err}
-		}
-		return fail(err)
-	}
-	if !ap.Addr().IsUnspecified() && l.id.Verbs() == nil {
-		return fail(&deviceError{os.NewSyscallError("rdma_bind_addr", syscall.ENODEV)})
-	}
-	if err := l.id.Listen(backlog); err != nil {
-		return fail(err)
-	}
-	l.addr = addrFrom(l.id.LocalAddr())
-	return l, nil
-}
-
-// cmEvent runs on the CM goroutine.
-func (l *Listener) cmEvent(ev rdmacm.Event) {
-	if ev.Type == rdmacm.EventConnectRequest {
-		l.request(ev)
-	}
-}
-
-// request answers a connection request.
-func (l *Listener) request(ev rdmacm.Event) {
-	id := ev.ID
-	peer, err := parseHello(ev.PrivateData)
-	l.mu.Lock()
-	refuse := err != nil || l.closed || len(l.pending)+len(l.queue) >= l.backlog
-	l.mu.Unlock()
-	if refuse {
-		// A foreign peer (say, a perftest client) or no room: refuse it
-		// and keep serving. The request was acknowledged already, so the
-		// new id can be destroyed here.
-		id.Reject(nil)
-		id.Destroy()
-		return
-	}
-	cm, err := acquireCM()
-	if err != nil {
-		id.Reject(nil)
-		id.Destroy()
-		return
-	}
-	c := newConn(cm, stateAccepting)
-	c.lst = l
-	c.id = id
-	c.handle = cm.register(c)
-	id.SetHandle(c.handle)
-	if err := c.setup(l.opts); err != nil {
-		id.Reject(nil)
-		l.teardownLater(c)
-		return
-	}
-	c.start(peer, l.opts)
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		id.Reject(nil)
-		l.teardownLater(c)
-		return
-	}
-	l.pending[c] = struct{}{}
-	l.mu.Unlock()
-	if err := id.Accept(c.hello().marshal()); err != nil {
-		l.failed(c)
-	}
-}
-
-// teardownLater tears c down off the CM goroutine: the teardown waits for
-// completions and destroys the id, neither of which may block event
-// delivery.
-func (l *Listener) teardownLater(c *Conn) {
-	l.wg.Add(1)
-	go func() {
-		defer l.wg.Done()
-		c.teardown(false)
-	}()
-}
-
-// established queues a connection whose handshake completed.
-func (l *Listener) established(c *Conn) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if _, ok := l.pending[c]; !ok {
-		return
-	}
-	delete(l.pending, c)
-	l.queue <- c // room is reserved: pending+queued never exceed the backlog
-}
-
-// failed drops a connection whose handshake failed. The teardown starts
-// under l.mu so that Close, which waits for teardowns, sees it.
-func (l *Listener) failed(c *Conn) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if _, ok := l.pending[c]; ok {
-		delete(l.pending, c)
-		l.teardownLater(c)
-	}
-}
+func (l *Listener) ok() bool { return l != nil && l.closing != nil }
 
 // Accept waits for and returns the next established connection.
 func (l *Listener) Accept() (net.Conn, error) {
+	if !l.ok() {
+		return nil, &net.OpError{Op: "accept", Net: "rdma", Err: syscall.EINVAL}
+	}
 	select {
 	case c := <-l.queue:
 		return c, nil
@@ -174,39 +35,19 @@ func (l *Listener) Accept() (net.Conn, error) {
 // Close stops listening, closes established connections not yet accepted,
 // and unblocks Accept, which returns an error wrapping net.ErrClosed.
 func (l *Listener) Close() error {
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		return &net.OpError{Op: "close", Net: "rdma", Addr: l.addr, Err: net.ErrClosed}
+	if !l.ok() {
+		return &net.OpError{Op: "close", Net: "rdma", Err: syscall.EINVAL}
 	}
-	l.closed = true
-	close(l.closing)
-	l.mu.Unlock()
-
-	// After unregister no request is being answered, so every teardown
-	// started for one has been added to wg.
-	l.id.Destroy()
-	l.cm.unregister(l.handle)
-	l.mu.Lock()
-	pending := l.pending
-	l.pending = map[*Conn]struct{}{}
-	l.mu.Unlock()
-	for c := range pending {
-		l.teardownLater(c)
+	if err := l.close(); err != nil {
+		return &net.OpError{Op: "close", Net: "rdma", Addr: l.addr, Err: err}
 	}
-	for {
-		select {
-		case c := <-l.queue:
-			c.Close()
-			continue
-		default:
-		}
-		break
-	}
-	l.wg.Wait()
-	l.cm.release()
 	return nil
 }
 
 // Addr returns the listener's address, an *Addr with the real port.
-func (l *Listener) Addr() net.Addr { return l.addr }
+func (l *Listener) Addr() net.Addr {
+	if !l.ok() {
+		return nil
+	}
+	return l.addr
+}

@@ -1,248 +1,207 @@
-//go:build linux && cgo
-
 package rdma
 
 import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/goverbs/rdma/internal/ibv"
 )
 
-// device holds what all connections on one ibv_context share: a protection
-// domain, one completion queue with its completion channel, and the poller
-// goroutine that drains the queue and hands completions to connections. It
-// exists while connections use it.
-type device struct {
-	ctx  *ibv.Context
-	pd   *ibv.PD
-	ch   *ibv.CompChannel
-	done chan struct{}
+// completionQueue is the device's CQ as the poller uses it: *ibv.CQ, or a
+// fake in tests.
+type completionQueue interface {
+	Poll(wcs []ibv.WC) (int, error)
+	ReqNotify() error
+}
+
+// eventWaiter parks until the CQ raises a completion event: the device's
+// *ibv.CompChannel, or a fake in tests. Wait fails once the device stops.
+type eventWaiter interface {
+	Wait() error
+}
+
+// completer is what completions are dispatched to: a connection, found by
+// the QP number the completion carries.
+type completer interface {
+	// complete handles one completion with the poller's cqMu held, so it
+	// must not post or block; it reports whether the connection has
+	// something to post.
+	// The completion is passed by value: a pointer into the poll batch
+	// would make every batch escape to the heap through the interface.
+	complete(wc ibv.WC) bool
+	// lockAndFlush posts what complete queued; it is called after cqMu
+	// is released, so a post does not hold up the other connections.
+	lockAndFlush()
+}
+
+// poller drains one completion queue shared by many connections and hands
+// each completion to its connection. Completions are polled either by the
+// poller's own goroutine (run) or by a Read or Write that spins while it
+// waits (tryPoll); cqMu makes the two take turns, so batches reach
+// connections in the order the CQ produced them.
+type poller struct {
+	cq   completionQueue
+	ch   eventWaiter
+	done chan struct{} // closed when run returns
 	stop atomic.Bool
 
 	// spinners counts Reads and Writes polling the CQ themselves; while
-	// there are any, the poller steps aside (it neither competes for the
-	// CPU nor arms the CQ, which would cost an event per completion) and
-	// the last one to leave wakes it through wake.
+	// there are any, run steps aside (it neither competes for the CPU nor
+	// arms the CQ, which would cost an event per completion) and the last
+	// one to leave wakes it through wake.
 	spinners atomic.Int32
 	wake     chan struct{}
 
-	cqMu     sync.Mutex // serializes Poll and Resize
-	cq       *ibv.CQ
-	reserved int // CQ entries promised to connections, under devMu
+	cqMu sync.Mutex               // serializes polling (and the device's resizing)
+	wcs  [ibv.MaxPollBatch]ibv.WC // the batch being dispatched, under cqMu
 
 	connsMu sync.RWMutex
-	conns   map[uint32]*Conn // by QP number
-
-	refs int // under devMu
+	conns   map[uint32]completer // by QP number
 }
 
-var (
-	devMu   sync.Mutex
-	devices = map[unsafe.Pointer]*device{}
-)
-
-// initialCQE is the first size of a device's CQ; it grows as connections
-// are added.
-const initialCQE = 8192
-
-// spinPolls is how many empty polls the poller makes, yielding between
-// them, before it arms the CQ and parks: a completion that follows soon
-// (the reply of a ping-pong) is then picked up without a wakeup.
-const spinPolls = 64
-
-// acquireDevice returns the device for an ibv_context with one more
-// reference and cqe more CQ entries reserved, setting it up on first use.
-func acquireDevice(verbs unsafe.Pointer, cqe int) (*device, error) {
-	devMu.Lock()
-	defer devMu.Unlock()
-	d := devices[verbs]
-	if d == nil {
-		var err error
-		if d, err = newDevice(ibv.ContextFrom(verbs)); err != nil {
-			return nil, err
-		}
-		devices[verbs] = d
-	}
-	need := d.reserved + cqe
-	if need > d.cq.Cap {
-		grow := max(need, 2*d.cq.Cap)
-		d.cqMu.Lock()
-		err := d.cq.Resize(grow)
-		d.cqMu.Unlock()
-		if err != nil {
-			if d.refs == 0 {
-				d.destroy()
-				delete(devices, verbs)
-			}
-			return nil, err
-		}
-	}
-	d.reserved = need
-	d.refs++
-	return d, nil
+func newPoller(cq completionQueue, ch eventWaiter) *poller {
+	return &poller{cq: cq, ch: ch, done: make(chan struct{}), wake: make(chan struct{}, 1), conns: map[uint32]completer{}}
 }
 
-func newDevice(ctx *ibv.Context) (*device, error) {
-	pd, err := ctx.AllocPD()
-	if err != nil {
-		return nil, err
-	}
-	ch, err := ctx.CreateCompChannel()
-	if err != nil {
-		pd.Dealloc()
-		return nil, err
-	}
-	cq, err := ctx.CreateCQ(initialCQE, ch)
-	if err != nil {
-		ch.Interrupt()
-		ch.Destroy()
-		pd.Dealloc()
-		return nil, err
-	}
-	d := &device{ctx: ctx, pd: pd, ch: ch, cq: cq, done: make(chan struct{}), wake: make(chan struct{}, 1), conns: map[uint32]*Conn{}}
-	go d.run()
-	return d, nil
+func (p *poller) add(qpNum uint32, c completer) {
+	p.connsMu.Lock()
+	p.conns[qpNum] = c
+	p.connsMu.Unlock()
 }
 
-// release returns cqe reserved entries and a reference; the last reference
-// stops the poller and destroys the device's objects.
-func (d *device) release(cqe int) {
-	devMu.Lock()
-	defer devMu.Unlock()
-	d.reserved -= cqe
-	d.refs--
-	if d.refs == 0 {
-		delete(devices, d.ctx.Ptr())
-		d.destroy()
-	}
+// remove stops dispatch to a QP's connection; a batch being dispatched may
+// still reach it.
+func (p *poller) remove(qpNum uint32) {
+	p.connsMu.Lock()
+	delete(p.conns, qpNum)
+	p.connsMu.Unlock()
 }
 
-func (d *device) destroy() {
-	d.stop.Store(true)
-	signal(d.wake)
-	d.ch.Interrupt()
-	<-d.done
-	d.cq.Destroy()
-	d.ch.Destroy()
-	d.pd.Dealloc()
-}
-
-func (d *device) addConn(c *Conn) {
-	d.connsMu.Lock()
-	d.conns[c.qp.Num] = c
-	d.connsMu.Unlock()
-}
-
-func (d *device) removeConn(c *Conn) {
-	d.connsMu.Lock()
-	delete(d.conns, c.qp.Num)
-	d.connsMu.Unlock()
-}
-
-// poll polls a batch and dispatches it (see pollUnlock).
-func (d *device) poll(wcs []ibv.WC, flush []*Conn) int {
-	d.cqMu.Lock()
-	return d.pollUnlock(wcs, flush)
-}
-
-// pollUnlock polls a batch and dispatches it with cqMu held, so that
-// batches reach connections in the order the CQ produced them even when a
-// waiting Read or Write polls beside the poller goroutine; then it
-// releases cqMu and flushes the connections that have something to post
-// (see Conn.complete). flush, a slice as long as wcs, holds them meanwhile.
-func (d *device) pollUnlock(wcs []ibv.WC, flush []*Conn) int {
-	n, err := d.cq.Poll(wcs)
+// pollUnlock polls up to max completions and dispatches them with cqMu
+// held, which the caller took; then it releases cqMu and flushes the
+// connections that have something to post. flush, a slice with room for
+// max, holds them meanwhile. It returns how many completions it polled.
+func (p *poller) pollUnlock(max int, flush []completer) int {
+	wcs := p.wcs[:max]
+	n, err := p.cq.Poll(wcs)
 	if err != nil {
 		n = 0
 	}
 	if n > 0 {
-		flush = d.dispatch(wcs[:n], flush)
+		flush = p.dispatch(wcs[:n], flush)
 	}
-	d.cqMu.Unlock()
+	p.cqMu.Unlock()
 	for _, c := range flush {
 		c.lockAndFlush()
 	}
 	return n
 }
 
-func (d *device) spinStart() { d.spinners.Add(1) }
+// dispatch hands each completion to its connection and collects, once
+// each, the connections that have something to post. Completions of a QP
+// no connection owns any more (a teardown finished) are dropped.
+func (p *poller) dispatch(wcs []ibv.WC, flush []completer) []completer {
+	p.connsMu.RLock()
+	defer p.connsMu.RUnlock()
+	var last completer
+	var lastQP uint32
+	for _, wc := range wcs {
+		c := last
+		if c == nil || wc.QPNum != lastQP {
+			c = p.conns[wc.QPNum]
+			last, lastQP = c, wc.QPNum
+		}
+		if c != nil && c.complete(wc) && !contains(flush, c) {
+			flush = append(flush, c)
+		}
+	}
+	return flush
+}
 
-func (d *device) spinEnd() {
-	if d.spinners.Add(-1) == 0 {
-		signal(d.wake)
+func contains(cs []completer, c completer) bool {
+	for _, x := range cs {
+		if x == c {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *poller) spinStart() { p.spinners.Add(1) }
+
+func (p *poller) spinEnd() {
+	if p.spinners.Add(-1) == 0 {
+		signal(p.wake)
 	}
 }
 
 // tryPoll polls and dispatches one batch on the caller's goroutine unless
 // another goroutine is polling: a Read waiting for a reply picks it up
 // without the hop through the poller goroutine.
-func (d *device) tryPoll() {
-	if !d.cqMu.TryLock() {
+func (p *poller) tryPoll() {
+	if !p.cqMu.TryLock() {
 		return
 	}
-	var wcs [16]ibv.WC
-	var fl [16]*Conn
-	d.pollUnlock(wcs[:], fl[:0])
+	var fl [spinBatch]completer
+	p.pollUnlock(spinBatch, fl[:0])
 }
 
-// run is the poller: poll in batches while completions come, spin a little
-// when they stop, then arm the CQ, poll once more (a completion that landed
-// before arming raises no event) and park on the completion channel.
-func (d *device) run() {
-	defer close(d.done)
-	var wcs [32]ibv.WC
-	var fl [32]*Conn
+// spinBatch is how many completions a spinning Read or Write polls at
+// once: it wants its own soon, and dispatches the others meanwhile.
+const spinBatch = 16
+
+func (p *poller) poll(flush []completer) int {
+	p.cqMu.Lock()
+	return p.pollUnlock(len(p.wcs), flush)
+}
+
+// run is the poller goroutine: poll in batches while completions come,
+// spin a little when they stop, then arm the CQ, poll once more (a
+// completion that landed before arming raises no event) and park on the
+// completion channel. It returns once stopped, or when arming or waiting
+// fails.
+func (p *poller) run() {
+	defer close(p.done)
+	var fl [ibv.MaxPollBatch]completer
 	idle := 0
 	for {
-		if d.poll(wcs[:], fl[:0]) > 0 {
+		if p.poll(fl[:0]) > 0 {
 			idle = 0
 			continue
 		}
-		if d.stop.Load() {
+		if p.stop.Load() {
 			return
 		}
-		if d.spinners.Load() > 0 {
-			<-d.wake
+		if p.spinners.Load() > 0 {
+			<-p.wake
 			idle = 0
 			continue
 		}
-		if idle < spinPolls {
+		if idle < idlePolls {
 			idle++
 			runtime.Gosched()
 			continue
 		}
-		if err := d.cq.ReqNotify(); err != nil {
+		if err := p.cq.ReqNotify(); err != nil {
 			return
 		}
-		if d.poll(wcs[:], fl[:0]) > 0 {
+		if p.poll(fl[:0]) > 0 {
 			idle = 0
 			continue
 		}
-		if err := d.ch.Wait(); err != nil {
+		if err := p.ch.Wait(); err != nil {
 			return
 		}
 		idle = 0
 	}
 }
 
-func (d *device) dispatch(wcs []ibv.WC, flush []*Conn) []*Conn {
-	d.connsMu.RLock()
-	defer d.connsMu.RUnlock()
-	var last *Conn
-	var lastQP uint32
-	for i := range wcs {
-		wc := &wcs[i]
-		c := last
-		if c == nil || wc.QPNum != lastQP {
-			c = d.conns[wc.QPNum]
-			last, lastQP = c, wc.QPNum
-		}
-		if c != nil && c.complete(wc) && (len(flush) == 0 || flush[len(flush)-1] != c) {
-			flush = append(flush, c)
-		}
-	}
-	return flush
+// shutdown makes run return: the caller has made the event channel's Wait
+// fail (interrupted it) or will; shutdown waits for run to finish.
+func (p *poller) shutdown(interrupt func()) {
+	p.stop.Store(true)
+	signal(p.wake)
+	interrupt()
+	<-p.done
 }

@@ -186,48 +186,6 @@ func (o Options) RegisteredMemory() (int, error) {
 	return newLayout(o).size(), nil
 }
 
-// PollMode is how a waiting Read or Write learns of completions. Every
-// mode leaves the device's completion queue to a poller goroutine that
-// parks in the network poller (no CPU) while nobody spins.
-type PollMode int
-
-const (
-	// PollAdaptive spins for Options.SpinTime (longer while the
-	// connection's recent waits were short), then parks: round trips are
-	// caught without a wakeup, an idle connection costs nothing.
-	PollAdaptive PollMode = iota
-	// PollBusy spins until the call can go on, a deadline passes or the
-	// connection closes: the lowest latency, at the price of a CPU per
-	// waiting goroutine. For dedicated cores, as perftest runs by default.
-	PollBusy
-	// PollEvent parks at once and is woken through the completion
-	// channel: the least CPU, the most latency.
-	PollEvent
-)
-
-// String returns the mode's name: "adaptive", "busy" or "event".
-func (m PollMode) String() string {
-	switch m {
-	case PollAdaptive:
-		return "adaptive"
-	case PollBusy:
-		return "busy"
-	case PollEvent:
-		return "event"
-	}
-	return fmt.Sprintf("PollMode(%d)", int(m))
-}
-
-// ParsePollMode returns the mode named by s, as String names it.
-func ParsePollMode(s string) (PollMode, error) {
-	for m := PollAdaptive; m <= PollEvent; m++ {
-		if m.String() == s {
-			return m, nil
-		}
-	}
-	return 0, fmt.Errorf("rdma: unknown poll mode %q (want adaptive, busy or event)", s)
-}
-
 func (o Options) normalized() (Options, error) {
 	if o.BufferSize == 0 {
 		o.BufferSize = DefaultBufferSize

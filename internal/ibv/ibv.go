@@ -21,6 +21,12 @@ package ibv
 #include <stdint.h>
 #include <infiniband/verbs.h>
 
+// The shims' batch limits; types.go declares the same numbers for Go and
+// the checks below the import block keep the two equal.
+#define GV_MAX_POLL 32
+#define GV_MAX_SEND 32
+#define GV_MAX_RECV 64
+
 // gv_wc is the part of ibv_wc the Go side reads; its layout is mirrored by
 // the Go type WC.
 struct gv_wc {
@@ -40,9 +46,9 @@ struct gv_wc {
 // gv_poll polls up to n completions and copies them into out.
 static int gv_poll(uintptr_t cqp, int n, struct gv_wc *out) {
 	struct ibv_cq *cq = (struct ibv_cq *)cqp;
-	struct ibv_wc wc[32];
-	if (n > 32)
-		n = 32;
+	struct ibv_wc wc[GV_MAX_POLL];
+	if (n > GV_MAX_POLL)
+		n = GV_MAX_POLL;
 	int got = ibv_poll_cq(cq, n, wc);
 	for (int i = 0; i < got; i++) {
 		out[i].wr_id = wc[i].wr_id;
@@ -67,9 +73,9 @@ struct gv_recv {
 // gv_post_recvs posts n receives as one chain (one doorbell).
 static int gv_post_recvs(uintptr_t qpp, int n, const struct gv_recv *in) {
 	struct ibv_qp *qp = (struct ibv_qp *)qpp;
-	struct ibv_recv_wr wr[64], *bad;
-	struct ibv_sge sge[64];
-	if (n > 64)
+	struct ibv_recv_wr wr[GV_MAX_RECV], *bad;
+	struct ibv_sge sge[GV_MAX_RECV];
+	if (n > GV_MAX_RECV)
 		return EINVAL;
 	for (int i = 0; i < n; i++) {
 		sge[i].addr = in[i].addr;
@@ -98,9 +104,9 @@ struct gv_send {
 // sends no payload. Returns 0 or an errno value.
 static int gv_post_sends(uintptr_t qpp, int n, const struct gv_send *in) {
 	struct ibv_qp *qp = (struct ibv_qp *)qpp;
-	struct ibv_send_wr wr[32], *bad;
-	struct ibv_sge sge[32];
-	if (n > 32)
+	struct ibv_send_wr wr[GV_MAX_SEND], *bad;
+	struct ibv_sge sge[GV_MAX_SEND];
+	if (n > GV_MAX_SEND)
 		return EINVAL;
 	memset(wr, 0, n * sizeof(wr[0]));
 	for (int i = 0; i < n; i++) {
@@ -158,61 +164,40 @@ import (
 	"github.com/goverbs/rdma/internal/pollfd"
 )
 
-// Send flags.
-const (
-	SendSignaled = C.IBV_SEND_SIGNALED
-	SendInline   = C.IBV_SEND_INLINE
+// Compile-time checks that types.go agrees with libibverbs and the shims:
+// each array length is zero only if the two numbers are equal, and a
+// negative length does not compile.
+var (
+	_ [SendSignaled - C.IBV_SEND_SIGNALED]struct{}
+	_ [C.IBV_SEND_SIGNALED - SendSignaled]struct{}
+	_ [SendInline - C.IBV_SEND_INLINE]struct{}
+	_ [C.IBV_SEND_INLINE - SendInline]struct{}
+	_ [WCSuccess - C.IBV_WC_SUCCESS]struct{}
+	_ [C.IBV_WC_SUCCESS - WCSuccess]struct{}
+	_ [WCFlushErr - C.IBV_WC_WR_FLUSH_ERR]struct{}
+	_ [C.IBV_WC_WR_FLUSH_ERR - WCFlushErr]struct{}
+	_ [WCRetryExcErr - C.IBV_WC_RETRY_EXC_ERR]struct{}
+	_ [C.IBV_WC_RETRY_EXC_ERR - WCRetryExcErr]struct{}
+	_ [WCWithImm - C.IBV_WC_WITH_IMM]struct{}
+	_ [C.IBV_WC_WITH_IMM - WCWithImm]struct{}
+	_ [MaxPollBatch - C.GV_MAX_POLL]struct{}
+	_ [C.GV_MAX_POLL - MaxPollBatch]struct{}
+	_ [MaxSendBatch - C.GV_MAX_SEND]struct{}
+	_ [C.GV_MAX_SEND - MaxSendBatch]struct{}
+	_ [MaxRecvBatch - C.GV_MAX_RECV]struct{}
+	_ [C.GV_MAX_RECV - MaxRecvBatch]struct{}
+	_ [unsafe.Sizeof(WC{}) - C.sizeof_struct_gv_wc]struct{}
+	_ [C.sizeof_struct_gv_wc - unsafe.Sizeof(WC{})]struct{}
+	_ [unsafe.Sizeof(RecvWR{}) - C.sizeof_struct_gv_recv]struct{}
+	_ [C.sizeof_struct_gv_recv - unsafe.Sizeof(RecvWR{})]struct{}
+	_ [unsafe.Sizeof(SendWR{}) - C.sizeof_struct_gv_send]struct{}
+	_ [C.sizeof_struct_gv_send - unsafe.Sizeof(SendWR{})]struct{}
 )
-
-// Completion statuses and opcodes the library distinguishes.
-const (
-	WCSuccess     = C.IBV_WC_SUCCESS
-	WCFlushErr    = C.IBV_WC_WR_FLUSH_ERR
-	WCRetryExcErr = C.IBV_WC_RETRY_EXC_ERR
-	WCOpRecv      = C.IBV_WC_RECV
-	WCWithImm     = C.IBV_WC_WITH_IMM // in WC.Flags
-)
-
-// WC is one work completion; its layout mirrors struct gv_wc.
-type WC struct {
-	WRID    uint64
-	Status  uint32
-	Opcode  uint32
-	ByteLen uint32
-	QPNum   uint32
-	Imm     uint32 // immediate data, host order, when Flags has WCWithImm
-	Flags   uint32
-}
 
 // StatusString describes a completion status (ibv_wc_status_str).
 func StatusString(s uint32) string {
 	return C.GoString(C.ibv_wc_status_str(C.enum_ibv_wc_status(s)))
 }
-
-// RecvWR is one receive to post; its layout mirrors struct gv_recv.
-type RecvWR struct {
-	ID   uint64
-	Addr uint64
-	Len  uint32
-	LKey uint32
-}
-
-// SendWR is one SEND with immediate data to post; its layout mirrors
-// struct gv_send. Len 0 sends no payload.
-type SendWR struct {
-	ID    uint64
-	Addr  uint64
-	Len   uint32
-	LKey  uint32
-	Flags int32
-	Imm   uint32 // host order
-}
-
-// MaxSendBatch is the most sends PostSends takes at once.
-const MaxSendBatch = 32
-
-// MaxRecvBatch is the most receives PostRecvs takes at once.
-const MaxRecvBatch = 64
 
 // Context is an ibv_context owned by librdmacm (one per device, shared by
 // every id on it); it is never closed here.
@@ -354,7 +339,7 @@ func (c *Context) CreateCQ(cqe int, ch *CompChannel) (*CQ, error) {
 // Ptr is the C pointer, for rdmacm.ID.CreateQP.
 func (cq *CQ) Ptr() unsafe.Pointer { return unsafe.Pointer(cq.cq) }
 
-// Poll fills wcs with up to len(wcs) (at most 32) completions.
+// Poll fills wcs with up to len(wcs) (at most MaxPollBatch) completions.
 func (cq *CQ) Poll(wcs []WC) (int, error) {
 	n := C.gv_poll(C.uintptr_t(uintptr(unsafe.Pointer(cq.cq))), C.int(len(wcs)), (*C.struct_gv_wc)(unsafe.Pointer(unsafe.SliceData(wcs))))
 	if n < 0 {

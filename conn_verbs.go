@@ -1,0 +1,346 @@
+//go:build linux && cgo
+
+package rdma
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/goverbs/rdma/internal/ibv"
+	"github.com/goverbs/rdma/internal/rdmacm"
+)
+
+// Timeouts of the teardown: how long Close waits for the fin to be
+// acknowledged, and for the QP to flush its work requests once in error.
+const (
+	lingerTimeout = 3 * time.Second
+	drainTimeout  = 3 * time.Second
+)
+
+// connSys is the verbs side of a Conn: what the handshake sets up and the
+// teardown releases.
+type connSys struct {
+	cm     *cmLoop
+	handle uintptr
+	id     *rdmacm.ID
+	dev    *device
+	vqp    *ibv.QP
+	ar     *arena
+	lay    layout
+	cqe    int       // CQ entries reserved on dev
+	lst    *Listener // while accepting
+	cmEv   chan rdmacm.Event
+}
+
+func (s *connSys) disconnect() { s.id.Disconnect() }
+
+func wcStatusString(status uint32) string { return ibv.StatusString(status) }
+
+func newVerbsConn(cm *cmLoop, ph phase) *Conn {
+	c := newConn(ph)
+	c.cm = cm
+	c.cmEv = make(chan rdmacm.Event, 8)
+	return c
+}
+
+// setup creates the data path on the id's device: device reference, arena,
+// QP, and every receive posted.
+func (c *Conn) setup(opts Options) error {
+	verbs := c.id.Verbs()
+	if verbs == nil {
+		// The address resolved, but to an interface without RDMA.
+		return &deviceError{syscall.ENODEV}
+	}
+	c.lay = newLayout(opts)
+	c.cqe = c.lay.recvSlots + c.lay.sendSlots + c.lay.ctrlSlots + 1
+	dev, err := acquireDevice(verbs, c.cqe)
+	if err != nil {
+		return err
+	}
+	c.dev = dev
+	if c.ar, err = newArena(dev.pd, c.lay.size()); err != nil {
+		return err
+	}
+	// One send queue entry more than buffers, for the drain marker of the
+	// teardown.
+	qp, inline, err := c.id.CreateQP(dev.pd.Ptr(), dev.cq.Ptr(), c.lay.sendSlots+c.lay.ctrlSlots+1, c.lay.recvSlots, 256)
+	if err != nil {
+		return err
+	}
+	c.vqp = ibv.QPFrom(qp)
+	c.qp = c.vqp
+	c.mem = c.ar.mem
+	c.w = waiter{mode: opts.Poll, spinTime: opts.SpinTime, sp: dev}
+	c.cr = newLedger(opts.RecvDepth)
+	c.rx = newRecvRing(c.lay.recvSlots, c.lay.bufSize, c.ar.base, c.ar.mr.LKey)
+	c.tx = newSendRing(c.lay.sendSlots, c.lay.ctrlSlots, c.lay.bufSize, c.lay.sendOff(0), c.ar.base, c.ar.mr.LKey, inline)
+	dev.add(c.vqp.Num, c)
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := 0; i < c.lay.recvSlots; i++ {
+		c.rx.queueRepost(i)
+		if c.rx.repostFull() || i == c.lay.recvSlots-1 {
+			c.postReposts()
+			if c.life.rerr != nil {
+				return c.life.rerr
+			}
+		}
+	}
+	// The initial receives are granted by the handshake, not by reports.
+	c.cr.unreported = 0
+	return nil
+}
+
+// start records the peer's geometry once the handshake is done.
+func (c *Conn) start(peer hello) {
+	c.laddr = addrFrom(c.id.LocalAddr())
+	c.raddr = addrFrom(c.id.PeerAddr())
+	c.maxMsg = min(c.lay.bufSize, int(peer.bufSize))
+	c.mu.Lock()
+	c.cr.open(int(peer.recvDepth), int(peer.ctrlDepth))
+	c.mu.Unlock()
+	signal(c.txReady)
+}
+
+func (c *Conn) hello() hello {
+	return hello{recvDepth: uint16(c.lay.recvSlots - ctrlDepth - finSlots), ctrlDepth: ctrlDepth, bufSize: uint32(c.lay.bufSize)}
+}
+
+// dial runs the active side of the handshake.
+func dial(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options) (*Conn, error) {
+	cm, err := acquireCM()
+	if err != nil {
+		return nil, err
+	}
+	c := newVerbsConn(cm, phaseDialing)
+	c.handle = cm.register(c)
+	if c.id, err = rdmacm.NewID(cm.ch, c.handle); err != nil {
+		cm.unregister(c.handle)
+		cm.release()
+		return nil, err
+	}
+	if err := c.handshake(ctx, src, dst, opts); err != nil {
+		c.teardown(false)
+		return nil, err
+	}
+	return c, nil
+}
+
+// handshake resolves, connects and exchanges hellos. The outcome of each
+// asynchronous step (rdma_resolve_addr, rdma_resolve_route, rdma_connect)
+// arrives as a CM event; a failed outcome is reported as that call's
+// error, as net reports a refused non-blocking connect as connect's.
+func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options) error {
+	ms := 5000
+	if dl, ok := ctx.Deadline(); ok {
+		ms = max(1, min(ms, int(time.Until(dl)/time.Millisecond)))
+	}
+	if err := c.id.ResolveAddr(src, dst, ms); err != nil {
+		return &deviceError{err}
+	}
+	ev, err := c.waitCM(ctx)
+	if err != nil {
+		return err
+	}
+	if ev.Type != rdmacm.EventAddrResolved {
+		return &deviceError{os.NewSyscallError("rdma_resolve_addr", eventErrno(ev, syscall.ENODEV))}
+	}
+	if err := c.id.ResolveRoute(ms); err != nil {
+		if errors.Is(err, syscall.ENODEV) {
+			// The address resolved to an interface without RDMA (loopback).
+			return &deviceError{err}
+		}
+		return err
+	}
+	if ev, err = c.waitCM(ctx); err != nil {
+		return err
+	}
+	if ev.Type != rdmacm.EventRouteResolved {
+		err := os.NewSyscallError("rdma_resolve_route", eventErrno(ev, syscall.EHOSTUNREACH))
+		if ev.Status == -int(syscall.ENODEV) {
+			// The address resolved to an interface without RDMA (loopback).
+			return &deviceError{err}
+		}
+		return err
+	}
+	if err := c.setup(opts); err != nil {
+		return err
+	}
+	if err := c.id.Connect(c.hello().marshal()); err != nil {
+		return err
+	}
+	if ev, err = c.waitCM(ctx); err != nil {
+		return err
+	}
+	switch ev.Type {
+	case rdmacm.EventEstablished:
+	case rdmacm.EventRejected:
+		return os.NewSyscallError("rdma_connect", syscall.ECONNREFUSED)
+	case rdmacm.EventUnreachable:
+		return os.NewSyscallError("rdma_connect", eventErrno(ev, syscall.EHOSTUNREACH))
+	default:
+		return os.NewSyscallError("rdma_connect", eventErrno(ev, syscall.ECONNABORTED))
+	}
+	peer, err := parseHello(ev.PrivateData)
+	if err != nil {
+		return err
+	}
+	c.start(peer)
+	return nil
+}
+
+// eventErrno turns an event's status (a negative errno for most events)
+// into an errno, or def when it carries none.
+func eventErrno(ev rdmacm.Event, def syscall.Errno) error {
+	if ev.Status < 0 {
+		return syscall.Errno(-ev.Status)
+	}
+	return def
+}
+
+func (c *Conn) waitCM(ctx context.Context) (rdmacm.Event, error) {
+	select {
+	case ev := <-c.cmEv:
+		return ev, nil
+	case <-ctx.Done():
+		return rdmacm.Event{}, ctx.Err()
+	}
+}
+
+// cmEvent runs on the CM goroutine.
+func (c *Conn) cmEvent(ev rdmacm.Event) {
+	c.mu.Lock()
+	ph := c.life.phase
+	if ph == phaseDialing && ev.Type == rdmacm.EventEstablished {
+		// From here on a disconnect must reach peerDisconnected even
+		// before the dialing goroutine has looked at this event.
+		c.life.phase = phaseEstablished
+	}
+	c.mu.Unlock()
+	switch ph {
+	case phaseDialing:
+		select {
+		case c.cmEv <- ev:
+		default:
+		}
+	case phaseAccepting:
+		if ev.Type == rdmacm.EventEstablished {
+			c.mu.Lock()
+			c.life.phase = phaseEstablished
+			c.mu.Unlock()
+			c.lst.established(c)
+		} else if ev.Type != rdmacm.EventTimewaitExit {
+			c.lst.failed(c)
+		}
+	case phaseEstablished, phaseDead:
+		// While closing too: a disconnect ends the wait for the fin's
+		// acknowledgement.
+		switch ev.Type {
+		case rdmacm.EventDisconnected, rdmacm.EventDeviceRemoval:
+			c.peerDisconnected()
+		}
+	}
+}
+
+// peerDisconnected handles the peer's disconnect: acknowledge it (which
+// moves our QP to the error state and flushes our receives) and fail
+// further writes. Reads still return what already arrived.
+func (c *Conn) peerDisconnected() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.life.set(shutPeerGone)
+	if !c.life.has(shutQPGone) {
+		c.id.Disconnect()
+	}
+	c.life.failWrite(syscall.ECONNRESET)
+	// Reads learn of it from the flushed receives, or, with none posted,
+	// from shutPeerGone itself.
+	signal(c.rxReady)
+	signal(c.txReady)
+}
+
+// teardown releases everything in order: fin (if graceful) and its
+// acknowledgement, disconnect, flush of every work request, then QP,
+// memory, id, device and CM references.
+func (c *Conn) teardown(graceful bool) error {
+	c.mu.Lock()
+	wasEstablished := c.life.phase == phaseEstablished
+	c.life.phase = phaseDead
+	var lost error
+	if c.vqp != nil && graceful && wasEstablished && !c.life.has(shutPeerGone) {
+		if c.sendFinDroppingLock() == nil {
+			c.waitDroppingLock(lingerTimeout, func() bool {
+				return (!c.tx.finQueued && c.tx.ctrlDone == c.tx.ctrlSeq) || c.life.werr != nil || c.life.has(shutPeerGone)
+			})
+		}
+		if c.tx.pendLen > 0 && c.life.werr == nil && !c.life.has(shutPeerGone) {
+			// The peer left no receive free for the linger time: what
+			// Writes left pending is discarded, and Close says so.
+			lost = undeliveredError{}
+		}
+	}
+	c.id.Disconnect()
+	if c.vqp != nil {
+		// The send queue becomes the teardown's once a post in progress
+		// (on the poller, returning credits) is done; a post always
+		// returns, and the QP must not be destroyed under it.
+		for c.tx.posting {
+			c.waitDroppingLock(drainTimeout, func() bool { return !c.tx.posting })
+		}
+		c.tx.draining = true
+		if !c.tx.idle() {
+			c.vqp.PostSends([]ibv.SendWR{c.tx.marker()})
+		}
+		c.waitDroppingLock(drainTimeout, func() bool { return c.rx.posted == 0 && c.tx.idle() })
+	}
+	// From here on a disconnect event must not touch the QP: destroying
+	// it while rdma_disconnect moves it to the error state fails (EBUSY).
+	c.life.set(shutQPGone)
+	c.mu.Unlock()
+
+	if c.vqp != nil {
+		c.dev.remove(c.vqp.Num)
+		// The kernel refuses (EBUSY) to destroy a QP another verb is
+		// using at that moment; nothing of ours should be, but a bounded
+		// retry beats leaking the QP and, with it, the device.
+		for i := 0; c.id.DestroyQP() != nil && i < 100; i++ {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if c.ar != nil {
+		c.ar.free()
+	}
+	// Unregister first: it waits out an event being handled, which may
+	// still use the id.
+	c.cm.unregister(c.handle)
+	c.id.Destroy()
+	if c.dev != nil {
+		c.dev.release(c.cqe)
+	}
+	c.cm.release()
+	return lost
+}
+
+// waitDroppingLock waits, with mu held on entry and exit, until cond holds
+// or the timeout passes; completions signal drained while the phase is
+// dead.
+func (c *Conn) waitDroppingLock(timeout time.Duration, cond func() bool) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for !cond() {
+		c.mu.Unlock()
+		select {
+		case <-c.drained:
+		case <-c.txReady:
+		case <-t.C:
+			c.mu.Lock()
+			return
+		}
+		c.mu.Lock()
+	}
+}

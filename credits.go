@@ -1,0 +1,117 @@
+package rdma
+
+// holdDepth is how many unconsumed messages at the peer make small Writes
+// gather (see ledger.hold): a burst of two Writes (a length, then the
+// payload) goes out at once; in a longer one, the third may wait.
+const holdDepth = 2
+
+// ledger is a connection's credit accounting (see proto.go): what this side
+// may send, what it owes the peer, when a credit message is due, and when
+// small Writes gather. It is plain arithmetic: no locks, no verbs; Conn.mu
+// guards it.
+type ledger struct {
+	credits     int // data messages the peer has receives for
+	ctrlCredits int // credit messages the peer has receives for
+	unreported  int // data receives posted again, not yet reported to the peer
+	ctrlOwed    int // control receives posted again, not yet acknowledged
+	wantCredit  bool
+	batch       int // receives reposted and reported at once
+
+	peerWindow int  // the peer's data receives: credits when none is in use
+	ctrlWindow int  // the peer's control receives granted to us
+	holdAt     int  // unconsumed messages at the peer from which hold holds
+	noDelay    bool // SetNoDelay(true): hold never holds
+	streaming  bool // see hold
+}
+
+// newLedger returns the ledger of a side with recvDepth data receives:
+// credits are reported in batches of a quarter of them.
+func newLedger(recvDepth int) ledger { return ledger{batch: max(1, recvDepth/4)} }
+
+// open takes the peer's grant from its handshake.
+func (l *ledger) open(peerRecv, peerCtrl int) {
+	l.credits += peerRecv
+	l.peerWindow = peerRecv
+	l.holdAt = max(1, min(holdDepth, peerRecv/2))
+	l.ctrlWindow = min(peerCtrl, ctrlDepth)
+	l.ctrlCredits += l.ctrlWindow
+}
+
+// received takes the credits a peer's header returns; it reports whether
+// there were any (a writer waiting for them should be woken). It fails on
+// a header that returns more than was ever spent: a peer that overruns
+// its own grants.
+func (l *ledger) received(h header) (bool, error) {
+	if h.credits == 0 && h.ctrlAck == 0 {
+		return false, nil
+	}
+	if l.credits+int(h.credits) > l.peerWindow || l.ctrlCredits+int(h.ctrlAck) > l.ctrlWindow {
+		return false, &protocolError{"peer returned more credits than it was sent"}
+	}
+	l.credits += int(h.credits)
+	l.ctrlCredits += int(h.ctrlAck)
+	return true, nil
+}
+
+// spend takes a data credit for a data message.
+func (l *ledger) spend() { l.credits-- }
+
+// header returns the header of the next message, typ, which piggybacks
+// everything owed to the peer; the debt is then paid.
+func (l *ledger) header(typ uint8) header {
+	h := header{typ: typ, ctrlAck: uint8(l.ctrlOwed), credits: uint16(l.unreported)}
+	l.unreported, l.ctrlOwed, l.wantCredit = 0, 0, false
+	return h
+}
+
+// repostNow reports whether n consumed receive buffers should be posted
+// again now: once a batch is ready, or at once when force is set (the
+// reader is about to wait).
+func (l *ledger) repostNow(n int, force bool) bool {
+	return n >= l.batch || (force && n > 0)
+}
+
+// creditDue reports whether a credit message should be queued now, and if
+// so spends the control credit it takes. One is due once a batch of
+// reposted receives is unreported, or any is when force is set. It cannot
+// go while the peer has no control receive for it or ctrlDepth control
+// messages of ours are in flight (ctrlInFlight): then wantCredit records
+// the debt for the completion that frees one. open is false once the
+// connection can no longer send (the peer left, or sending failed).
+func (l *ledger) creditDue(force, open bool, ctrlInFlight int) bool {
+	l.wantCredit = false
+	if l.unreported == 0 || (!force && l.unreported < l.batch) || !open {
+		return false
+	}
+	if l.ctrlCredits == 0 || ctrlInFlight >= ctrlDepth {
+		l.wantCredit = true
+		return false
+	}
+	l.ctrlCredits--
+	return true
+}
+
+// hold reports whether a send buffer holding n of at most maxMsg bytes
+// should wait for more Writes rather than go out now. A buffer that is not
+// full waits while the connection streams: from the moment holdAt earlier
+// messages are unconsumed at the peer until the peer has consumed all of
+// them. The peer is behind, so its credits (and with them the flush) will
+// come, and meanwhile small Writes gather into one message instead of
+// costing a post each. A peer that drains everything and waits for more
+// returns its credits at once, so a held buffer costs at most that
+// exchange, and bursts of fewer than holdAt Writes (a request in a few
+// pieces) never wait. This is Nagle's rule with credits for
+// acknowledgements; SetNoDelay turns it off, and a fin queued behind the
+// buffer ends it. It never holds once half the peer's control credits
+// await our acknowledgement (ctrlOwed): the peer may need them to return
+// the very credits that would end the hold.
+func (l *ledger) hold(n, maxMsg int, finQueued bool) bool {
+	out := l.peerWindow - l.credits
+	switch {
+	case out == 0:
+		l.streaming = false
+	case out >= l.holdAt:
+		l.streaming = true
+	}
+	return l.streaming && n < maxMsg && !l.noDelay && !finQueued && l.ctrlOwed < ctrlDepth/2
+}

@@ -1,0 +1,143 @@
+package rdma
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func openLedger(recvDepth, peerRecv, peerCtrl int) ledger {
+	l := newLedger(recvDepth)
+	l.open(peerRecv, peerCtrl)
+	return l
+}
+
+func TestLedgerOpen(t *testing.T) {
+	for _, tc := range []struct {
+		name                     string
+		recv, peerRecv, peerCtrl int
+		batch, holdAt, ctrl      int
+	}{
+		{"defaults", 16, 16, ctrlDepth, 4, holdDepth, ctrlDepth},
+		{"small window holds at one", 2, 2, ctrlDepth, 1, 1, ctrlDepth},
+		{"three receives", 3, 3, 1, 1, 1, 1},
+		{"peer grants more control credits than we use", 64, 64, 200, 16, holdDepth, ctrlDepth},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := openLedger(tc.recv, tc.peerRecv, tc.peerCtrl)
+			require.Equal(t, tc.batch, l.batch)
+			require.Equal(t, tc.peerRecv, l.credits)
+			require.Equal(t, tc.peerRecv, l.peerWindow)
+			require.Equal(t, tc.holdAt, l.holdAt)
+			require.Equal(t, tc.ctrl, l.ctrlCredits)
+		})
+	}
+}
+
+func TestLedgerReceived(t *testing.T) {
+	l := openLedger(16, 8, ctrlDepth)
+	more, err := l.received(header{typ: msgData})
+	require.NoError(t, err)
+	require.False(t, more, "a header without credits wakes no writer")
+
+	for range 5 {
+		l.spend()
+	}
+	l.ctrlCredits -= 2
+	more, err = l.received(header{typ: msgCredit, credits: 5, ctrlAck: 2})
+	require.NoError(t, err)
+	require.True(t, more)
+	require.Equal(t, 8, l.credits)
+	require.Equal(t, ctrlDepth, l.ctrlCredits)
+
+	// A peer returning credits it was never sent breaks the protocol.
+	_, err = l.received(header{typ: msgData, credits: 1})
+	require.ErrorIs(t, err, ErrProtocol)
+	require.ErrorContains(t, err, "more credits")
+	_, err = l.received(header{typ: msgData, ctrlAck: 1})
+	require.ErrorIs(t, err, ErrProtocol)
+	require.Equal(t, 8, l.credits, "a refused header changes nothing")
+}
+
+func TestLedgerHeaderPiggybacksDebt(t *testing.T) {
+	l := openLedger(16, 16, ctrlDepth)
+	l.unreported, l.ctrlOwed, l.wantCredit = 7, 2, true
+	require.Equal(t, header{typ: msgData, ctrlAck: 2, credits: 7}, l.header(msgData))
+	require.Zero(t, l.unreported)
+	require.Zero(t, l.ctrlOwed)
+	require.False(t, l.wantCredit, "the debt travelled with the message")
+	require.Equal(t, header{typ: msgFin}, l.header(msgFin))
+}
+
+func TestLedgerRepostNow(t *testing.T) {
+	l := openLedger(16, 16, ctrlDepth) // batch 4
+	for _, tc := range []struct {
+		n     int
+		force bool
+		want  bool
+	}{
+		{0, false, false}, {0, true, false}, {3, false, false}, {1, true, true}, {4, false, true}, {9, false, true},
+	} {
+		require.Equal(t, tc.want, l.repostNow(tc.n, tc.force), "n=%d force=%v", tc.n, tc.force)
+	}
+}
+
+func TestLedgerCreditDue(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		unreported   int
+		ctrlCredits  int
+		force, open  bool
+		ctrlInFlight int
+		due, want    bool // a credit message now; the debt remembered
+	}{
+		{"nothing to report", 0, 4, true, true, 0, false, false},
+		{"less than a batch waits", 3, 4, false, true, 0, false, false},
+		{"a batch goes", 4, 4, false, true, 0, true, false},
+		{"a waiting reader forces it", 1, 4, true, true, 0, true, false},
+		{"credits at zero: owed until one comes back", 4, 0, false, true, 0, false, true},
+		{"every control send in flight: owed", 4, 4, false, true, ctrlDepth, false, true},
+		{"a dead connection owes nothing", 8, 4, true, false, 0, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := openLedger(16, 16, ctrlDepth)
+			l.unreported, l.ctrlCredits = tc.unreported, tc.ctrlCredits
+			l.wantCredit = true
+			require.Equal(t, tc.due, l.creditDue(tc.force, tc.open, tc.ctrlInFlight))
+			require.Equal(t, tc.want, l.wantCredit)
+			spent := 0
+			if tc.due {
+				spent = 1
+			}
+			require.Equal(t, tc.ctrlCredits-spent, l.ctrlCredits)
+		})
+	}
+}
+
+func TestLedgerHold(t *testing.T) {
+	const maxMsg = 1024
+	l := openLedger(16, 16, ctrlDepth) // holdAt 2
+	require.False(t, l.hold(10, maxMsg, false), "the peer has consumed everything")
+	l.spend()
+	require.False(t, l.hold(10, maxMsg, false), "one message out: a request in two pieces never waits")
+	l.spend()
+	require.True(t, l.hold(10, maxMsg, false), "two out: the connection streams")
+	require.False(t, l.hold(maxMsg, maxMsg, false), "a full buffer never waits")
+	require.False(t, l.hold(10, maxMsg, true), "a queued fin ends the hold")
+
+	// The latch: one credit back does not end streaming; all of them do.
+	_, err := l.received(header{typ: msgData, credits: 1})
+	require.NoError(t, err)
+	require.True(t, l.hold(10, maxMsg, false), "still streaming while anything is unconsumed")
+	_, err = l.received(header{typ: msgData, credits: 1})
+	require.NoError(t, err)
+	require.False(t, l.hold(10, maxMsg, false), "the returned credits released the hold")
+
+	l.spend()
+	l.spend()
+	l.noDelay = true
+	require.False(t, l.hold(10, maxMsg, false), "SetNoDelay")
+	l.noDelay = false
+	l.ctrlOwed = ctrlDepth / 2
+	require.False(t, l.hold(10, maxMsg, false), "the peer may need its control credits back to end the hold")
+}

@@ -1,0 +1,108 @@
+//go:build linux && cgo
+
+package rdma
+
+import (
+	"sync"
+	"unsafe"
+
+	"github.com/goverbs/rdma/internal/ibv"
+)
+
+// device holds what all connections on one ibv_context share: a protection
+// domain, one completion queue with its completion channel, and the poller
+// that drains the queue and hands completions to connections. It exists
+// while connections use it.
+type device struct {
+	*poller
+	ctx *ibv.Context
+	pd  *ibv.PD
+	ch  *ibv.CompChannel
+	cq  *ibv.CQ
+
+	reserved int // CQ entries promised to connections, under devMu
+	refs     int // under devMu
+}
+
+var (
+	devMu   sync.Mutex
+	devices = map[unsafe.Pointer]*device{}
+)
+
+// initialCQE is the first size of a device's CQ; it grows as connections
+// are added.
+const initialCQE = 8192
+
+// acquireDevice returns the device for an ibv_context with one more
+// reference and cqe more CQ entries reserved, setting it up on first use.
+func acquireDevice(verbs unsafe.Pointer, cqe int) (*device, error) {
+	devMu.Lock()
+	defer devMu.Unlock()
+	d := devices[verbs]
+	if d == nil {
+		var err error
+		if d, err = newDevice(ibv.ContextFrom(verbs)); err != nil {
+			return nil, err
+		}
+		devices[verbs] = d
+	}
+	need := d.reserved + cqe
+	if need > d.cq.Cap {
+		grow := max(need, 2*d.cq.Cap)
+		d.cqMu.Lock()
+		err := d.cq.Resize(grow)
+		d.cqMu.Unlock()
+		if err != nil {
+			if d.refs == 0 {
+				d.destroy()
+				delete(devices, verbs)
+			}
+			return nil, err
+		}
+	}
+	d.reserved = need
+	d.refs++
+	return d, nil
+}
+
+func newDevice(ctx *ibv.Context) (*device, error) {
+	pd, err := ctx.AllocPD()
+	if err != nil {
+		return nil, err
+	}
+	ch, err := ctx.CreateCompChannel()
+	if err != nil {
+		pd.Dealloc()
+		return nil, err
+	}
+	cq, err := ctx.CreateCQ(initialCQE, ch)
+	if err != nil {
+		ch.Interrupt()
+		ch.Destroy()
+		pd.Dealloc()
+		return nil, err
+	}
+	d := &device{poller: newPoller(cq, ch), ctx: ctx, pd: pd, ch: ch, cq: cq}
+	go d.run()
+	return d, nil
+}
+
+// release returns cqe reserved entries and a reference; the last reference
+// stops the poller and destroys the device's objects.
+func (d *device) release(cqe int) {
+	devMu.Lock()
+	defer devMu.Unlock()
+	d.reserved -= cqe
+	d.refs--
+	if d.refs == 0 {
+		delete(devices, d.ctx.Ptr())
+		d.destroy()
+	}
+}
+
+func (d *device) destroy() {
+	d.shutdown(d.ch.Interrupt)
+	d.cq.Destroy()
+	d.ch.Destroy()
+	d.pd.Dealloc()
+}

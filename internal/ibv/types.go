@@ -1,0 +1,61 @@
+package ibv
+
+// The data-path types and constants live in this file, without cgo, so that
+// code above the verbs seam (rings, credit ledger, completion dispatch) can
+// be built and tested with fakes on any platform. ibv.go checks at compile
+// time that every constant equals libibverbs' own and that the batch limits
+// equal the C shims' array sizes.
+
+// Send flags (enum ibv_send_flags).
+const (
+	SendSignaled = 1 << 1 // IBV_SEND_SIGNALED
+	SendInline   = 1 << 3 // IBV_SEND_INLINE
+)
+
+// Completion statuses and flags the library distinguishes.
+const (
+	WCSuccess     = 0      // IBV_WC_SUCCESS
+	WCFlushErr    = 5      // IBV_WC_WR_FLUSH_ERR
+	WCRetryExcErr = 12     // IBV_WC_RETRY_EXC_ERR
+	WCWithImm     = 1 << 1 // IBV_WC_WITH_IMM, in WC.Flags
+)
+
+// WC is one work completion; its layout mirrors struct gv_wc.
+type WC struct {
+	WRID    uint64
+	Status  uint32
+	Opcode  uint32
+	ByteLen uint32
+	QPNum   uint32
+	Imm     uint32 // immediate data, host order, when Flags has WCWithImm
+	Flags   uint32
+}
+
+// RecvWR is one receive to post; its layout mirrors struct gv_recv.
+type RecvWR struct {
+	ID   uint64
+	Addr uint64
+	Len  uint32
+	LKey uint32
+}
+
+// SendWR is one SEND with immediate data to post; its layout mirrors
+// struct gv_send. Len 0 sends no payload.
+type SendWR struct {
+	ID    uint64
+	Addr  uint64
+	Len   uint32
+	LKey  uint32
+	Flags int32
+	Imm   uint32 // host order
+}
+
+// Batch limits of the C shims (their stack arrays have these sizes).
+const (
+	// MaxPollBatch is the most completions CQ.Poll returns at once.
+	MaxPollBatch = 32
+	// MaxSendBatch is the most sends QP.PostSends takes at once.
+	MaxSendBatch = 32
+	// MaxRecvBatch is the most receives QP.PostRecvs takes at once.
+	MaxRecvBatch = 64
+)

@@ -1,0 +1,92 @@
+package rdma
+
+import (
+	"net"
+	"syscall"
+)
+
+// phase is where a connection is in its life as rdma_cm sees it; it
+// decides where the connection's CM events go.
+type phase uint8
+
+const (
+	phaseDialing     phase = iota // events go to the dialing goroutine
+	phaseAccepting                // events go to the listener
+	phaseEstablished              // only disconnects matter
+	phaseDead                     // torn down or being torn down
+)
+
+// shut records which ends of a connection are shut and why: the local
+// calls (CloseRead, CloseWrite, Close), the peer's fin and disconnect, and
+// the teardown's ownership of the QP. Flags are only ever set.
+type shut uint8
+
+const (
+	shutClosed   shut = 1 << iota // Close was called: every call fails with net.ErrClosed
+	shutRead                      // CloseRead: Reads return io.EOF, arrivals are discarded
+	shutWrite                     // CloseWrite or Close: the fin is sent, Writes fail
+	shutFinRcvd                   // the peer's fin arrived
+	shutPeerGone                  // the peer disconnected
+	shutQPGone                    // the teardown is destroying the QP
+)
+
+// lifecycle is a connection's state and its two sticky errors: the first
+// failure of each direction wins and is what every later call of that
+// direction returns. It has no lock of its own; Conn.mu guards it.
+type lifecycle struct {
+	phase phase
+	shut  shut
+	rerr  error // why Reads fail once nothing is queued
+	werr  error // why Writes fail
+}
+
+func (l *lifecycle) has(f shut) bool { return l.shut&f != 0 }
+func (l *lifecycle) set(f shut)      { l.shut |= f }
+
+// failRead records why Reads fail, unless an earlier failure did, or the
+// peer's fin already ended the stream (what came before it stays readable
+// and then io.EOF, not the error, ends it).
+func (l *lifecycle) failRead(err error) {
+	if l.rerr == nil && !l.has(shutFinRcvd) {
+		l.rerr = err
+	}
+}
+
+// failWrite records why Writes fail, unless an earlier failure did.
+func (l *lifecycle) failWrite(err error) {
+	if l.werr == nil {
+		l.werr = err
+	}
+}
+
+// fail fails both directions (a broken connection).
+func (l *lifecycle) fail(err error) {
+	l.failRead(err)
+	l.failWrite(err)
+}
+
+// readFailed is what a Read returns when nothing is queued: the recorded
+// failure, a reset once the peer is gone and no receive is left to bring
+// anything, or nil when waiting makes sense.
+func (l *lifecycle) readFailed(recvPosted int) error {
+	switch {
+	case l.rerr != nil:
+		return l.rerr
+	case l.has(shutPeerGone) && recvPosted == 0:
+		return syscall.ECONNRESET
+	}
+	return nil
+}
+
+// writeEnded is what a Write returns before copying anything: net.ErrClosed
+// after Close, EPIPE after CloseWrite (as a TCP socket says after shutdown),
+// the recorded failure, or nil.
+func (l *lifecycle) writeEnded() error {
+	switch {
+	case l.has(shutClosed):
+		return net.ErrClosed
+	case l.has(shutWrite):
+		return syscall.EPIPE
+	}
+	return l.werr
+}

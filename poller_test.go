@@ -1,0 +1,241 @@
+package rdma
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goverbs/rdma/internal/ibv"
+)
+
+// fakeCQ hands out scripted batches of completions, then nothing.
+type fakeCQ struct {
+	mu        sync.Mutex
+	batches   [][]ibv.WC
+	polls     int
+	armed     int
+	armErr    error
+	onArm     func()
+	pollErr   error
+	lastLimit int
+}
+
+func (q *fakeCQ) Poll(wcs []ibv.WC) (int, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.polls++
+	q.lastLimit = len(wcs)
+	if q.pollErr != nil {
+		return 0, q.pollErr
+	}
+	if len(q.batches) == 0 {
+		return 0, nil
+	}
+	n := copy(wcs, q.batches[0])
+	q.batches[0] = q.batches[0][n:]
+	if len(q.batches[0]) == 0 {
+		q.batches = q.batches[1:]
+	}
+	return n, nil
+}
+
+func (q *fakeCQ) add(wcs ...ibv.WC) {
+	q.mu.Lock()
+	q.batches = append(q.batches, wcs)
+	q.mu.Unlock()
+}
+
+func (q *fakeCQ) ReqNotify() error {
+	q.mu.Lock()
+	q.armed++
+	f, err := q.onArm, q.armErr
+	q.mu.Unlock()
+	if f != nil {
+		f()
+	}
+	return err
+}
+
+// fakeChannel parks Wait until an event is sent or it is interrupted.
+type fakeChannel struct {
+	events chan struct{}
+	closed chan struct{}
+	once   sync.Once
+	waits  chan struct{} // signaled when a Wait starts
+}
+
+func newFakeChannel() *fakeChannel {
+	return &fakeChannel{events: make(chan struct{}, 1), closed: make(chan struct{}), waits: make(chan struct{}, 16)}
+}
+
+func (ch *fakeChannel) Wait() error {
+	ch.waits <- struct{}{}
+	select {
+	case <-ch.events:
+		return nil
+	case <-ch.closed:
+		return errors.New("interrupted")
+	}
+}
+
+func (ch *fakeChannel) interrupt() { ch.once.Do(func() { close(ch.closed) }) }
+
+// fakeCompleter records its completions and flushes.
+type fakeCompleter struct {
+	p         *poller
+	mu        sync.Mutex
+	got       []ibv.WC
+	wantFlush bool
+	flushes   int
+	lockedCQ  bool // cqMu was held during a flush
+	done      chan struct{}
+}
+
+func (c *fakeCompleter) complete(wc ibv.WC) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.got = append(c.got, wc)
+	if c.done != nil {
+		signal(c.done)
+	}
+	return c.wantFlush
+}
+
+func (c *fakeCompleter) lockAndFlush() {
+	free := c.p.cqMu.TryLock()
+	if free {
+		c.p.cqMu.Unlock()
+	}
+	c.mu.Lock()
+	c.flushes++
+	c.lockedCQ = c.lockedCQ || !free
+	c.mu.Unlock()
+}
+
+func wc(qp uint32, id uint64) ibv.WC { return ibv.WC{QPNum: qp, WRID: id} }
+
+func TestPollerDispatchesBatchToSeveralConnections(t *testing.T) {
+	cq := &fakeCQ{}
+	p := newPoller(cq, newFakeChannel())
+	a := &fakeCompleter{p: p, wantFlush: true}
+	b := &fakeCompleter{p: p}
+	c := &fakeCompleter{p: p, wantFlush: true}
+	p.add(1, a)
+	p.add(2, b)
+	p.add(3, c)
+	cq.add(wc(1, 10), wc(2, 20), wc(1, 11), wc(9, 90), wc(3, 30), wc(1, 12), wc(3, 31))
+
+	var fl [ibv.MaxPollBatch]completer
+	require.Equal(t, 7, p.poll(fl[:0]))
+	require.Equal(t, []ibv.WC{wc(1, 10), wc(1, 11), wc(1, 12)}, a.got, "in the CQ's order")
+	require.Equal(t, []ibv.WC{wc(2, 20)}, b.got)
+	require.Equal(t, []ibv.WC{wc(3, 30), wc(3, 31)}, c.got)
+	require.Equal(t, 1, a.flushes, "a connection is flushed once per batch")
+	require.Zero(t, b.flushes, "nothing to post, no flush")
+	require.Equal(t, 1, c.flushes)
+	require.False(t, a.lockedCQ || c.lockedCQ, "flushes run after the CQ lock is released")
+
+	// A torn-down connection's late completions are dropped.
+	p.remove(1)
+	cq.add(wc(1, 13), wc(2, 21))
+	require.Equal(t, 2, p.poll(fl[:0]))
+	require.Len(t, a.got, 3)
+	require.Len(t, b.got, 2)
+
+	cq.pollErr = errors.New("poll failed")
+	require.Zero(t, p.poll(fl[:0]), "a failing poll dispatches nothing")
+	require.True(t, p.cqMu.TryLock(), "and leaves the CQ unlocked")
+	p.cqMu.Unlock()
+}
+
+func TestPollerTryPoll(t *testing.T) {
+	cq := &fakeCQ{}
+	p := newPoller(cq, newFakeChannel())
+	a := &fakeCompleter{p: p}
+	p.add(1, a)
+	cq.add(wc(1, 1))
+
+	p.cqMu.Lock()
+	p.tryPoll()
+	require.Zero(t, cq.polls, "another goroutine is polling: a spinner does not wait for it")
+	p.cqMu.Unlock()
+
+	p.tryPoll()
+	require.Equal(t, 1, cq.polls)
+	require.Equal(t, spinBatch, cq.lastLimit)
+	require.Len(t, a.got, 1)
+}
+
+func TestPollerRunParksAndWakes(t *testing.T) {
+	cq := &fakeCQ{}
+	ch := newFakeChannel()
+	p := newPoller(cq, ch)
+	a := &fakeCompleter{p: p, done: make(chan struct{}, 1)}
+	p.add(1, a)
+	go p.run()
+
+	// Idle: it spins idlePolls times, arms the CQ and parks.
+	<-ch.waits
+	cq.mu.Lock()
+	require.Equal(t, 1, cq.armed)
+	require.Equal(t, idlePolls+2, cq.polls, "a poll per idle round, and one after arming")
+	cq.mu.Unlock()
+
+	// An event wakes it and the completion is dispatched.
+	cq.add(wc(1, 5))
+	ch.events <- struct{}{}
+	<-a.done
+	<-ch.waits // parked again
+
+	// A completion that lands between arming and parking is not lost: the
+	// poll after arming finds it.
+	cq.mu.Lock()
+	var once sync.Once
+	cq.onArm = func() { once.Do(func() { cq.add(wc(1, 6)) }) }
+	cq.mu.Unlock()
+	ch.events <- struct{}{}
+	<-a.done
+	<-ch.waits
+	a.mu.Lock()
+	require.Equal(t, []ibv.WC{wc(1, 5), wc(1, 6)}, a.got)
+	a.mu.Unlock()
+
+	p.shutdown(ch.interrupt)
+	select {
+	case <-p.done:
+	default:
+		t.Fatal("shutdown returned before run")
+	}
+}
+
+func TestPollerStepsAsideForSpinners(t *testing.T) {
+	cq := &fakeCQ{}
+	ch := newFakeChannel()
+	p := newPoller(cq, ch)
+	p.spinStart()
+	go p.run()
+	time.Sleep(10 * time.Millisecond)
+	cq.mu.Lock()
+	polls, armed := cq.polls, cq.armed
+	cq.mu.Unlock()
+	require.Zero(t, armed, "while a Read spins, the poller neither arms the CQ nor parks on it")
+	require.LessOrEqual(t, polls, 2)
+
+	p.spinEnd() // the last spinner wakes it
+	<-ch.waits
+	p.shutdown(ch.interrupt)
+}
+
+func TestPollerStopsWhenArmingFails(t *testing.T) {
+	cq := &fakeCQ{armErr: errors.New("arm failed")}
+	p := newPoller(cq, newFakeChannel())
+	go p.run()
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("run did not return")
+	}
+}

@@ -1,0 +1,172 @@
+package rdma
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goverbs/rdma/internal/ibv"
+)
+
+// fakeQP records what is posted and fails on demand.
+type fakeQP struct {
+	sends   [][]ibv.SendWR // each chain posted
+	recvs   []ibv.RecvWR
+	sendErr error
+	recvErr error
+	onSend  func() // runs inside PostSends, as the post would on rxe
+}
+
+func (q *fakeQP) PostSends(wrs []ibv.SendWR) error {
+	if q.onSend != nil {
+		q.onSend()
+	}
+	if q.sendErr != nil {
+		return q.sendErr
+	}
+	q.sends = append(q.sends, append([]ibv.SendWR(nil), wrs...))
+	return nil
+}
+
+func (q *fakeQP) PostRecvs(wrs []ibv.RecvWR) error {
+	if q.recvErr != nil {
+		return q.recvErr
+	}
+	q.recvs = append(q.recvs, wrs...)
+	return nil
+}
+
+func (q *fakeQP) posted() []ibv.SendWR {
+	var all []ibv.SendWR
+	for _, c := range q.sends {
+		all = append(all, c...)
+	}
+	return all
+}
+
+const (
+	testBase = 0x10000
+	testLKey = 77
+)
+
+func TestSendRingQueueData(t *testing.T) {
+	r := newSendRing(4, ctrlDepth+finSlots, 1024, 8*1024, testBase, testLKey, 128)
+	for i := range 4 {
+		require.Equal(t, 4-i, r.free())
+		r.queue(header{typ: msgData, credits: uint16(i)}, 100*(i+1), false)
+	}
+	require.Zero(t, r.free())
+	wrs := r.take()
+	require.Len(t, wrs, 4)
+	for i, wr := range wrs {
+		require.Equal(t, uint64(testBase+8*1024+i*1024), wr.Addr, "buffer %d", i)
+		require.Equal(t, uint32(100*(i+1)), wr.Len)
+		require.Equal(t, uint32(testLKey), wr.LKey)
+		require.Equal(t, header{typ: msgData, credits: uint16(i)}, headerOf(wr.Imm))
+		data, ctrl := parseSendWRID(wr.ID)
+		require.Equal(t, uint32(i+1), data)
+		require.Zero(t, ctrl)
+	}
+	require.NotZero(t, wrs[0].Flags&ibv.SendInline, "100 bytes fit inline")
+	require.Zero(t, wrs[1].Flags&ibv.SendInline, "200 bytes do not")
+	// Signaled every half ring: the second and the fourth.
+	sig := []bool{false, true, false, true}
+	for i, wr := range wrs {
+		require.Equal(t, sig[i], wr.Flags&ibv.SendSignaled != 0, "send %d", i)
+	}
+	require.Empty(t, r.sends, "take leaves an empty queue")
+
+	// The ring wraps: completions free the buffers, the fifth send reuses
+	// the first buffer.
+	r.completed(wrs[3].ID)
+	require.True(t, r.idle())
+	require.Equal(t, 4, r.free())
+	r.queue(header{typ: msgData}, 1, false)
+	require.Equal(t, uint64(testBase+8*1024), r.take()[0].Addr)
+}
+
+func TestSendRingQueueFullRingSignals(t *testing.T) {
+	r := newSendRing(8, ctrlDepth+finSlots, 1024, 0, testBase, testLKey, 0)
+	for range 3 {
+		r.queue(header{typ: msgData}, 1, false)
+	}
+	r.completed(sendWRID(3, 0)) // three done; lastSig still 0
+	r.lastSig = 3
+	for range 7 {
+		r.queue(header{typ: msgData}, 1, false)
+	}
+	require.Equal(t, 1, r.free())
+	r.queue(header{typ: msgData}, 1, false)
+	wrs := r.take()
+	require.NotZero(t, wrs[len(wrs)-1].Flags&ibv.SendSignaled, "the send that fills the ring is signaled, so a waiting writer wakes")
+}
+
+func TestSendRingControl(t *testing.T) {
+	r := newSendRing(4, ctrlDepth+finSlots, 1024, 0, testBase, testLKey, 64)
+	r.queue(header{typ: msgCredit}, 0, false)
+	r.queue(header{typ: msgCredit}, 0, false)
+	r.queue(header{typ: msgFin}, 0, true)
+	r.queue(header{typ: msgCredit}, 0, true)
+	wrs := r.take()
+	require.Equal(t, 4, r.ctrlInFlight())
+	require.Zero(t, wrs[0].Flags&ibv.SendSignaled)
+	require.NotZero(t, wrs[1].Flags&ibv.SendSignaled, "half the control credits in flight")
+	require.NotZero(t, wrs[2].Flags&ibv.SendSignaled, "the fin")
+	require.NotZero(t, wrs[3].Flags&ibv.SendSignaled, "everything after the fin: Close waits for it")
+	for _, wr := range wrs {
+		require.Zero(t, wr.Len, "control messages carry no payload")
+		require.Zero(t, wr.Flags&ibv.SendInline)
+	}
+	r.completed(wrs[1].ID)
+	require.Equal(t, 2, r.ctrlInFlight())
+	require.False(t, r.idle())
+
+	// The drain marker retires everything posted.
+	m := r.marker()
+	require.NotZero(t, m.Flags&ibv.SendSignaled)
+	require.Zero(t, m.Len)
+	r.completed(m.ID)
+	require.True(t, r.idle())
+}
+
+func TestSendRingControlSequenceWraps(t *testing.T) {
+	r := newSendRing(4, ctrlDepth+finSlots, 1024, 0, testBase, testLKey, 0)
+	// The id keeps 31 bits of the control sequence number.
+	r.ctrlSeq, r.ctrlDone = 1<<31-1, 1<<31-1
+	r.queue(header{typ: msgCredit}, 0, false)
+	r.queue(header{typ: msgCredit}, 0, false)
+	wrs := r.take()
+	r.completed(wrs[1].ID)
+	require.Equal(t, uint32(1<<31+1), r.ctrlDone)
+	require.True(t, r.idle())
+}
+
+func TestSendRingTakeDoubleBuffers(t *testing.T) {
+	r := newSendRing(4, ctrlDepth+finSlots, 1024, 0, testBase, testLKey, 0)
+	r.queue(header{typ: msgData}, 1, false)
+	first := r.take()
+	r.queue(header{typ: msgCredit}, 0, false)
+	second := r.take()
+	require.Equal(t, uint32(1), first[0].Len, "queueing more does not touch the batch being posted")
+	require.Equal(t, uint32(0), second[0].Len)
+	require.Equal(t, cap(r.sends), ctrlDepth+finSlots+4, "no growth: appending never allocates")
+}
+
+func TestPostChain(t *testing.T) {
+	q := &fakeQP{}
+	wrs := make([]ibv.SendWR, 2*ibv.MaxSendBatch+3)
+	for i := range wrs {
+		wrs[i].ID = uint64(i)
+	}
+	require.NoError(t, postChain(q, wrs))
+	require.Len(t, q.sends, 3)
+	require.Len(t, q.sends[0], ibv.MaxSendBatch)
+	require.Len(t, q.sends[2], 3)
+	require.Equal(t, wrs, q.posted())
+
+	fail := errors.New("post failed")
+	q = &fakeQP{sendErr: fail}
+	require.ErrorIs(t, postChain(q, wrs), fail)
+	require.NoError(t, postChain(q, nil))
+}

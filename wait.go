@@ -1,0 +1,147 @@
+package rdma
+
+import (
+	"fmt"
+	"runtime"
+	"time"
+)
+
+// This file is the one home of the waiting policy: how a Read or Write that
+// cannot go on waits (spin, park, or spin then park), how long it spins,
+// and how the poller goroutine idles.
+
+// PollMode is how a waiting Read or Write learns of completions. Every
+// mode leaves the device's completion queue to a poller goroutine that
+// parks in the network poller (no CPU) while nobody spins.
+type PollMode int
+
+const (
+	// PollAdaptive spins for Options.SpinTime (longer while the
+	// connection's recent waits were short), then parks: round trips are
+	// caught without a wakeup, an idle connection costs nothing.
+	PollAdaptive PollMode = iota
+	// PollBusy spins until the call can go on, a deadline passes or the
+	// connection closes: the lowest latency, at the price of a CPU per
+	// waiting goroutine. For dedicated cores, as perftest runs by default.
+	PollBusy
+	// PollEvent parks at once and is woken through the completion
+	// channel: the least CPU, the most latency.
+	PollEvent
+)
+
+// String returns the mode's name: "adaptive", "busy" or "event".
+func (m PollMode) String() string {
+	switch m {
+	case PollAdaptive:
+		return "adaptive"
+	case PollBusy:
+		return "busy"
+	case PollEvent:
+		return "event"
+	}
+	return fmt.Sprintf("PollMode(%d)", int(m))
+}
+
+// ParsePollMode returns the mode named by s, as String names it.
+func ParsePollMode(s string) (PollMode, error) {
+	for m := PollAdaptive; m <= PollEvent; m++ {
+		if m.String() == s {
+			return m, nil
+		}
+	}
+	return 0, fmt.Errorf("rdma: unknown poll mode %q (want adaptive, busy or event)", s)
+}
+
+// maxAdaptiveSpin bounds how long a wait spins when recent waits were
+// short: long enough to cover a round trip on a slow (emulated) device, short
+// enough that a connection whose traffic dries up wastes little CPU.
+const maxAdaptiveSpin = time.Millisecond
+
+// spinCheck is how many polls a spin makes between looks at the clock:
+// reading the clock costs about as much as a poll (more under emulation),
+// and yielding as much again.
+const spinCheck = 8
+
+// idlePolls is how many empty polls the poller goroutine makes, yielding
+// between them, before it arms the CQ and parks: a completion that follows
+// soon (the reply of a ping-pong) is then picked up without a wakeup.
+const idlePolls = 64
+
+// spinner is what a spinning wait polls: the device's poller.
+type spinner interface {
+	spinStart()
+	spinEnd()
+	tryPoll()
+}
+
+// waiter is a connection's waiting policy, fixed at setup.
+type waiter struct {
+	mode     PollMode
+	spinTime time.Duration
+	sp       spinner
+}
+
+// wait blocks until ready is signaled, closing is closed or the deadline
+// passes. With PollBusy it spins (see spin) all along. With PollAdaptive it
+// first spins for the configured SpinTime or, when the recent waits of this
+// direction were shorter than maxAdaptiveSpin, for twice their average: a
+// stream whose messages come every few hundred microseconds is then caught
+// without parking, while a quiet connection parks after SpinTime. avg is
+// the direction's moving average, guarded by the caller (Conn.readMu or
+// Conn.writeMu). The caller holds no other lock.
+func (w *waiter) wait(ready, closing chan struct{}, dl *deadline, avg *time.Duration) {
+	start := time.Now()
+	switch w.mode {
+	case PollBusy:
+		// In slices, so that a deadline is noticed.
+		for w.spin(ready, closing, time.Millisecond) && !dl.expired() {
+		}
+	case PollAdaptive:
+		budget := w.spinTime
+		if *avg < maxAdaptiveSpin {
+			budget = max(budget, 2**avg)
+		}
+		w.spin(ready, closing, budget)
+	}
+	select {
+	case <-ready:
+		// A wait that ended in a park also counts the wakeup; unclipped,
+		// a few of those would lift the average over maxAdaptiveSpin, and
+		// then every wait would park, which keeps the average there.
+		*avg += (min(time.Since(start), 2*maxAdaptiveSpin) - *avg) / 8
+	case <-closing:
+	case <-dl.wait():
+	}
+}
+
+// spin polls the CQ from the waiting goroutine for up to budget, or until
+// ready is signaled or closing is closed: a reply that comes soon (the
+// other half of a round trip) then costs no goroutine handoff and no
+// wakeup. It reports whether it stopped for the budget.
+func (w *waiter) spin(ready, closing chan struct{}, budget time.Duration) bool {
+	w.sp.spinStart()
+	defer w.sp.spinEnd()
+	start := time.Now()
+	for i := 1; len(ready) == 0 && !isClosed(closing); i++ {
+		w.sp.tryPoll()
+		if len(ready) > 0 {
+			return false
+		}
+		if i%spinCheck == 0 {
+			if time.Since(start) > budget {
+				return true
+			}
+			runtime.Gosched()
+		}
+	}
+	return false
+}
+
+// signal wakes the waiter of a capacity-1 channel, if it is not already
+// signaled.
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
