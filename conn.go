@@ -89,6 +89,29 @@ func newConn(ph phase) *Conn {
 	}
 }
 
+// initDataPath sets up the rings, the ledger and the waiting policy over
+// registered memory laid out by lay at address base, and posts every
+// receive; mu is held. The peer's grant comes later, with start.
+func (c *Conn) initDataPath(qp queuePair, mem []byte, lay layout, base uint64, lkey uint32, maxInline int, opts Options, sp spinner) error {
+	c.qp, c.mem = qp, mem
+	c.w = waiter{mode: opts.Poll, spinTime: opts.SpinTime, sp: sp}
+	c.cr = newLedger(opts.RecvDepth)
+	c.rx = newRecvRing(lay.recvSlots, lay.bufSize, base, lkey)
+	c.tx = newSendRing(lay.sendSlots, lay.ctrlSlots, lay.bufSize, lay.sendOff(0), base, lkey, maxInline)
+	for i := 0; i < lay.recvSlots; i++ {
+		c.rx.queueRepost(i)
+		if c.rx.repostFull() || i == lay.recvSlots-1 {
+			c.postReposts()
+			if c.life.rerr != nil {
+				return c.life.rerr
+			}
+		}
+	}
+	// The initial receives are granted by the handshake, not by reports.
+	c.cr.unreported = 0
+	return nil
+}
+
 // ok reports whether c is a connection (not nil, not a zero Conn).
 func (c *Conn) ok() bool { return c != nil && c.closing != nil }
 
@@ -617,6 +640,67 @@ func (undeliveredError) Error() string {
 	return "written data discarded: the peer granted no receive buffer before the close timeout"
 }
 func (undeliveredError) Unwrap() error { return syscall.ETIMEDOUT }
+
+// Timeouts of the teardown: how long Close waits for the fin to be
+// acknowledged, and for the QP to flush its work requests once in error.
+const (
+	lingerTimeout = 3 * time.Second
+	drainTimeout  = 3 * time.Second
+)
+
+// lingerDroppingLock sends the fin behind everything written and waits,
+// up to lingerTimeout, until the peer's NIC has acknowledged it. It
+// reports data that never got a credit to go out.
+func (c *Conn) lingerDroppingLock() error {
+	if c.sendFinDroppingLock() == nil {
+		c.waitDroppingLock(lingerTimeout, func() bool {
+			return (!c.tx.finQueued && c.tx.ctrlDone == c.tx.ctrlSeq) || c.life.werr != nil || c.life.has(shutPeerGone)
+		})
+	}
+	if c.tx.pendLen > 0 && c.life.werr == nil && !c.life.has(shutPeerGone) {
+		// The peer left no receive free for the linger time: what
+		// Writes left pending is discarded, and Close says so.
+		return undeliveredError{}
+	}
+	return nil
+}
+
+// drainDroppingLock takes the QP over for the teardown, once the QP is in
+// the error state (disconnected): it waits for a post in progress (on the
+// poller, returning credits; a post always returns, and the QP must not be
+// destroyed under it), posts nothing more from then on, and waits until
+// every posted work request has completed (flushed), up to drainTimeout.
+func (c *Conn) drainDroppingLock() {
+	for c.tx.posting {
+		c.waitDroppingLock(drainTimeout, func() bool { return !c.tx.posting })
+	}
+	c.tx.draining = true
+	if !c.tx.idle() {
+		// A signaled marker behind everything posted: its completion
+		// retires all earlier sends, signaled or not.
+		c.qp.PostSends([]ibv.SendWR{c.tx.marker()})
+	}
+	c.waitDroppingLock(drainTimeout, func() bool { return c.rx.posted == 0 && c.tx.idle() })
+}
+
+// waitDroppingLock waits, with mu held on entry and exit, until cond holds
+// or the timeout passes; completions signal drained while the phase is
+// dead.
+func (c *Conn) waitDroppingLock(timeout time.Duration, cond func() bool) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for !cond() {
+		c.mu.Unlock()
+		select {
+		case <-c.drained:
+		case <-c.txReady:
+		case <-t.C:
+			c.mu.Lock()
+			return
+		}
+		c.mu.Lock()
+	}
+}
 
 // LocalAddr returns the local address, an *Addr.
 func (c *Conn) LocalAddr() net.Addr {

@@ -14,13 +14,6 @@ import (
 	"github.com/goverbs/rdma/internal/rdmacm"
 )
 
-// Timeouts of the teardown: how long Close waits for the fin to be
-// acknowledged, and for the QP to flush its work requests once in error.
-const (
-	lingerTimeout = 3 * time.Second
-	drainTimeout  = 3 * time.Second
-)
-
 // connSys is the verbs side of a Conn: what the handshake sets up and the
 // teardown releases.
 type connSys struct {
@@ -36,7 +29,13 @@ type connSys struct {
 	cmEv   chan rdmacm.Event
 }
 
-func (s *connSys) disconnect() { s.id.Disconnect() }
+// disconnect moves the QP to the error state and tells the peer. A Conn
+// built on fakes (host tests of the data path) has no id.
+func (s *connSys) disconnect() {
+	if s.id != nil {
+		s.id.Disconnect()
+	}
+}
 
 func wcStatusString(status uint32) string { return ibv.StatusString(status) }
 
@@ -72,28 +71,10 @@ func (c *Conn) setup(opts Options) error {
 		return err
 	}
 	c.vqp = ibv.QPFrom(qp)
-	c.qp = c.vqp
-	c.mem = c.ar.mem
-	c.w = waiter{mode: opts.Poll, spinTime: opts.SpinTime, sp: dev}
-	c.cr = newLedger(opts.RecvDepth)
-	c.rx = newRecvRing(c.lay.recvSlots, c.lay.bufSize, c.ar.base, c.ar.mr.LKey)
-	c.tx = newSendRing(c.lay.sendSlots, c.lay.ctrlSlots, c.lay.bufSize, c.lay.sendOff(0), c.ar.base, c.ar.mr.LKey, inline)
 	dev.add(c.vqp.Num, c)
-
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for i := 0; i < c.lay.recvSlots; i++ {
-		c.rx.queueRepost(i)
-		if c.rx.repostFull() || i == c.lay.recvSlots-1 {
-			c.postReposts()
-			if c.life.rerr != nil {
-				return c.life.rerr
-			}
-		}
-	}
-	// The initial receives are granted by the handshake, not by reports.
-	c.cr.unreported = 0
-	return nil
+	return c.initDataPath(c.vqp, c.ar.mem, c.lay, c.ar.base, c.ar.mr.LKey, inline, opts, dev)
 }
 
 // start records the peer's geometry once the handshake is done.
@@ -273,30 +254,11 @@ func (c *Conn) teardown(graceful bool) error {
 	c.life.phase = phaseDead
 	var lost error
 	if c.vqp != nil && graceful && wasEstablished && !c.life.has(shutPeerGone) {
-		if c.sendFinDroppingLock() == nil {
-			c.waitDroppingLock(lingerTimeout, func() bool {
-				return (!c.tx.finQueued && c.tx.ctrlDone == c.tx.ctrlSeq) || c.life.werr != nil || c.life.has(shutPeerGone)
-			})
-		}
-		if c.tx.pendLen > 0 && c.life.werr == nil && !c.life.has(shutPeerGone) {
-			// The peer left no receive free for the linger time: what
-			// Writes left pending is discarded, and Close says so.
-			lost = undeliveredError{}
-		}
+		lost = c.lingerDroppingLock()
 	}
 	c.id.Disconnect()
 	if c.vqp != nil {
-		// The send queue becomes the teardown's once a post in progress
-		// (on the poller, returning credits) is done; a post always
-		// returns, and the QP must not be destroyed under it.
-		for c.tx.posting {
-			c.waitDroppingLock(drainTimeout, func() bool { return !c.tx.posting })
-		}
-		c.tx.draining = true
-		if !c.tx.idle() {
-			c.vqp.PostSends([]ibv.SendWR{c.tx.marker()})
-		}
-		c.waitDroppingLock(drainTimeout, func() bool { return c.rx.posted == 0 && c.tx.idle() })
+		c.drainDroppingLock()
 	}
 	// From here on a disconnect event must not touch the QP: destroying
 	// it while rdma_disconnect moves it to the error state fails (EBUSY).
@@ -324,23 +286,4 @@ func (c *Conn) teardown(graceful bool) error {
 	}
 	c.cm.release()
 	return lost
-}
-
-// waitDroppingLock waits, with mu held on entry and exit, until cond holds
-// or the timeout passes; completions signal drained while the phase is
-// dead.
-func (c *Conn) waitDroppingLock(timeout time.Duration, cond func() bool) {
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	for !cond() {
-		c.mu.Unlock()
-		select {
-		case <-c.drained:
-		case <-c.txReady:
-		case <-t.C:
-			c.mu.Lock()
-			return
-		}
-		c.mu.Lock()
-	}
 }

@@ -1,0 +1,428 @@
+package rdma
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goverbs/rdma/internal/ibv"
+)
+
+// The data path of a Conn over a fake QP: the test plays the peer and the
+// poller, delivering completions the way the device would.
+
+type nopSpinner struct{}
+
+func (nopSpinner) spinStart() {}
+func (nopSpinner) spinEnd()   {}
+func (nopSpinner) tryPoll()   {}
+
+type fakePeer struct {
+	t      *testing.T
+	c      *Conn
+	q      *fakeQP
+	lay    layout
+	nextRx int // index into q.recvs of the receive the next message lands in
+	seenTx int // sends already examined
+}
+
+// newFakeConn returns an established Conn with depth receives and send
+// buffers of bufSize bytes, whose peer granted the same.
+func newFakeConn(t *testing.T, depth, bufSize int) *fakePeer {
+	opts := Options{BufferSize: bufSize, SendDepth: depth, RecvDepth: depth, Poll: PollEvent}
+	lay := newLayout(opts)
+	c := newConn(phaseEstablished)
+	q := &fakeQP{}
+	c.mu.Lock()
+	require.NoError(t, c.initDataPath(q, make([]byte, lay.size()), lay, testBase, testLKey, 0, opts, nopSpinner{}))
+	c.mu.Unlock()
+	require.Len(t, q.recvs, lay.recvSlots, "every receive is posted at setup")
+	c.maxMsg = bufSize
+	c.cr.open(depth, ctrlDepth)
+	return &fakePeer{t: t, c: c, q: q, lay: lay}
+}
+
+// deliver completes the next posted receive with a message from the peer.
+func (p *fakePeer) deliver(h header, payload []byte) {
+	p.t.Helper()
+	require.Less(p.t, p.nextRx, len(p.q.recvs), "the peer sent with no receive posted")
+	wr := p.q.recvs[p.nextRx]
+	p.nextRx++
+	copy(p.c.mem[wr.Addr-testBase:], payload)
+	p.complete(ibv.WC{WRID: wr.ID, ByteLen: uint32(len(payload)), Imm: h.imm(), Flags: ibv.WCWithImm})
+}
+
+// complete hands one completion to the Conn as the poller does.
+func (p *fakePeer) complete(wc ibv.WC) {
+	if p.c.complete(wc) {
+		p.c.lockAndFlush()
+	}
+}
+
+// sent returns the messages posted since the last call.
+func (p *fakePeer) sent() []ibv.SendWR {
+	all := p.q.posted()
+	s := all[p.seenTx:]
+	p.seenTx = len(all)
+	return s
+}
+
+func (p *fakePeer) payload(wr ibv.SendWR) string {
+	off := wr.Addr - testBase
+	return string(p.c.mem[off : off+uint64(wr.Len)])
+}
+
+// ack completes every send posted so far, as a signaled completion would.
+func (p *fakePeer) ack() {
+	all := p.q.posted()
+	if len(all) > 0 {
+		p.complete(ibv.WC{WRID: all[len(all)-1].ID})
+	}
+}
+
+func TestConnWriteRead(t *testing.T) {
+	p := newFakeConn(t, 8, 1024)
+	n, err := p.c.Write([]byte("hello"))
+	require.NoError(t, err)
+	require.Equal(t, 5, n)
+	s := p.sent()
+	require.Len(t, s, 1)
+	require.Equal(t, header{typ: msgData}, headerOf(s[0].Imm))
+	require.Equal(t, "hello", p.payload(s[0]))
+	require.Equal(t, 7, p.c.cr.credits)
+
+	// A Write bigger than a buffer is cut into messages, posted as one chain.
+	big := bytes.Repeat([]byte("x"), 2500)
+	_, err = p.c.Write(big)
+	require.NoError(t, err)
+	s = p.sent()
+	require.Len(t, s, 2)
+	require.Equal(t, []uint32{1024, 1024}, []uint32{s[0].Len, s[1].Len})
+	require.Len(t, p.q.sends, 2, "one post per Write")
+	require.Equal(t, 452, p.c.tx.pendLen, "three messages unconsumed at the peer: the partial one is held")
+
+	p.deliver(header{typ: msgData, credits: 3}, []byte("world"))
+	s = p.sent()
+	require.Len(t, s, 1, "the peer consumed everything: the held buffer goes")
+	require.Equal(t, uint32(452), s[0].Len)
+	require.Equal(t, 7, p.c.cr.credits)
+	p.deliver(header{typ: msgData}, []byte("!"))
+	n, err = p.c.Read(nil)
+	require.Zero(t, n)
+	require.NoError(t, err)
+	b := make([]byte, 64)
+	n, err = p.c.Read(b)
+	require.NoError(t, err)
+	require.Equal(t, "world!", string(b[:n]), "a Read takes as many messages as fit")
+}
+
+func TestConnCreditsAtZeroGather(t *testing.T) {
+	p := newFakeConn(t, 2, 1024)
+	p.c.SetNoDelay(true)
+	for _, w := range []string{"a", "b"} {
+		_, err := p.c.Write([]byte(w))
+		require.NoError(t, err)
+	}
+	require.Len(t, p.sent(), 2)
+	require.Zero(t, p.c.cr.credits)
+	p.ack() // the send buffers are free again, the peer's receives are not
+
+	// No credit: Writes gather in the pending buffer and return at once.
+	for _, w := range []string{"c", "d", "e"} {
+		_, err := p.c.Write([]byte(w))
+		require.NoError(t, err)
+	}
+	require.Empty(t, p.sent())
+	require.Equal(t, 3, p.c.tx.pendLen)
+
+	// The credit that comes back sends them as one message.
+	p.deliver(header{typ: msgCredit, credits: 1}, nil)
+	s := p.sent()
+	require.Len(t, s, 1)
+	require.Equal(t, "cde", p.payload(s[0]))
+	require.Zero(t, p.c.tx.pendLen)
+}
+
+func TestConnHoldReleasedByReturningCredits(t *testing.T) {
+	p := newFakeConn(t, 8, 1024) // holdAt 2
+	for _, w := range []string{"1", "2", "3", "4"} {
+		_, err := p.c.Write([]byte(w))
+		require.NoError(t, err)
+	}
+	require.Len(t, p.sent(), 2, "two unconsumed at the peer: the rest gather")
+	require.Equal(t, 2, p.c.tx.pendLen)
+
+	p.deliver(header{typ: msgCredit, credits: 1}, nil)
+	require.Empty(t, p.sent(), "one consumed: still streaming")
+	p.deliver(header{typ: msgCredit, credits: 1}, nil)
+	s := p.sent()
+	require.Len(t, s, 1, "all consumed: the held buffer goes")
+	require.Equal(t, "34", p.payload(s[0]))
+	require.Equal(t, header{typ: msgData, ctrlAck: 2}, headerOf(s[0].Imm), "it acknowledges the two credit messages")
+
+	// SetNoDelay sends a held buffer at once.
+	for _, w := range []string{"5", "6"} {
+		p.c.Write([]byte(w))
+	}
+	require.Len(t, p.sent(), 1)
+	require.NoError(t, p.c.SetNoDelay(true))
+	require.Len(t, p.sent(), 1)
+}
+
+func TestConnReturnsCreditsInBatches(t *testing.T) {
+	p := newFakeConn(t, 8, 64) // batch 2
+	for range 3 {
+		p.deliver(header{typ: msgData}, []byte("m"))
+	}
+	b := make([]byte, 1)
+	p.c.Read(b)
+	require.Empty(t, p.sent(), "less than a batch consumed: nothing to report yet")
+	p.c.Read(b)
+	s := p.sent()
+	require.Len(t, s, 1)
+	require.Equal(t, header{typ: msgCredit, credits: 2}, headerOf(s[0].Imm))
+	require.Len(t, p.q.recvs, p.lay.recvSlots+2, "the consumed buffers were posted again")
+}
+
+func TestConnPastReadDeadlineReturnsCredits(t *testing.T) {
+	p := newFakeConn(t, 8, 64)
+	p.deliver(header{typ: msgData}, []byte("m"))
+	b := make([]byte, 8)
+	_, err := p.c.Read(b)
+	require.NoError(t, err)
+	require.Empty(t, p.sent())
+
+	require.NoError(t, p.c.SetReadDeadline(time.Now().Add(-time.Second)))
+	_, err = p.c.Read(b)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	var ne net.Error
+	require.ErrorAs(t, err, &ne)
+	require.True(t, ne.Timeout())
+	s := p.sent()
+	require.Len(t, s, 1, "a reader polling with a past deadline still gives its credits back")
+	require.Equal(t, header{typ: msgCredit, credits: 1}, headerOf(s[0].Imm))
+}
+
+func TestConnCloseReadDiscardsAndReturnsCredits(t *testing.T) {
+	p := newFakeConn(t, 8, 64)
+	p.deliver(header{typ: msgData}, []byte("a"))
+	p.deliver(header{typ: msgData}, []byte("b"))
+	posted := len(p.q.recvs)
+	require.NoError(t, p.c.CloseRead())
+	require.Len(t, p.q.recvs, posted+2)
+	s := p.sent()
+	require.Len(t, s, 1)
+	require.Equal(t, header{typ: msgCredit, credits: 2}, headerOf(s[0].Imm))
+	_, err := p.c.Read(make([]byte, 8))
+	require.Equal(t, io.EOF, err)
+
+	// Later data is discarded and its buffers go back too.
+	p.ack()
+	p.deliver(header{typ: msgData}, []byte("c"))
+	p.deliver(header{typ: msgData}, []byte("d"))
+	require.Zero(t, p.c.rx.n)
+	require.Len(t, p.sent(), 1)
+
+	_, err = p.c.Write([]byte("still writing"))
+	require.NoError(t, err)
+}
+
+func TestConnFinThenEOF(t *testing.T) {
+	p := newFakeConn(t, 8, 64)
+	p.deliver(header{typ: msgData}, []byte("last"))
+	p.deliver(header{typ: msgFin}, nil)
+	b := make([]byte, 64)
+	n, err := p.c.Read(b)
+	require.NoError(t, err)
+	require.Equal(t, "last", string(b[:n]))
+	_, err = p.c.Read(b)
+	require.Equal(t, io.EOF, err, "io.EOF is returned bare")
+	_, err = p.c.Read(b)
+	require.Equal(t, io.EOF, err)
+}
+
+func TestConnCloseWrite(t *testing.T) {
+	p := newFakeConn(t, 2, 64)
+	p.c.SetNoDelay(true)
+	p.c.Write([]byte("x"))
+	p.c.Write([]byte("y"))
+	p.ack()
+	p.c.Write([]byte("pending"))
+	require.Equal(t, 7, p.c.tx.pendLen)
+	require.NoError(t, p.c.CloseWrite())
+	require.Len(t, p.sent(), 2, "the fin waits behind the pending data")
+	_, err := p.c.Write([]byte("z"))
+	require.ErrorIs(t, err, syscall.EPIPE)
+	requireNetOpError(t, err, "write")
+
+	p.deliver(header{typ: msgCredit, credits: 1}, nil)
+	s := p.sent()
+	require.Len(t, s, 2)
+	require.Equal(t, "pending", p.payload(s[0]))
+	require.Equal(t, uint8(msgFin), headerOf(s[1].Imm).typ)
+	require.NotZero(t, s[1].Flags&ibv.SendSignaled)
+	require.NoError(t, p.c.CloseWrite(), "a second CloseWrite is a no-op")
+}
+
+func requireNetOpError(t *testing.T, err error, op string) {
+	t.Helper()
+	var oe *net.OpError
+	require.ErrorAs(t, err, &oe)
+	require.Equal(t, op, oe.Op)
+	require.Equal(t, "rdma", oe.Net)
+}
+
+func TestConnProtocolViolations(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		send func(p *fakePeer)
+		want string
+	}{
+		{"unknown message type", func(p *fakePeer) { p.deliver(header{typ: 9}, nil) }, "unknown message type"},
+		{"more credits than sent", func(p *fakePeer) { p.deliver(header{typ: msgCredit, credits: 1}, nil) }, "more credits"},
+		{"empty data message", func(p *fakePeer) { p.deliver(header{typ: msgData}, nil) }, "empty data message"},
+		{"no header", func(p *fakePeer) {
+			p.complete(ibv.WC{WRID: p.q.recvs[0].ID, ByteLen: 1})
+		}, "without immediate data"},
+		{"unknown buffer", func(p *fakePeer) {
+			p.complete(ibv.WC{WRID: 999, ByteLen: 1, Flags: ibv.WCWithImm, Imm: header{typ: msgData}.imm()})
+		}, "without immediate data"},
+		{"more messages than receives", func(p *fakePeer) {
+			for range p.lay.recvSlots {
+				p.deliver(header{typ: msgData}, []byte("x"))
+			}
+			p.c.rx.push(rxMsg{slot: 0, n: 1}) // unreachable through deliver: every receive is used
+			p.complete(ibv.WC{WRID: 0, ByteLen: 1, Flags: ibv.WCWithImm, Imm: header{typ: msgData}.imm()})
+		}, "overran its credits"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newFakeConn(t, 4, 64)
+			tc.send(p)
+			_, werr := p.c.Write([]byte("x"))
+			require.ErrorIs(t, werr, ErrProtocol)
+			require.ErrorContains(t, werr, tc.want)
+			// Queued data is still read first; then the error.
+			var rerr error
+			for rerr == nil {
+				_, rerr = p.c.Read(make([]byte, 1024))
+			}
+			require.ErrorIs(t, rerr, ErrProtocol)
+			requireNetOpError(t, rerr, "read")
+		})
+	}
+}
+
+func TestConnFailedCompletions(t *testing.T) {
+	p := newFakeConn(t, 4, 64)
+	p.complete(ibv.WC{WRID: p.q.recvs[0].ID, Status: ibv.WCRetryExcErr})
+	_, err := p.c.Read(make([]byte, 8))
+	require.ErrorIs(t, err, syscall.ECONNRESET)
+	require.ErrorContains(t, err, "work request failed")
+	require.NotContains(t, err.Error(), "ibv_poll_cq", "no verb failed: the completion did")
+
+	p = newFakeConn(t, 4, 64)
+	p.c.Write([]byte("x"))
+	p.complete(ibv.WC{WRID: p.q.posted()[0].ID, Status: ibv.WCRetryExcErr})
+	_, err = p.c.Write([]byte("y"))
+	require.ErrorIs(t, err, syscall.ECONNRESET)
+	_, err = p.c.Read(make([]byte, 8))
+	require.ErrorIs(t, err, syscall.ECONNRESET, "a broken connection fails Reads too")
+
+	// A flushed receive (the QP went to error) reads as a reset.
+	p = newFakeConn(t, 4, 64)
+	p.complete(ibv.WC{WRID: p.q.recvs[0].ID, Status: ibv.WCFlushErr})
+	_, err = p.c.Read(make([]byte, 8))
+	require.ErrorIs(t, err, syscall.ECONNRESET)
+	require.Equal(t, "connection reset by peer", errors.Unwrap(err).Error())
+}
+
+func TestConnFailedPost(t *testing.T) {
+	p := newFakeConn(t, 4, 64)
+	fail := os.NewSyscallError("ibv_post_send", syscall.EIO)
+	p.q.sendErr = fail
+	_, err := p.c.Write([]byte("x"))
+	require.NoError(t, err, "the Write was accepted before the post failed")
+	_, err = p.c.Write([]byte("y"))
+	require.ErrorIs(t, err, syscall.EIO)
+	require.ErrorContains(t, err, "ibv_post_send")
+}
+
+func TestConnDrainWaitsForPostInFlight(t *testing.T) {
+	p := newFakeConn(t, 4, 64)
+	entered, release := make(chan struct{}), make(chan struct{})
+	p.q.onSend = func() {
+		p.q.onSend = nil
+		close(entered)
+		<-release
+	}
+	go p.c.Write([]byte("x")) // posts without the lock, and blocks in the post
+	<-entered
+
+	drained := make(chan struct{})
+	go func() {
+		p.c.mu.Lock()
+		p.c.life.phase = phaseDead
+		p.c.drainDroppingLock()
+		p.c.mu.Unlock()
+		close(drained)
+	}()
+	time.Sleep(10 * time.Millisecond)
+	p.c.mu.Lock()
+	require.False(t, p.c.tx.draining, "the teardown waits for the post in flight")
+	p.c.mu.Unlock()
+
+	close(release)
+	require.Eventually(t, func() bool {
+		p.c.mu.Lock()
+		defer p.c.mu.Unlock()
+		return p.c.tx.draining
+	}, 5*time.Second, time.Millisecond)
+
+	// Nothing more is posted; the marker retires what was; the flushed
+	// receives come back.
+	p.c.SetNoDelay(true)
+	all := p.q.posted()
+	marker := all[len(all)-1]
+	require.Equal(t, p.c.tx.marker(), marker)
+	p.complete(ibv.WC{WRID: marker.ID, Status: ibv.WCFlushErr})
+	for _, wr := range p.q.recvs {
+		p.complete(ibv.WC{WRID: wr.ID, Status: ibv.WCFlushErr})
+	}
+	select {
+	case <-drained:
+	case <-time.After(drainTimeout / 2):
+		t.Fatal("the drain did not end when everything completed")
+	}
+	require.Len(t, p.q.posted(), len(all), "nothing was posted after the marker")
+}
+
+func TestConnZeroAndNil(t *testing.T) {
+	for _, c := range []*Conn{nil, {}} {
+		_, err := c.Read(nil)
+		require.ErrorIs(t, err, syscall.EINVAL)
+		_, err = c.Write(nil)
+		require.ErrorIs(t, err, syscall.EINVAL)
+		require.ErrorIs(t, c.Close(), syscall.EINVAL)
+		require.ErrorIs(t, c.CloseRead(), syscall.EINVAL)
+		require.ErrorIs(t, c.CloseWrite(), syscall.EINVAL)
+		require.ErrorIs(t, c.SetNoDelay(true), syscall.EINVAL)
+		require.ErrorIs(t, c.SetDeadline(time.Time{}), syscall.EINVAL)
+		require.ErrorIs(t, c.SetReadDeadline(time.Time{}), syscall.EINVAL)
+		require.ErrorIs(t, c.SetWriteDeadline(time.Time{}), syscall.EINVAL)
+		require.Nil(t, c.LocalAddr())
+		require.Nil(t, c.RemoteAddr())
+	}
+	for _, l := range []*Listener{nil, {}} {
+		_, err := l.Accept()
+		require.ErrorIs(t, err, syscall.EINVAL)
+		require.ErrorIs(t, l.Close(), syscall.EINVAL)
+		require.Nil(t, l.Addr())
+	}
+}

@@ -1,0 +1,120 @@
+package rdma
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// fakeSpinner counts polls; its tryPoll signals ready after a number of
+// polls, as a completion found by the spinning goroutine would.
+type fakeSpinner struct {
+	polls, starts, ends atomic.Int32
+	readyAfter          int32 // 0: never
+	ready               chan struct{}
+}
+
+func (s *fakeSpinner) spinStart() { s.starts.Add(1) }
+func (s *fakeSpinner) spinEnd()   { s.ends.Add(1) }
+func (s *fakeSpinner) tryPoll() {
+	if n := s.polls.Add(1); n == s.readyAfter {
+		signal(s.ready)
+	}
+}
+
+func TestParsePollMode(t *testing.T) {
+	for _, m := range []PollMode{PollAdaptive, PollBusy, PollEvent} {
+		got, err := ParsePollMode(m.String())
+		require.NoError(t, err)
+		require.Equal(t, m, got)
+	}
+	_, err := ParsePollMode("spin")
+	require.ErrorContains(t, err, `unknown poll mode "spin"`)
+	require.Equal(t, "PollMode(7)", PollMode(7).String())
+}
+
+func TestWaitBusySpinsUntilReady(t *testing.T) {
+	ready := make(chan struct{}, 1)
+	sp := &fakeSpinner{readyAfter: 3 * spinCheck, ready: ready}
+	w := waiter{mode: PollBusy, sp: sp}
+	dl := makeDeadline()
+	var avg time.Duration
+	w.wait(ready, make(chan struct{}), &dl, &avg)
+	require.Equal(t, 3*spinCheck, int(sp.polls.Load()), "the completion was found by the waiter's own polls")
+	require.Equal(t, sp.starts.Load(), sp.ends.Load(), "every spin tells the poller when it ends")
+	require.Positive(t, avg)
+}
+
+func TestWaitBusyStopsAtDeadlineAndClose(t *testing.T) {
+	ready := make(chan struct{}, 1)
+	w := waiter{mode: PollBusy, sp: &fakeSpinner{ready: ready}}
+	dl := makeDeadline()
+	dl.set(time.Now().Add(5 * time.Millisecond))
+	var avg time.Duration
+	start := time.Now()
+	w.wait(ready, make(chan struct{}), &dl, &avg)
+	require.GreaterOrEqual(t, time.Since(start), 5*time.Millisecond)
+	require.Zero(t, avg, "a wait that ended without ready does not count")
+
+	closing := make(chan struct{})
+	close(closing)
+	dl = makeDeadline()
+	w.wait(ready, closing, &dl, &avg)
+}
+
+func TestWaitEventParksAtOnce(t *testing.T) {
+	ready := make(chan struct{}, 1)
+	sp := &fakeSpinner{ready: ready}
+	w := waiter{mode: PollEvent, sp: sp}
+	dl := makeDeadline()
+	var avg time.Duration
+	go func() {
+		time.Sleep(2 * time.Millisecond)
+		signal(ready)
+	}()
+	w.wait(ready, make(chan struct{}), &dl, &avg)
+	require.Zero(t, sp.polls.Load(), "PollEvent never polls")
+	require.Positive(t, avg)
+}
+
+func TestWaitAdaptive(t *testing.T) {
+	ready := make(chan struct{}, 1)
+	sp := &fakeSpinner{ready: ready}
+	w := waiter{mode: PollAdaptive, spinTime: time.Millisecond, sp: sp}
+	dl := makeDeadline()
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		signal(ready)
+	}()
+	// The average is clipped at twice maxAdaptiveSpin, so a parked wait
+	// cannot drag it far above the spin limit.
+	avg := 10 * time.Second
+	start := time.Now()
+	w.wait(ready, make(chan struct{}), &dl, &avg)
+	require.GreaterOrEqual(t, time.Since(start), 20*time.Millisecond)
+	require.Positive(t, sp.polls.Load(), "it spun first")
+	require.Less(t, avg, 10*time.Second)
+	require.Greater(t, avg, 2*maxAdaptiveSpin)
+
+	// Short recent waits stretch the spin: a reply found after spinTime
+	// but within twice the average is still caught spinning.
+	sp2 := &fakeSpinner{ready: ready, readyAfter: 1 << 30}
+	w = waiter{mode: PollAdaptive, spinTime: time.Microsecond, sp: sp2}
+	avg = 500 * time.Microsecond
+	go func() {
+		time.Sleep(300 * time.Microsecond)
+		signal(ready)
+	}()
+	w.wait(ready, make(chan struct{}), &dl, &avg)
+	require.Greater(t, int(sp2.polls.Load()), spinCheck, "spun past spinTime")
+}
+
+func TestSpinReportsBudget(t *testing.T) {
+	ready := make(chan struct{}, 1)
+	w := waiter{sp: &fakeSpinner{ready: ready}}
+	require.True(t, w.spin(ready, make(chan struct{}), 0), "an exhausted budget")
+	signal(ready)
+	require.False(t, w.spin(ready, make(chan struct{}), time.Hour), "ready")
+}
