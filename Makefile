@@ -1,15 +1,20 @@
 # make test: formatting and static checks, host unit tests, then the device
 # tests inside a Soft-RoCE VM (testbed/vm.sh). make demo: the echo example in
-# the VM. make bench: the benchmark table. All of them install what they need
-# on a Debian machine (as root).
+# the VM. make bench: the benchmark table. Those install what they need on a
+# Debian machine (as root). make check and make unit need neither root nor
+# the VM: without the verbs headers they check the portable build only.
 
 GO          ?= go
+CC          ?= cc
+# Whether cgo can build against libibverbs and librdmacm here (make deps
+# installs their headers).
+HAVE_VERBS  := $(shell printf '\043include <infiniband/verbs.h>\n\043include <rdma/rdma_cma.h>\n' | $(CC) -E -x c - >/dev/null 2>&1 && echo yes)
 OUT         := .testbed-out
 VM          := testbed/vm.sh
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 VMTIMEOUT   ?= 1500
 
-.PHONY: all deps check unit vmtest test demo bench microbench clean
+.PHONY: all deps check unit verbs-note vmtest test demo bench microbench clean
 
 all: test
 
@@ -19,13 +24,29 @@ deps:
 	$(VM) --prepare
 	$(GO) mod download
 
-check: deps
+# The API is declared once for every platform: the builds without cgo and
+# for darwin must vet too (api_test.go calls every export).
+check: verbs-note
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+ifeq ($(HAVE_VERBS),yes)
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
+endif
+	CGO_ENABLED=0 $(GO) vet ./...
+	GOOS=darwin GOARCH=arm64 $(GO) vet ./...
 
-unit: deps
+# Host tests: the pure types and the data path over fakes; device tests
+# skip here with their reason.
+unit: verbs-note
+ifeq ($(HAVE_VERBS),yes)
 	$(GO) test -count=1 ./...
+endif
+	CGO_ENABLED=0 $(GO) test -count=1 ./...
+
+verbs-note:
+ifneq ($(HAVE_VERBS),yes)
+	@echo "note: no libibverbs/librdmacm headers: checking the portable build only (make deps installs them)"
+endif
 
 # Test binaries are built on the host and run in the VM: same libraries.
 vmtest: deps
@@ -36,7 +57,7 @@ vmtest: deps
 		echo "=== the same tests under the race detector (-short)" && \
 		$(OUT)/rdma.race.test -test.v -test.count=1 -test.short -test.timeout 20m'
 
-test: check unit vmtest
+test: deps check unit vmtest
 
 demo: deps
 	mkdir -p $(OUT)

@@ -1,0 +1,88 @@
+package rdma_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goverbs/rdma"
+)
+
+// useEveryExport calls every exported function and method of the package.
+// It exists to be compiled: make check vets this file with CGO_ENABLED=0 and
+// for darwin/arm64, so a method declared on one platform only (the API
+// drifting between builds) fails the check. It runs only against values
+// that need no device.
+func useEveryExport(c *rdma.Conn, l *rdma.Listener) []error {
+	var errs []error
+	add := func(err error) { errs = append(errs, err) }
+
+	_, err := rdma.Dial("rdma", "192.0.2.1:1")
+	add(err)
+	_, err = rdma.Listen("rdma", "192.0.2.1:0")
+	add(err)
+	d := rdma.Dialer{Timeout: time.Millisecond, LocalAddr: &rdma.Addr{}, Options: rdma.Options{Poll: rdma.PollEvent}}
+	_, err = d.Dial("rdma", "192.0.2.1:1")
+	add(err)
+	_, err = d.DialContext(context.Background(), "tcp", "192.0.2.1:1")
+	add(err)
+	lc := rdma.ListenConfig{Backlog: 1}
+	_, err = lc.Listen(context.Background(), "rdma", "192.0.2.1:0")
+	add(err)
+	a, err := rdma.ResolveAddr("rdma", "192.0.2.1:1")
+	add(err)
+	_, _, _ = a.Network(), a.String(), a.AddrPort()
+	_, err = rdma.Options{}.RegisteredMemory()
+	add(err)
+	_, err = rdma.ParsePollMode(rdma.PollBusy.String())
+	add(err)
+
+	_, err = c.Read(nil)
+	add(err)
+	_, err = c.Write(nil)
+	add(err)
+	add(c.SetDeadline(time.Time{}))
+	add(c.SetReadDeadline(time.Time{}))
+	add(c.SetWriteDeadline(time.Time{}))
+	add(c.SetNoDelay(true))
+	add(c.CloseRead())
+	add(c.CloseWrite())
+	add(c.Close())
+	_, _ = c.LocalAddr(), c.RemoteAddr()
+
+	_, err = l.Accept()
+	add(err)
+	_ = l.Addr()
+	add(l.Close())
+
+	_ = []error{rdma.ErrNoDevice, rdma.ErrProtocol, rdma.ErrUnsupported}
+	_ = []int{rdma.DefaultBufferSize, rdma.DefaultSendDepth, rdma.DefaultRecvDepth}
+	_ = rdma.DefaultSpinTime + 0*time.Second
+	_ = rdma.PollAdaptive
+	return errs
+}
+
+// TestZeroValuesFail checks, on every build, that the methods of nil and
+// zero values return net's errors instead of panicking, as a zero
+// net.TCPConn's do.
+func TestZeroValuesFail(t *testing.T) {
+	for _, c := range []*rdma.Conn{nil, new(rdma.Conn)} {
+		for _, l := range []*rdma.Listener{nil, new(rdma.Listener)} {
+			errs := useEveryExport(c, l)
+			n := 0
+			for _, err := range errs {
+				var oe *net.OpError
+				if errors.As(err, &oe) && errors.Is(err, syscall.EINVAL) {
+					require.Equal(t, "rdma", oe.Net)
+					n++
+				}
+			}
+			require.Equal(t, 11, n, "each Conn and Listener method that returns an error: %v", errs)
+		}
+	}
+}
