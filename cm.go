@@ -3,14 +3,19 @@
 package rdma
 
 import (
+	"errors"
 	"sync"
+	"syscall"
 
 	"github.com/goverbs/rdma/internal/rdmacm"
 )
 
 // cmHandler receives the rdma_cm events of one id. Handlers run on the
-// event goroutine, one at a time, and must not block: in particular they
-// must never call rdmacm.ID.Destroy on an id that may still have events.
+// event goroutine, one at a time. They may make system calls and take
+// short locks (a listener sets a connection's resources up there), but must
+// never wait for CM events or for goroutines that wait on them: in
+// particular never call rdmacm.ID.Destroy on an id that may still have
+// events.
 type cmHandler interface {
 	cmEvent(ev rdmacm.Event)
 }
@@ -43,6 +48,10 @@ func acquireCM() (*cmLoop, error) {
 	if theCM == nil {
 		ch, err := rdmacm.NewEventChannel()
 		if err != nil {
+			if errors.Is(err, syscall.ENODEV) {
+				// librdmacm found no RDMA device on this host.
+				err = &deviceError{err}
+			}
 			return nil, err
 		}
 		theCM = &cmLoop{ch: ch, done: make(chan struct{}), handlers: make(map[uintptr]cmHandler)}

@@ -26,23 +26,30 @@ var (
 // (wait.go); the platform's part (connSys: the rdma_cm id, the QP, the
 // registered memory, the device) is set up and torn down in conn_verbs.go.
 //
-// Concurrency. Four kinds of goroutine run a Conn's code:
+// Concurrency. These goroutines run a Conn's code:
 //   - the caller's Reads and Writes (one of each at a time, by readMu and
 //     writeMu), and Close, CloseRead, CloseWrite and the setters;
 //   - the device's poller goroutine, which calls complete for each
-//     completion with the device's cqMu held, then lockAndFlush;
+//     completion with the device's cqMu held and, once cqMu is released,
+//     lockAndFlush for the connections that have sends to post;
 //   - a Read or Write of any connection on the same device that spins
 //     while it waits (tryPoll): it runs complete and lockAndFlush of this
 //     connection exactly as the poller would;
-//   - the CM goroutine, which calls cmEvent (conn_verbs.go).
+//   - the CM goroutine, which calls cmEvent (conn_verbs.go), and for a
+//     listener's connections the whole setup;
+//   - a listener's teardown goroutines, which tear down connections that
+//     were never accepted, and Listener.Close, which closes queued ones.
 //
 // Everything in life, cr, tx and rx is guarded by mu. Helpers whose name
 // ends in DroppingLock are entered and left with mu held but release it
-// in between (to post, which is a system call on rxe, or to wait); their
-// callers must re-check what they rely on. Two things are touched without
-// mu by design: the payload of queued received messages (a Read copies it
-// out while the completion side only appends behind it) and the send
-// buffers a Write fills while tx.filling is set (flush leaves them alone).
+// in between (to post sends, which is a system call on rxe, to copy
+// payload, or to wait); their callers must re-check what they rely on.
+// Two things are touched without mu by design: the payload of queued
+// received messages (a Read copies it out while the completion side only
+// appends behind it) and the send buffers a Write fills while tx.filling
+// is set (flush leaves them alone). Once the teardown owns the send queue
+// (tx.draining), it posts its drain marker with mu held: nobody else posts
+// then.
 type Conn struct {
 	connSys
 
@@ -207,8 +214,9 @@ func (c *Conn) copyOutDroppingLock(b []byte) (int, error) {
 // gather in a pending buffer that goes out as one message when the peer
 // returns credit (so a fast writer of small messages is not held to one
 // message per peer receive). While the peer is behind, a small Write may
-// also gather with the next ones (see SetNoDelay). Write blocks only while
-// every send buffer is in flight or full. Close delivers what Write
+// also gather with the next ones (see SetNoDelay). Write blocks while every
+// send buffer is in flight, or while the peer has no receive free and the
+// pending buffer (one message) is full. Close delivers what Write
 // accepted, unless the peer leaves no receive buffer free for the few
 // seconds Close waits; then Close reports the loss.
 func (c *Conn) Write(b []byte) (int, error) {
@@ -300,9 +308,10 @@ func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
 	return off
 }
 
-// complete handles one work completion (see completer). It only queues
-// what must go out (a credit message, a pending buffer that credits now
-// allow) and reports whether there is any.
+// complete handles one work completion (see completer). It posts consumed
+// receives again, but only queues the sends that must go out (a credit
+// message, a pending buffer that credits now allow) and reports whether
+// there are any.
 func (c *Conn) complete(wc ibv.WC) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -517,12 +526,14 @@ func (c *Conn) flushDroppingLock() {
 	}
 }
 
-// SetNoDelay controls whether a small Write goes out at once even while
-// the peer is behind (noDelay true), or may wait, while earlier messages
-// are unconsumed at the peer, to be sent with the Writes that follow (the
-// default). Like TCP's option of that name, it trades message rate for the
-// latency of back-to-back small Writes; request-response traffic, where
-// the peer has consumed what was sent before each Write, never waits.
+// SetNoDelay controls whether a small Write goes out as soon as the peer
+// has a receive free even while it is behind (noDelay true), or may wait,
+// while earlier messages are unconsumed at the peer, to be sent with the
+// Writes that follow (the default). Like TCP's option of that name, it
+// trades message rate for the latency of back-to-back small Writes;
+// request-response traffic, where the peer has consumed what was sent
+// before each Write, never waits. With no receive free at the peer,
+// Writes gather whatever the setting.
 func (c *Conn) SetNoDelay(noDelay bool) error {
 	if !c.ok() {
 		return errInvalid("set")
@@ -539,7 +550,8 @@ func (c *Conn) SetNoDelay(noDelay bool) error {
 
 // CloseWrite shuts down the writing side: the peer reads what was written
 // and then io.EOF, while this side can still read. Writes fail from then
-// on with an error wrapping syscall.EPIPE.
+// on with an error wrapping syscall.EPIPE. It waits for a Write in progress
+// to return, so that the fin follows all of that Write's data.
 func (c *Conn) CloseWrite() error {
 	if !c.ok() {
 		return errInvalid("close")
@@ -605,8 +617,9 @@ func (c *Conn) sendFinDroppingLock() error {
 // Close closes the connection. Data already written is delivered before the
 // peer's Read returns io.EOF; Reads and Writes blocked here return an error
 // wrapping net.ErrClosed. Close waits until the peer's NIC has acknowledged
-// everything sent (a few seconds at most if the peer is unreachable) and
-// every buffer is released. If the peer leaves no receive buffer free for
+// everything sent and every buffer is released (about six seconds at most
+// if the peer is unreachable: three for the acknowledgement, three for the
+// queue to drain). If the peer leaves no receive buffer free for
 // that long while Writes' data still waits for one, the data is discarded
 // and Close returns an error wrapping syscall.ETIMEDOUT.
 func (c *Conn) Close() error {

@@ -122,32 +122,23 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 		ms = max(1, min(ms, int(time.Until(dl)/time.Millisecond)))
 	}
 	if err := c.id.ResolveAddr(src, dst, ms); err != nil {
-		return &deviceError{err}
+		return noDevice(err)
 	}
 	ev, err := c.waitCM(ctx)
 	if err != nil {
 		return err
 	}
 	if ev.Type != rdmacm.EventAddrResolved {
-		return &deviceError{os.NewSyscallError("rdma_resolve_addr", eventErrno(ev, syscall.ENODEV))}
+		return noDevice(os.NewSyscallError("rdma_resolve_addr", eventErrno(ev, syscall.EHOSTUNREACH)))
 	}
 	if err := c.id.ResolveRoute(ms); err != nil {
-		if errors.Is(err, syscall.ENODEV) {
-			// The address resolved to an interface without RDMA (loopback).
-			return &deviceError{err}
-		}
-		return err
+		return noDevice(err)
 	}
 	if ev, err = c.waitCM(ctx); err != nil {
 		return err
 	}
 	if ev.Type != rdmacm.EventRouteResolved {
-		err := os.NewSyscallError("rdma_resolve_route", eventErrno(ev, syscall.EHOSTUNREACH))
-		if ev.Status == -int(syscall.ENODEV) {
-			// The address resolved to an interface without RDMA (loopback).
-			return &deviceError{err}
-		}
-		return err
+		return noDevice(os.NewSyscallError("rdma_resolve_route", eventErrno(ev, syscall.EHOSTUNREACH)))
 	}
 	if err := c.setup(opts); err != nil {
 		return err
@@ -173,6 +164,16 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 	}
 	c.start(peer)
 	return nil
+}
+
+// noDevice marks the errors that mean no RDMA device serves the address
+// (it resolved to an interface without RDMA, loopback say) as ErrNoDevice;
+// others (an unreachable host) stay as they are.
+func noDevice(err error) error {
+	if errors.Is(err, syscall.ENODEV) || errors.Is(err, syscall.EADDRNOTAVAIL) {
+		return &deviceError{err}
+	}
+	return err
 }
 
 // eventErrno turns an event's status (a negative errno for most events)

@@ -2,7 +2,9 @@ package rdma
 
 // holdDepth is how many unconsumed messages at the peer make small Writes
 // gather (see ledger.hold): a burst of two Writes (a length, then the
-// payload) goes out at once; in a longer one, the third may wait.
+// payload) goes out at once; in a longer one, the third may wait. A peer
+// with fewer than four receives holds from the first (holdAt is at most
+// half its window).
 const holdDepth = 2
 
 // ledger is a connection's credit accounting (see proto.go): what this side

@@ -22,7 +22,7 @@ const (
 type shut uint8
 
 const (
-	shutClosed   shut = 1 << iota // Close was called: every call fails with net.ErrClosed
+	shutClosed   shut = 1 << iota // Close was called: every I/O call fails with net.ErrClosed
 	shutRead                      // CloseRead: Reads return io.EOF, arrivals are discarded
 	shutWrite                     // CloseWrite or Close: the fin is sent, Writes fail
 	shutFinRcvd                   // the peer's fin arrived

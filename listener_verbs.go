@@ -3,7 +3,6 @@
 package rdma
 
 import (
-	"errors"
 	"net"
 	"net/netip"
 	"sync"
@@ -49,10 +48,7 @@ func listen(ap netip.AddrPort, backlog int, opts Options) (*Listener, error) {
 		return fail(err)
 	}
 	if err := l.id.Bind(ap); err != nil {
-		if errors.Is(err, syscall.ENODEV) || errors.Is(err, syscall.EADDRNOTAVAIL) {
-			err = &deviceError{err}
-		}
-		return fail(err)
+		return fail(noDevice(err))
 	}
 	if !ap.Addr().IsUnspecified() && l.id.Verbs() == nil {
 		// Bound, but to an interface without RDMA.

@@ -24,14 +24,16 @@ type eventWaiter interface {
 // completer is what completions are dispatched to: a connection, found by
 // the QP number the completion carries.
 type completer interface {
-	// complete handles one completion with the poller's cqMu held, so it
-	// must not post or block; it reports whether the connection has
-	// something to post.
+	// complete handles one completion with the poller's cqMu held: it may
+	// post receives (one verb call, no wait) and disconnect, but must not
+	// post sends (on rxe a send runs the whole transfer) or wait; it
+	// reports whether the connection has sends to post.
 	// The completion is passed by value: a pointer into the poll batch
 	// would make every batch escape to the heap through the interface.
 	complete(wc ibv.WC) bool
-	// lockAndFlush posts what complete queued; it is called after cqMu
-	// is released, so a post does not hold up the other connections.
+	// lockAndFlush posts what complete queued; it is called, for the
+	// connections whose complete reported sends, after cqMu is released,
+	// so a post does not hold up the other connections.
 	lockAndFlush()
 }
 
@@ -70,8 +72,9 @@ func (p *poller) add(qpNum uint32, c completer) {
 	p.connsMu.Unlock()
 }
 
-// remove stops dispatch to a QP's connection; a batch being dispatched may
-// still reach it.
+// remove stops dispatch to a QP's connection. It waits out a dispatch in
+// progress; only the lockAndFlush that batch collected may still reach the
+// connection (harmless: its teardown no longer posts).
 func (p *poller) remove(qpNum uint32) {
 	p.connsMu.Lock()
 	delete(p.conns, qpNum)

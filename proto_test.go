@@ -450,7 +450,7 @@ func TestProtocolError(t *testing.T) {
 	require.NotErrorIs(t, err, ErrNoDevice)
 	require.Equal(t, ErrProtocol.Error()+": bad magic 0x1", err.Error())
 
-	wrapped := &net.OpError{Op: "dial", Net: "rdma", Err: os.NewSyscallError("ibv_poll_cq", err)}
+	wrapped := &net.OpError{Op: "read", Net: "rdma", Err: err}
 	require.ErrorIs(t, wrapped, ErrProtocol)
 	var pe *protocolError
 	require.ErrorAs(t, wrapped, &pe)

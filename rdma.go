@@ -5,23 +5,35 @@
 //
 // Underneath, librdmacm sets connections up and libibverbs moves the data:
 // each connection is an RC queue pair with preregistered send and receive
-// buffers and pre-posted receives. Every Write is cut into messages of at
-// most the peer's buffer size and sent with SEND; credits granted by the
-// receiver guarantee a posted receive for every message, so a fast writer
-// is slowed down (Write blocks) instead of overrunning a slow reader. One
+// buffers and pre-posted receives. A Write is copied into the registered
+// send buffers and sent with SEND in messages of at most the smaller of
+// the two sides' BufferSize; credits granted by the receiver guarantee a
+// posted receive for every message, so the NIC never meets a receiver
+// that is not ready. While the peer has no receive free, or is behind,
+// small Writes gather into one message (see Conn.Write and SetNoDelay); a
+// writer far ahead of its reader blocks instead of overrunning it. One
 // goroutine per device polls the shared completion queue and, when idle,
 // parks in Go's netpoller on the completion channel instead of holding an
-// OS thread.
+// OS thread; a Read or Write that waits briefly polls the queue itself
+// (see PollMode).
 //
-// Read returns the bytes of at most one message; a reader whose buffer is
-// at least as large as the peer's writes therefore sees the writes' boundaries
-// (for writes up to the buffer size), and any io.Reader user sees a correct
-// byte stream.
+// The connection is a byte stream, as TCP's: Read returns whatever has
+// arrived, up to len(b), across the peer's messages, so Write boundaries
+// are not kept.
 //
 // Errors follow package net: every error is a *net.OpError with Net "rdma"
-// wrapping net.ErrClosed, os.ErrDeadlineExceeded or an *os.SyscallError that
-// names the failing verb, except io.EOF, which is returned bare once the peer
-// has closed and everything it wrote has been read.
+// (io.EOF excepted: it is returned bare once the peer has closed and
+// everything it wrote has been read). What it wraps can be tested with
+// errors.Is: net.ErrClosed after Close; os.ErrDeadlineExceeded when a
+// deadline passes; ErrNoDevice, ErrProtocol and ErrUnsupported as their
+// docs say; syscall.ECONNREFUSED when the listener refuses; syscall.EPIPE
+// for a Write after CloseWrite; syscall.ECONNRESET when the peer goes away
+// without closing or the connection breaks; syscall.ETIMEDOUT when Close
+// had to discard written data; syscall.EINVAL on a nil or zero Conn or
+// Listener. A failed C call is an *os.SyscallError naming that call (for
+// the steps of connection setup that complete asynchronously, the call
+// that started the step, as net names connect for a refused non-blocking
+// connect).
 package rdma
 
 import (
@@ -89,7 +101,7 @@ func ResolveAddr(network, address string) (*Addr, error) {
 }
 
 // resolve turns "host:port" into one IP address of the family the network
-// allows, preferring IPv4 for "rdma" as net does.
+// allows: the first one the resolver returns.
 func resolve(ctx context.Context, network, address string) (netip.AddrPort, error) {
 	switch network {
 	case "rdma", "rdma4", "rdma6":
@@ -150,9 +162,10 @@ const (
 // Options are the per-connection resource settings shared by Dialer and
 // ListenConfig. Zero values pick the defaults.
 type Options struct {
-	// BufferSize is the size of each registered send and receive buffer,
-	// and so the largest message (headers travel apart, as immediate
-	// data); bigger Writes are split. Default 64 KiB.
+	// BufferSize is the size of each registered send and receive buffer.
+	// The largest message on a connection is the smaller of the two
+	// sides' BufferSize (headers travel apart, as immediate data); bigger
+	// Writes are split. Default 64 KiB.
 	BufferSize int
 	// SendDepth is the number of send buffers, the most messages in flight
 	// from this side. Default 16.
@@ -174,9 +187,10 @@ type Options struct {
 }
 
 // RegisteredMemory returns how many bytes of memory a connection with
-// these options registers with the device: its receive, send and control
-// buffers: RecvDepth + SendDepth + 5 buffers of BufferSize bytes, rounded
-// up to a page. That is what each connection pins, whatever its
+// these options registers with the device: RecvDepth + SendDepth + 5
+// buffers of BufferSize bytes (the 5 are receives reserved for the peer's
+// credit messages and its fin: any posted receive may get any message, so
+// each is full size), rounded up to a page. That is what each connection pins, whatever its
 // traffic; it returns an error for options Dial and Listen would refuse.
 func (o Options) RegisteredMemory() (int, error) {
 	o, err := o.normalized()
@@ -216,15 +230,20 @@ func (o Options) normalized() (Options, error) {
 }
 
 // ErrNoDevice is wrapped by the error Dial and Listen return when no RDMA
-// device serves the address (127.0.0.1, say, or an interface without RDMA).
+// device serves the address (127.0.0.1, say, or an interface without RDMA),
+// and when librdmacm finds no RDMA device on the host at all.
 var ErrNoDevice = errors.New("no RDMA device serves this address")
 
 // ErrProtocol is wrapped by the error Dial returns when the listener at the
-// address is not an rdma (this package's) listener, e.g. a perftest server.
+// address is not an rdma (this package's) listener, e.g. a perftest server,
+// and by Read and Write errors once the peer broke the protocol (a message
+// of an unknown type, more messages or credits than granted). A listener
+// of this package refuses a dialer of another protocol version (the
+// dialer's error wraps syscall.ECONNREFUSED).
 var ErrProtocol = errors.New("peer does not speak this package's protocol")
 
-// ErrUnsupported is wrapped by every Dial and Listen error on builds without
-// cgo or off Linux.
+// ErrUnsupported is wrapped by the error of every Dial and Listen with valid
+// options and address on builds without cgo or off Linux.
 var ErrUnsupported = errors.New("rdma: not supported on this build (needs linux and cgo)")
 
 // deviceError says no device serves an address while keeping the verb's
@@ -323,8 +342,9 @@ var errTimeout = os.ErrDeadlineExceeded
 
 // ListenConfig holds options for listening, like net.ListenConfig.
 type ListenConfig struct {
-	// Backlog is the most connections that may be established and waiting
-	// for Accept (and the rdma_listen backlog). Default 128.
+	// Backlog is the most connections that may be in their handshake or
+	// established and waiting for Accept (and the rdma_listen backlog);
+	// requests beyond it are refused. Default 128.
 	Backlog int
 	Options
 }

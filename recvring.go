@@ -105,7 +105,7 @@ func (r *recvRing) postOne(p recvPoster, slot int) error {
 }
 
 // readable returns what a Read may copy without the lock: from the head,
-// up to max messages (as many as the repost queue has room for), starting
+// avail messages (no more than the repost queue has room for), starting
 // off bytes into the first.
 func (r *recvRing) readable() (head, avail, off int) {
 	return r.head, min(r.n, cap(r.repost)-len(r.repost)), r.off

@@ -70,8 +70,9 @@ func (r *sendRing) ctrlInFlight() int { return int(r.ctrlSeq - r.ctrlDone) }
 
 // queue prepares a message: a data message whose n payload bytes are in the
 // next send buffer, or a control message (credit, fin), which has none.
-// finSent says the fin was queued before: every control message after it
-// is signaled, because Close waits for all of them.
+// finSent says the write side is shut (the fin is queued, or went):
+// every control message from then on is signaled, because Close waits for
+// all of them.
 func (r *sendRing) queue(h header, n int, finSent bool) {
 	var addr uint64
 	// Signal every half ring (so buffers come back while the rest are in

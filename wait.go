@@ -10,9 +10,10 @@ import (
 // cannot go on waits (spin, park, or spin then park), how long it spins,
 // and how the poller goroutine idles.
 
-// PollMode is how a waiting Read or Write learns of completions. Every
-// mode leaves the device's completion queue to a poller goroutine that
-// parks in the network poller (no CPU) while nobody spins.
+// PollMode is how a waiting Read or Write learns of completions. In every
+// mode a poller goroutine per device drains the completion queue and parks
+// in the network poller (no CPU) while nobody spins; a spinning Read or
+// Write polls the queue itself, and the poller steps aside meanwhile.
 type PollMode int
 
 const (
@@ -88,7 +89,7 @@ type waiter struct {
 // stream whose messages come every few hundred microseconds is then caught
 // without parking, while a quiet connection parks after SpinTime. avg is
 // the direction's moving average, guarded by the caller (Conn.readMu or
-// Conn.writeMu). The caller holds no other lock.
+// Conn.writeMu). The caller holds no lock besides that one.
 func (w *waiter) wait(ready, closing chan struct{}, dl *deadline, avg *time.Duration) {
 	start := time.Now()
 	switch w.mode {

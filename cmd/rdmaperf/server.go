@@ -70,8 +70,7 @@ func echo(c net.Conn, size int) error {
 // got: the client stops its clock on this reply, so the figure counts only
 // data that really arrived, not data still queued at the sender.
 func sink(c net.Conn) error {
-	// Large enough for many TCP segments per read; an rdma Read returns at
-	// most one message whatever the size.
+	// Large enough for many TCP segments, or many rdma messages, per read.
 	buf := make([]byte, 1<<20)
 	var total uint64
 	for {

@@ -343,6 +343,7 @@ func (cq *CQ) Ptr() unsafe.Pointer { return unsafe.Pointer(cq.cq) }
 func (cq *CQ) Poll(wcs []WC) (int, error) {
 	n := C.gv_poll(C.uintptr_t(uintptr(unsafe.Pointer(cq.cq))), C.int(len(wcs)), (*C.struct_gv_wc)(unsafe.Pointer(unsafe.SliceData(wcs))))
 	if n < 0 {
+		// ibv_poll_cq reports failure without an errno: EIO stands in.
 		return 0, os.NewSyscallError("ibv_poll_cq", syscall.EIO)
 	}
 	return int(n), nil
