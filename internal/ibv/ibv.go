@@ -143,16 +143,6 @@ static int gv_drain_events(struct ibv_comp_channel *ch) {
 		n++;
 	}
 }
-
-static int gv_max_cqe(struct ibv_context *c, int *max_cqe, int *max_qp_wr) {
-	struct ibv_device_attr a;
-	int r = ibv_query_device(c, &a);
-	if (r)
-		return r;
-	*max_cqe = a.max_cqe;
-	*max_qp_wr = a.max_qp_wr;
-	return 0;
-}
 */
 import "C"
 
@@ -208,18 +198,6 @@ func ContextFrom(p unsafe.Pointer) *Context { return &Context{c: (*C.struct_ibv_
 
 // Ptr is the C pointer, used as the device's identity.
 func (c *Context) Ptr() unsafe.Pointer { return unsafe.Pointer(c.c) }
-
-// Name is the device name (e.g. "rxe0").
-func (c *Context) Name() string { return C.GoString(C.ibv_get_device_name(c.c.device)) }
-
-// Limits returns the device's max CQ entries and max WRs per queue.
-func (c *Context) Limits() (maxCQE, maxQPWR int, err error) {
-	var a, b C.int
-	if r := C.gv_max_cqe(c.c, &a, &b); r != 0 {
-		return 0, 0, os.NewSyscallError("ibv_query_device", syscall.Errno(r))
-	}
-	return int(a), int(b), nil
-}
 
 // PD is a protection domain.
 type PD struct{ p *C.struct_ibv_pd }

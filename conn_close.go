@@ -1,0 +1,180 @@
+package rdma
+
+import (
+	"net"
+	"syscall"
+	"time"
+
+	"github.com/goverbs/rdma/internal/ibv"
+)
+
+// Shutting a Conn down: CloseRead, CloseWrite, Close, and the parts of the
+// teardown that need no verbs (the linger for the fin, the drain of the
+// QP); conn_verbs.go destroys the objects.
+
+// CloseWrite shuts down the writing side: the peer reads what was written
+// and then io.EOF, while this side can still read. Writes fail from then
+// on with an error wrapping syscall.EPIPE. It waits for a Write in progress
+// to return, so that the fin follows all of that Write's data.
+func (c *Conn) CloseWrite() error {
+	if !c.ok() {
+		return errInvalid("close")
+	}
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.life.has(shutClosed) {
+		return c.opErr("close", net.ErrClosed)
+	}
+	return c.opErr("close", c.sendFinDroppingLock())
+}
+
+// CloseRead shuts down the reading side: Reads return io.EOF from now on,
+// and data that arrives is discarded, its buffers returned to the peer so
+// that the peer's Writes do not block. Writing continues to work.
+func (c *Conn) CloseRead() error {
+	if !c.ok() {
+		return errInvalid("close")
+	}
+	c.mu.Lock()
+	if c.life.has(shutClosed) {
+		c.mu.Unlock()
+		return c.opErr("close", net.ErrClosed)
+	}
+	c.life.set(shutRead)
+	c.mu.Unlock()
+	signal(c.rxReady)
+	// A Read in progress returns io.EOF and releases readMu; then the
+	// queued messages are no one's.
+	c.readMu.Lock()
+	defer c.readMu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.life.has(shutClosed) {
+		// Close ran meanwhile: the buffers and the QP are gone.
+		return c.opErr("close", net.ErrClosed)
+	}
+	c.rx.discard()
+	c.returnCredits(true)
+	c.flushDroppingLock()
+	return nil
+}
+
+// sendFinDroppingLock queues the fin behind pending data and flushes,
+// unless the fin was already sent.
+func (c *Conn) sendFinDroppingLock() error {
+	if c.life.has(shutWrite) {
+		return nil
+	}
+	if c.life.werr != nil {
+		return c.life.werr
+	}
+	c.life.set(shutWrite)
+	c.tx.finQueued = true
+	// Not life.werr afterwards: while flush posts without the lock, the
+	// peer may read the fin, close, and have its disconnect recorded here.
+	c.flushDroppingLock()
+	return nil
+}
+
+// Close closes the connection. Data already written is delivered before the
+// peer's Read returns io.EOF; Reads and Writes blocked here return an error
+// wrapping net.ErrClosed. Close waits until the peer's NIC has acknowledged
+// everything sent and every buffer is released (about six seconds at most
+// if the peer is unreachable: three for the acknowledgement, three for the
+// queue to drain). If the peer leaves no receive buffer free for
+// that long while Writes' data still waits for one, the data is discarded
+// and Close returns an error wrapping syscall.ETIMEDOUT.
+func (c *Conn) Close() error {
+	if !c.ok() {
+		return errInvalid("close")
+	}
+	c.mu.Lock()
+	if c.life.has(shutClosed) {
+		c.mu.Unlock()
+		return c.opErr("close", net.ErrClosed)
+	}
+	c.life.set(shutClosed)
+	close(c.closing)
+	c.mu.Unlock()
+	// Wait for Reads and Writes to leave: the teardown frees their buffers.
+	c.writeMu.Lock()
+	c.readMu.Lock()
+	err := c.teardown(true)
+	c.readMu.Unlock()
+	c.writeMu.Unlock()
+	c.rdl.stop()
+	c.wdl.stop()
+	return c.opErr("close", err)
+}
+
+// undeliveredError is Close's error when data Write accepted could not be
+// delivered: the peer left no receive buffer free for the linger time.
+type undeliveredError struct{}
+
+func (undeliveredError) Error() string {
+	return "written data discarded: the peer granted no receive buffer before the close timeout"
+}
+func (undeliveredError) Unwrap() error { return syscall.ETIMEDOUT }
+
+// Timeouts of the teardown: how long Close waits for the fin to be
+// acknowledged, and for the QP to flush its work requests once in error.
+const (
+	lingerTimeout = 3 * time.Second
+	drainTimeout  = 3 * time.Second
+)
+
+// lingerDroppingLock sends the fin behind everything written and waits,
+// up to lingerTimeout, until the peer's NIC has acknowledged it. It
+// reports data that never got a credit to go out.
+func (c *Conn) lingerDroppingLock() error {
+	if c.sendFinDroppingLock() == nil {
+		c.waitDroppingLock(lingerTimeout, func() bool {
+			return (!c.tx.finQueued && c.tx.ctrlDone == c.tx.ctrlSeq) || c.life.werr != nil || c.life.has(shutPeerGone)
+		})
+	}
+	if c.tx.pendLen > 0 && c.life.werr == nil && !c.life.has(shutPeerGone) {
+		// The peer left no receive free for the linger time: what
+		// Writes left pending is discarded, and Close says so.
+		return undeliveredError{}
+	}
+	return nil
+}
+
+// drainDroppingLock takes the QP over for the teardown, once the QP is in
+// the error state (disconnected): it waits for a post in progress (on the
+// poller, returning credits; a post always returns, and the QP must not be
+// destroyed under it), posts nothing more from then on, and waits until
+// every posted work request has completed (flushed), up to drainTimeout.
+func (c *Conn) drainDroppingLock() {
+	for c.tx.posting {
+		c.waitDroppingLock(drainTimeout, func() bool { return !c.tx.posting })
+	}
+	c.tx.draining = true
+	if !c.tx.idle() {
+		// A signaled marker behind everything posted: its completion
+		// retires all earlier sends, signaled or not.
+		c.qp.PostSends([]ibv.SendWR{c.tx.marker()})
+	}
+	c.waitDroppingLock(drainTimeout, func() bool { return c.rx.posted == 0 && c.tx.idle() })
+}
+
+// waitDroppingLock waits, with mu held on entry and exit, until cond holds
+// or the timeout passes; completions signal drained while the phase is
+// dead.
+func (c *Conn) waitDroppingLock(timeout time.Duration, cond func() bool) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for !cond() {
+		c.mu.Unlock()
+		select {
+		case <-c.drained:
+		case <-c.txReady:
+		case <-t.C:
+			c.mu.Lock()
+			return
+		}
+		c.mu.Lock()
+	}
+}

@@ -1,0 +1,229 @@
+package rdma
+
+import (
+	"syscall"
+
+	"github.com/goverbs/rdma/internal/ibv"
+)
+
+// The completion side of a Conn: what the poller (or a spinning Read or
+// Write) does with each work completion, how consumed receives and credits
+// go back to the peer, and flush, which posts what is queued.
+
+// complete handles one work completion (see completer). It posts consumed
+// receives again, but only queues the sends that must go out (a credit
+// message, a pending buffer that credits now allow) and reports whether
+// there are any.
+func (c *Conn) complete(wc ibv.WC) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if wc.WRID&wrSend != 0 {
+		c.sendDone(wc)
+	} else {
+		c.recvDone(wc)
+	}
+	if c.cr.wantCredit {
+		c.returnCredits(true)
+	}
+	if c.life.phase == phaseDead {
+		signal(c.drained)
+	}
+	return len(c.tx.sends) > 0 || c.pendingGoes()
+}
+
+// lockAndFlush posts what complete queued (see completer).
+func (c *Conn) lockAndFlush() {
+	c.mu.Lock()
+	c.flushDroppingLock()
+	c.mu.Unlock()
+}
+
+// pendingGoes reports whether flush would post the pending buffer now: it
+// holds data, a credit allows it, no Write is filling it and hold does not
+// keep it.
+func (c *Conn) pendingGoes() bool {
+	return c.tx.pendLen > 0 && c.cr.credits > 0 && !c.tx.filling && !c.cr.hold(c.tx.pendLen, c.maxMsg, c.tx.finQueued)
+}
+
+// wcError is a failed work completion: the connection is broken.
+type wcError struct{ status uint32 }
+
+func (e *wcError) Error() string { return "work request failed: " + wcStatusString(e.status) }
+func (e *wcError) Unwrap() error { return syscall.ECONNRESET }
+
+func (c *Conn) recvDone(wc ibv.WC) {
+	c.rx.posted--
+	if wc.Status != ibv.WCSuccess {
+		if c.life.has(shutPeerGone) || wc.Status == ibv.WCFlushErr {
+			c.life.failRead(syscall.ECONNRESET)
+		} else {
+			c.life.failRead(&wcError{wc.Status})
+		}
+		signal(c.rxReady)
+		return
+	}
+	if !c.rx.valid(wc.WRID) || wc.Flags&ibv.WCWithImm == 0 {
+		c.protocolViolation(&protocolError{"message without immediate data (its header)"})
+		return
+	}
+	slot := int(wc.WRID)
+	h := headerOf(wc.Imm)
+	more, err := c.cr.received(h)
+	if err != nil {
+		c.protocolViolation(err)
+		return
+	}
+	if more {
+		signal(c.txReady)
+	}
+	switch h.typ {
+	case msgData:
+		if wc.ByteLen == 0 {
+			c.protocolViolation(&protocolError{"empty data message"})
+			return
+		}
+		if c.life.has(shutRead) {
+			// CloseRead: discard, and give the buffer back to the peer.
+			c.rx.queueRepost(slot)
+			c.returnCredits(false)
+			return
+		}
+		c.push(rxMsg{slot: int32(slot), n: int32(wc.ByteLen)})
+	case msgCredit:
+		// Post the buffer again at once, on its own (queued data buffers
+		// are reported as data credits); the peer learns of it through
+		// ctrlAck on our next message.
+		if !c.life.has(shutPeerGone) && !c.tx.draining {
+			if err := c.rx.postOne(c.qp, slot); err != nil {
+				c.life.failRead(err)
+			} else {
+				c.cr.ctrlOwed++
+			}
+		}
+	case msgFin:
+		if c.push(rxMsg{slot: int32(slot), n: -1}) {
+			c.life.set(shutFinRcvd)
+		}
+	default:
+		c.protocolViolation(&protocolError{"unknown message type"})
+	}
+}
+
+func (c *Conn) push(m rxMsg) bool {
+	if !c.rx.push(m) {
+		c.protocolViolation(&protocolError{"peer overran its credits"})
+		return false
+	}
+	signal(c.rxReady)
+	return true
+}
+
+// protocolViolation fails the connection of a peer that broke the
+// protocol, and disconnects it.
+func (c *Conn) protocolViolation(err error) {
+	c.life.fail(err)
+	c.disconnect()
+	signal(c.rxReady)
+	signal(c.txReady)
+}
+
+func (c *Conn) sendDone(wc ibv.WC) {
+	c.tx.completed(wc.WRID)
+	if wc.Status != ibv.WCSuccess && c.life.werr == nil {
+		if c.life.has(shutPeerGone) || wc.Status == ibv.WCFlushErr {
+			c.life.failWrite(syscall.ECONNRESET)
+		} else {
+			c.life.fail(&wcError{wc.Status})
+			signal(c.rxReady)
+		}
+	}
+	signal(c.txReady)
+}
+
+// postReposts posts the consumed receive buffers queued so far as one
+// chain; each becomes a data credit to report to the peer.
+func (c *Conn) postReposts() {
+	if c.life.has(shutPeerGone) {
+		c.rx.dropReposts()
+		return
+	}
+	n, err := c.rx.postReposts(c.qp)
+	if err != nil {
+		c.life.failRead(err)
+		return
+	}
+	c.cr.unreported += n
+}
+
+// returnCredits posts consumed receive buffers again and tells the peer,
+// in a credit message, once a batch of them is ready, or at once when force
+// is set (the reader is about to wait, so the writer must not be left
+// without credits). Credits still flow after our fin: the peer may go on
+// writing.
+func (c *Conn) returnCredits(force bool) {
+	if c.tx.draining {
+		// The teardown owns the QP: nothing is posted or owed any more.
+		c.rx.dropReposts()
+		c.cr.wantCredit = false
+		return
+	}
+	if c.cr.repostNow(len(c.rx.repost), force) {
+		c.postReposts()
+	}
+	open := !c.life.has(shutPeerGone) && c.life.werr == nil
+	if c.cr.creditDue(force, open, c.tx.ctrlInFlight()) {
+		c.queueSend(msgCredit, 0)
+	}
+}
+
+// queueSend prepares a message for flush (see sendRing.queue); its header
+// piggybacks every credit owed to the peer, including the receive buffers
+// posted again on the way.
+func (c *Conn) queueSend(typ uint8, n int) {
+	c.postReposts()
+	c.tx.queue(c.cr.header(typ), n, c.life.has(shutWrite))
+}
+
+// flushDroppingLock posts what is queued: prepared messages, then the
+// pending send buffer once a credit allows, then a fin that waited behind
+// it. mu is held on entry and exit but not across ibv_post_send (on rxe a
+// system call that runs the whole transfer), so completions, Reads and
+// other connections' work go on meanwhile. One goroutine posts at a time,
+// which keeps the send queue in sequence order; whoever finds another
+// posting only queues, and the poster picks that up before it leaves.
+func (c *Conn) flushDroppingLock() {
+	if c.tx.posting || c.tx.draining {
+		return
+	}
+	c.tx.posting = true
+	for {
+		if c.pendingGoes() {
+			c.cr.spend()
+			c.queueSend(msgData, c.tx.pendLen)
+			c.tx.pendLen = 0
+		}
+		if c.tx.finQueued && c.tx.pendLen == 0 && !c.tx.filling {
+			c.tx.finQueued = false
+			c.queueSend(msgFin, 0)
+		}
+		if len(c.tx.sends) == 0 {
+			break
+		}
+		batch := c.tx.take()
+		c.mu.Unlock()
+		err := postChain(c.qp, batch)
+		c.mu.Lock()
+		if err != nil {
+			// The connection has failed: post nothing more (the
+			// teardown's marker retires what never went out).
+			c.life.failWrite(err)
+			c.tx.sends = c.tx.sends[:0]
+			signal(c.txReady)
+			break
+		}
+	}
+	c.tx.posting = false
+	if c.life.phase == phaseDead {
+		signal(c.drained)
+	}
+}
