@@ -426,3 +426,52 @@ func TestConnZeroAndNil(t *testing.T) {
 		require.Nil(t, l.Addr())
 	}
 }
+
+func TestConnLingerWaitsForTheFin(t *testing.T) {
+	p := newFakeConn(t, 4, 64)
+	p.c.Write([]byte("bye"))
+	done := make(chan error, 1)
+	go func() {
+		p.c.mu.Lock()
+		defer p.c.mu.Unlock()
+		done <- p.c.lingerDroppingLock()
+	}()
+	// The fin goes out behind the data; the linger ends when the peer's
+	// NIC acknowledges it.
+	require.Eventually(t, func() bool {
+		p.c.mu.Lock()
+		defer p.c.mu.Unlock()
+		return p.c.tx.ctrlSeq == 1
+	}, 5*time.Second, time.Millisecond)
+	select {
+	case <-done:
+		t.Fatal("the linger ended before the fin was acknowledged")
+	case <-time.After(10 * time.Millisecond):
+	}
+	s := p.q.posted()
+	require.Equal(t, uint8(msgFin), headerOf(s[len(s)-1].Imm).typ)
+	p.c.mu.Lock()
+	p.c.life.phase = phaseDead // completions now signal drained, as in the teardown
+	p.c.mu.Unlock()
+	p.ack()
+	select {
+	case err := <-done:
+		require.NoError(t, err, "everything was delivered")
+	case <-time.After(lingerTimeout / 2):
+		t.Fatal("the acknowledged fin did not end the linger")
+	}
+}
+
+func TestConnCloseOnceThenErrClosed(t *testing.T) {
+	p := newFakeConn(t, 4, 64)
+	p.c.mu.Lock()
+	p.c.life.set(shutClosed) // what Close does first; its teardown needs the verbs
+	p.c.mu.Unlock()
+	for _, err := range []error{p.c.CloseRead(), p.c.CloseWrite(), p.c.SetNoDelay(true), p.c.SetDeadline(time.Now())} {
+		require.ErrorIs(t, err, net.ErrClosed)
+	}
+	_, err := p.c.Read(make([]byte, 1))
+	require.ErrorIs(t, err, net.ErrClosed)
+	_, err = p.c.Write([]byte("x"))
+	require.ErrorIs(t, err, net.ErrClosed)
+}
