@@ -70,8 +70,8 @@ type Conn struct {
 
 	readMu  sync.Mutex // one Read at a time: partial messages stay consistent
 	writeMu sync.Mutex // one Write at a time: Writes do not interleave
-	rdl     deadline
-	wdl     deadline
+	rdl     *deadline
+	wdl     *deadline
 
 	mu   sync.Mutex
 	life lifecycle
@@ -93,8 +93,8 @@ func newConn(ph phase) *Conn {
 		txReady: make(chan struct{}, 1),
 		drained: make(chan struct{}, 1),
 		closing: make(chan struct{}),
-		rdl:     makeDeadline(),
-		wdl:     makeDeadline(),
+		rdl:     newDeadline(),
+		wdl:     newDeadline(),
 	}
 }
 
@@ -179,7 +179,7 @@ func (c *Conn) read(b []byte) (int, error) {
 		c.returnCredits(true)
 		c.flushDroppingLock()
 		c.mu.Unlock()
-		c.w.wait(c.rxReady, c.closing, &c.rdl, &c.rdWait)
+		c.w.wait(c.rxReady, c.closing, c.rdl, &c.rdWait)
 		c.mu.Lock()
 	}
 }
@@ -252,7 +252,7 @@ func (c *Conn) write(b []byte) (int, error) {
 		free := c.tx.free()
 		if free == 0 || (c.cr.credits == 0 && c.tx.pendLen == c.maxMsg) {
 			c.mu.Unlock()
-			c.w.wait(c.txReady, c.closing, &c.wdl, &c.wrWait)
+			c.w.wait(c.txReady, c.closing, c.wdl, &c.wrWait)
 			c.mu.Lock()
 			continue
 		}

@@ -291,7 +291,7 @@ func TestAddrPortRoundTrip(t *testing.T) {
 }
 
 func TestDeadlinePast(t *testing.T) {
-	d := makeDeadline()
+	d := newDeadline()
 	defer d.stop()
 	require.False(t, d.expired(), "a new deadline is unset")
 
@@ -308,7 +308,7 @@ func TestDeadlinePast(t *testing.T) {
 }
 
 func TestDeadlineFuture(t *testing.T) {
-	d := makeDeadline()
+	d := newDeadline()
 	defer d.stop()
 
 	d.set(time.Now().Add(time.Hour))
@@ -326,7 +326,7 @@ func TestDeadlineFuture(t *testing.T) {
 }
 
 func TestDeadlineExtendWhileWaiting(t *testing.T) {
-	d := makeDeadline()
+	d := newDeadline()
 	defer d.stop()
 
 	start := time.Now()
@@ -355,7 +355,7 @@ func TestDeadlineExtendWhileWaiting(t *testing.T) {
 }
 
 func TestDeadlineExtendAfterPassing(t *testing.T) {
-	d := makeDeadline()
+	d := newDeadline()
 	defer d.stop()
 
 	d.set(time.Now().Add(-time.Second))
@@ -365,7 +365,7 @@ func TestDeadlineExtendAfterPassing(t *testing.T) {
 }
 
 func TestDeadlineClear(t *testing.T) {
-	d := makeDeadline()
+	d := newDeadline()
 	defer d.stop()
 
 	d.set(time.Now().Add(-time.Second))
@@ -392,7 +392,7 @@ func TestDeadlineEarlierWakesWaiter(t *testing.T) {
 		{"past", -time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := makeDeadline()
+			d := newDeadline()
 			defer d.stop()
 
 			d.set(time.Now().Add(time.Hour))

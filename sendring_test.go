@@ -2,6 +2,7 @@ package rdma
 
 import (
 	"errors"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -11,6 +12,7 @@ import (
 
 // fakeQP records what is posted and fails on demand.
 type fakeQP struct {
+	mu      sync.Mutex     // posts run without the Conn's lock
 	sends   [][]ibv.SendWR // each chain posted
 	recvs   []ibv.RecvWR
 	sendErr error
@@ -22,6 +24,8 @@ func (q *fakeQP) PostSends(wrs []ibv.SendWR) error {
 	if q.onSend != nil {
 		q.onSend()
 	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	if q.sendErr != nil {
 		return q.sendErr
 	}
@@ -38,6 +42,8 @@ func (q *fakeQP) PostRecvs(wrs []ibv.RecvWR) error {
 }
 
 func (q *fakeQP) posted() []ibv.SendWR {
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	var all []ibv.SendWR
 	for _, c := range q.sends {
 		all = append(all, c...)

@@ -39,9 +39,9 @@ func TestWaitBusySpinsUntilReady(t *testing.T) {
 	ready := make(chan struct{}, 1)
 	sp := &fakeSpinner{readyAfter: 3 * spinCheck, ready: ready}
 	w := waiter{mode: PollBusy, sp: sp}
-	dl := makeDeadline()
+	dl := newDeadline()
 	var avg time.Duration
-	w.wait(ready, make(chan struct{}), &dl, &avg)
+	w.wait(ready, make(chan struct{}), dl, &avg)
 	require.Equal(t, 3*spinCheck, int(sp.polls.Load()), "the completion was found by the waiter's own polls")
 	require.Equal(t, sp.starts.Load(), sp.ends.Load(), "every spin tells the poller when it ends")
 	require.Positive(t, avg)
@@ -50,31 +50,31 @@ func TestWaitBusySpinsUntilReady(t *testing.T) {
 func TestWaitBusyStopsAtDeadlineAndClose(t *testing.T) {
 	ready := make(chan struct{}, 1)
 	w := waiter{mode: PollBusy, sp: &fakeSpinner{ready: ready}}
-	dl := makeDeadline()
+	dl := newDeadline()
 	dl.set(time.Now().Add(5 * time.Millisecond))
 	var avg time.Duration
 	start := time.Now()
-	w.wait(ready, make(chan struct{}), &dl, &avg)
+	w.wait(ready, make(chan struct{}), dl, &avg)
 	require.GreaterOrEqual(t, time.Since(start), 5*time.Millisecond)
 	require.Zero(t, avg, "a wait that ended without ready does not count")
 
 	closing := make(chan struct{})
 	close(closing)
-	dl = makeDeadline()
-	w.wait(ready, closing, &dl, &avg)
+	dl = newDeadline()
+	w.wait(ready, closing, dl, &avg)
 }
 
 func TestWaitEventParksAtOnce(t *testing.T) {
 	ready := make(chan struct{}, 1)
 	sp := &fakeSpinner{ready: ready}
 	w := waiter{mode: PollEvent, sp: sp}
-	dl := makeDeadline()
+	dl := newDeadline()
 	var avg time.Duration
 	go func() {
 		time.Sleep(2 * time.Millisecond)
 		signal(ready)
 	}()
-	w.wait(ready, make(chan struct{}), &dl, &avg)
+	w.wait(ready, make(chan struct{}), dl, &avg)
 	require.Zero(t, sp.polls.Load(), "PollEvent never polls")
 	require.Positive(t, avg)
 }
@@ -83,7 +83,7 @@ func TestWaitAdaptive(t *testing.T) {
 	ready := make(chan struct{}, 1)
 	sp := &fakeSpinner{ready: ready}
 	w := waiter{mode: PollAdaptive, spinTime: time.Millisecond, sp: sp}
-	dl := makeDeadline()
+	dl := newDeadline()
 	go func() {
 		time.Sleep(20 * time.Millisecond)
 		signal(ready)
@@ -92,7 +92,7 @@ func TestWaitAdaptive(t *testing.T) {
 	// cannot drag it far above the spin limit.
 	avg := 10 * time.Second
 	start := time.Now()
-	w.wait(ready, make(chan struct{}), &dl, &avg)
+	w.wait(ready, make(chan struct{}), dl, &avg)
 	require.GreaterOrEqual(t, time.Since(start), 20*time.Millisecond)
 	require.Positive(t, sp.polls.Load(), "it spun first")
 	require.Less(t, avg, 10*time.Second)
@@ -107,7 +107,7 @@ func TestWaitAdaptive(t *testing.T) {
 		time.Sleep(300 * time.Microsecond)
 		signal(ready)
 	}()
-	w.wait(ready, make(chan struct{}), &dl, &avg)
+	w.wait(ready, make(chan struct{}), dl, &avg)
 	require.Greater(t, int(sp2.polls.Load()), spinCheck, "spun past spinTime")
 }
 
