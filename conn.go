@@ -57,6 +57,8 @@ type Conn struct {
 
 	laddr, raddr *Addr
 	maxMsg       int       // payload bytes per message, from both sides' buffer sizes
+	msgRead      bool      // Options.Messages: a Read returns at most one of the peer's Writes
+	msgWrite     bool      // the peer's Options.Messages: Writes are never merged
 	qp           queuePair // posts sends and receives
 	mem          []byte    // the registered memory: receive buffers, then send buffers
 
@@ -103,6 +105,7 @@ func newConn(ph phase) *Conn {
 // receive; mu is held. The peer's grant comes later, with start.
 func (c *Conn) initDataPath(qp queuePair, mem []byte, lay layout, base uint64, lkey uint32, maxInline int, opts Options, sp spinner) error {
 	c.qp, c.mem = qp, mem
+	c.msgRead = opts.Messages
 	c.w = waiter{mode: opts.Poll, spinTime: opts.SpinTime, sp: sp}
 	c.cr = newLedger(opts.RecvDepth)
 	c.rx = newRecvRing(lay.recvSlots, lay.bufSize, base, lkey)
@@ -135,11 +138,15 @@ func (c *Conn) opErr(op string, err error) error {
 // syscall.EINVAL for a zero TCPConn.
 func errInvalid(op string) error { return &net.OpError{Op: op, Net: "rdma", Err: syscall.EINVAL} }
 
-// Read reads data into b: whatever has arrived, up to len(b), copied from
-// as many of the peer's messages as fit (a Read does not keep the peer's
-// Write boundaries), or, when nothing has arrived, waits for data. It
-// returns io.EOF once the peer has closed its side and everything it sent
-// has been read.
+// Read reads data into b. On a stream connection (the default) it returns
+// whatever has arrived, up to len(b), copied from as many of the peer's
+// messages as fit (Write boundaries are not kept), or, when nothing has
+// arrived, waits for data. With Options.Messages it returns bytes of one
+// of the peer's Writes at most: all of the Write when b is large enough
+// (waiting for the rest of a large one), otherwise as much as fits, the
+// rest coming with the next Reads. If a deadline passes or the connection
+// fails midway, it returns what it has with the error. It returns io.EOF
+// once the peer has closed its side and everything it sent has been read.
 func (c *Conn) Read(b []byte) (int, error) {
 	if !c.ok() {
 		return 0, errInvalid("read")
@@ -153,9 +160,12 @@ func (c *Conn) Read(b []byte) (int, error) {
 func (c *Conn) read(b []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// n counts what a message-oriented Read has copied of a message whose
+	// fragments are still arriving; a stream Read returns at once.
+	n := 0
 	for {
 		if c.life.has(shutClosed) {
-			return 0, net.ErrClosed
+			return n, net.ErrClosed
 		}
 		if c.rdl.expired() {
 			// A reader that polls with a past deadline must still give
@@ -165,16 +175,27 @@ func (c *Conn) read(b []byte) (int, error) {
 				c.returnCredits(true)
 				c.flushDroppingLock()
 			}
-			return 0, errTimeout
+			return n, errTimeout
 		}
 		if c.life.has(shutRead) {
-			return 0, io.EOF
+			return n, io.EOF
 		}
 		if c.rx.n > 0 {
-			return c.copyOutDroppingLock(b)
+			k, ended, err := c.copyOutDroppingLock(b[n:])
+			n += k
+			if err != nil && n > 0 {
+				err = nil // the data first; the next Read gets io.EOF
+			}
+			if err != nil || !c.msgRead || ended || n == len(b) {
+				return n, err
+			}
+			// A message-oriented Read with room for more waits for the
+			// rest of the message, giving the fragments' buffers back
+			// meanwhile (a message may be bigger than all of them).
+			continue
 		}
 		if err := c.life.readFailed(c.rx.posted); err != nil {
-			return 0, err
+			return n, err
 		}
 		c.returnCredits(true)
 		c.flushDroppingLock()
@@ -187,26 +208,28 @@ func (c *Conn) read(b []byte) (int, error) {
 // copyOutDroppingLock copies queued messages into b. The queued messages
 // are the reader's while readMu is held (the completion side only appends
 // behind them), so the copy runs without mu and does not block the poller.
-func (c *Conn) copyOutDroppingLock(b []byte) (int, error) {
+// It reports whether the copy ended at the end of one of the peer's Writes
+// (which matters to message-oriented Reads only: they stop there).
+func (c *Conn) copyOutDroppingLock(b []byte) (int, bool, error) {
 	if c.rx.finAtHead() {
-		return 0, io.EOF
+		return 0, false, io.EOF
 	}
 	if len(b) == 0 {
-		return 0, nil
+		return 0, false, nil
 	}
 	if c.rx.repostFull() {
 		c.postReposts()
 	}
 	head, avail, off := c.rx.readable()
 	c.mu.Unlock()
-	n, used, off := c.rx.copyOut(b, c.mem, head, avail, off)
+	n, used, off, ended := c.rx.copyOut(b, c.mem, head, avail, off, c.msgRead)
 	c.mu.Lock()
 	c.rx.consume(used, off)
 	if used > 0 {
 		c.returnCredits(false)
 		c.flushDroppingLock()
 	}
-	return n, nil
+	return n, ended, nil
 }
 
 // Write writes b and returns once all of it is in the connection's
@@ -220,7 +243,11 @@ func (c *Conn) copyOutDroppingLock(b []byte) (int, error) {
 // send buffer is in flight, or while the peer has no receive free and the
 // pending buffer (one message) is full. Close delivers what Write
 // accepted, unless the peer leaves no receive buffer free for the few
-// seconds Close waits; then Close reports the loss.
+// seconds Close waits; then Close reports the loss. If the peer's Reads
+// are message-oriented (its Options.Messages), a Write is never merged
+// with another: it travels as messages of its own, the last marked, and a
+// Write waits while an earlier one's last bytes are still pending. A
+// zero-length Write sends nothing.
 func (c *Conn) Write(b []byte) (int, error) {
 	if !c.ok() {
 		return 0, errInvalid("write")
@@ -249,8 +276,10 @@ func (c *Conn) write(b []byte) (int, error) {
 		// first may already hold pending bytes. With credits, fill as many
 		// as credits allow and post them as one chain (one ibv_post_send,
 		// one system call on rxe); without, add to the pending buffer.
+		// For a message-oriented peer, a Write's bytes never share a
+		// message with an earlier Write's still pending.
 		free := c.tx.free()
-		if free == 0 || (c.cr.credits == 0 && c.tx.pendLen == c.maxMsg) {
+		if free == 0 || (c.cr.credits == 0 && c.tx.pendLen == c.maxMsg) || (c.msgWrite && n == 0 && c.tx.pendLen > 0) {
 			c.mu.Unlock()
 			c.w.wait(c.txReady, c.closing, c.wdl, &c.wrWait)
 			c.mu.Lock()
@@ -302,10 +331,15 @@ func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
 			break
 		}
 		c.cr.spend()
-		c.queueSend(msgData, m)
+		typ := uint8(msgData)
+		if c.msgWrite && (queued > m || off < len(b)) {
+			typ = msgDataMore // the Write goes on in the next message
+		}
+		c.queueSend(typ, m)
 		queued -= m
 	}
 	c.tx.pendLen = queued
+	c.tx.pendMore = c.msgWrite && queued > 0 && off < len(b)
 	c.flushDroppingLock()
 	return off
 }

@@ -77,7 +77,7 @@ func (c *Conn) recvDone(wc ibv.WC) {
 		signal(c.txReady)
 	}
 	switch h.typ {
-	case msgData:
+	case msgData, msgDataMore:
 		if wc.ByteLen == 0 {
 			c.protocolViolation(&protocolError{"empty data message"})
 			return
@@ -88,7 +88,7 @@ func (c *Conn) recvDone(wc ibv.WC) {
 			c.returnCredits(false)
 			return
 		}
-		c.push(rxMsg{slot: int32(slot), n: int32(wc.ByteLen)})
+		c.push(rxMsg{slot: int32(slot), n: int32(wc.ByteLen), more: h.typ == msgDataMore})
 	case msgCredit:
 		// Post the buffer again at once, on its own (queued data buffers
 		// are reported as data credits); the peer learns of it through
@@ -199,8 +199,17 @@ func (c *Conn) flushDroppingLock() {
 	for {
 		if c.pendingGoes() {
 			c.cr.spend()
-			c.queueSend(msgData, c.tx.pendLen)
-			c.tx.pendLen = 0
+			typ := uint8(msgData)
+			if c.tx.pendMore {
+				typ = msgDataMore
+			}
+			c.queueSend(typ, c.tx.pendLen)
+			c.tx.pendLen, c.tx.pendMore = 0, false
+			if c.msgWrite {
+				// A Write for a message-oriented peer may be waiting
+				// for the pending buffer to go (see write).
+				signal(c.txReady)
+			}
 		}
 		if c.tx.finQueued && c.tx.pendLen == 0 && !c.tx.filling {
 			c.tx.finQueued = false

@@ -82,14 +82,20 @@ func (c *Conn) start(peer hello) {
 	c.laddr = addrFrom(c.id.LocalAddr())
 	c.raddr = addrFrom(c.id.PeerAddr())
 	c.maxMsg = min(c.lay.bufSize, int(peer.bufSize))
+	c.msgWrite = peer.flags&helloMessages != 0
 	c.mu.Lock()
 	c.cr.open(int(peer.recvDepth), int(peer.ctrlDepth))
+	c.cr.noMerge = c.msgWrite
 	c.mu.Unlock()
 	signal(c.txReady)
 }
 
 func (c *Conn) hello() hello {
-	return hello{recvDepth: uint16(c.lay.recvSlots - ctrlDepth - finSlots), ctrlDepth: ctrlDepth, bufSize: uint32(c.lay.bufSize)}
+	var flags uint8
+	if c.msgRead {
+		flags = helloMessages
+	}
+	return hello{flags: flags, recvDepth: uint16(c.lay.recvSlots - ctrlDepth - finSlots), ctrlDepth: ctrlDepth, bufSize: uint32(c.lay.bufSize)}
 }
 
 // dial runs the active side of the handshake.

@@ -23,6 +23,7 @@ type ledger struct {
 	ctrlWindow int  // the peer's control receives granted to us
 	holdAt     int  // unconsumed messages at the peer from which hold holds
 	noDelay    bool // SetNoDelay(true): hold never holds
+	noMerge    bool // the peer reads messages: hold never holds
 	streaming  bool // see hold
 }
 
@@ -115,5 +116,5 @@ func (l *ledger) hold(n, maxMsg int, finQueued bool) bool {
 	case out >= l.holdAt:
 		l.streaming = true
 	}
-	return l.streaming && n < maxMsg && !l.noDelay && !finQueued && l.ctrlOwed < ctrlDepth/2
+	return l.streaming && n < maxMsg && !l.noDelay && !l.noMerge && !finQueued && l.ctrlOwed < ctrlDepth/2
 }

@@ -9,14 +9,26 @@ import (
 //
 // Handshake: the connect request and the accept reply each carry a hello in
 // the rdma_cm private data (IB allows 56 bytes in a request): a magic, a
-// version, and the sender's receive geometry, so each side knows how many
-// messages it may send and how large they may be.
+// version, flags, and the sender's receive geometry, so each side knows how
+// many messages it may send and how large they may be. The one flag says
+// the sender's Reads are message-oriented (Options.Messages): then the
+// other side sends each Write as messages of its own, never merged with
+// another Write's bytes.
+//
+// Each side speaks one version: a listener refuses a request of another
+// version (the dialer sees the connection refused), and a dialer fails on a
+// reply of another version with ErrProtocol. Version 3 added the flags and
+// the fragment type.
 //
 // Messages: every message is a SEND with immediate data, and the 32-bit
 // immediate is its header, so a buffer holds payload only: a Write of
 // BufferSize bytes is exactly that many bytes on the wire (64 packets for
 // 64 KiB at a 1 KiB MTU, not 65) and every buffer starts on a page.
-// Data messages carry payload; credit messages and the fin carry none.
+// Data messages carry payload (never none); credit messages and the fin
+// carry none. A Write bigger than a buffer travels as several data
+// messages; to a message-oriented reader all but the last are fragments
+// (msgDataMore), so the reader knows where each Write ends. A stream
+// reader treats both types alike.
 // Every header piggybacks the credits the sender has freed since its last
 // message, so request/response traffic needs no extra messages.
 //
@@ -29,19 +41,23 @@ import (
 
 const (
 	helloMagic   = 0x47565244 // "GVRD"
-	helloVersion = 2          // 1 carried the header in an 8-byte prefix
+	helloVersion = 3          // 1 carried the header in an 8-byte prefix; 2 had no flags
 	helloLen     = 16
+
+	helloMessages = 1 << 0 // flags: the sender's Reads are message-oriented
 
 	ctrlDepth = 4 // control credits; small because credit messages are rare
 	finSlots  = 1 // receives reserved for the fin
 
-	msgData   = 1
-	msgCredit = 2
-	msgFin    = 3
+	msgData     = 1 // data: the last (or only) message of a Write
+	msgCredit   = 2
+	msgFin      = 3
+	msgDataMore = 4 // data: a fragment; the Write goes on in the next data message
 )
 
 // hello is the handshake each side sends in the CM private data.
 type hello struct {
+	flags     uint8  // helloMessages
 	recvDepth uint16 // data credits granted to the peer
 	ctrlDepth uint8  // control credits granted to the peer
 	bufSize   uint32 // bytes per receive buffer: the largest message
@@ -51,6 +67,7 @@ func (h hello) marshal() []byte {
 	b := make([]byte, helloLen)
 	binary.BigEndian.PutUint32(b[0:], helloMagic)
 	b[4] = helloVersion
+	b[5] = h.flags
 	binary.BigEndian.PutUint16(b[6:], h.recvDepth)
 	b[8] = h.ctrlDepth
 	binary.BigEndian.PutUint32(b[10:], h.bufSize)
@@ -70,12 +87,16 @@ func parseHello(b []byte) (hello, error) {
 		return hello{}, &protocolError{fmt.Sprintf("protocol version %d, want %d", b[4], helloVersion)}
 	}
 	h := hello{
+		flags:     b[5],
 		recvDepth: binary.BigEndian.Uint16(b[6:]),
 		ctrlDepth: b[8],
 		bufSize:   binary.BigEndian.Uint32(b[10:]),
 	}
 	if h.recvDepth < 1 || h.ctrlDepth < 1 || h.bufSize < 1 {
 		return hello{}, &protocolError{fmt.Sprintf("bad geometry %+v", h)}
+	}
+	if h.flags&^helloMessages != 0 {
+		return hello{}, &protocolError{fmt.Sprintf("unknown flags %#x", h.flags)}
 	}
 	return h, nil
 }

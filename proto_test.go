@@ -24,6 +24,7 @@ func TestHelloRoundTrip(t *testing.T) {
 		{"smallest", hello{recvDepth: 1, ctrlDepth: 1, bufSize: 1}},
 		{"largest", hello{recvDepth: 0xffff, ctrlDepth: 0xff, bufSize: 0xffffffff}},
 		{"mixed", hello{recvDepth: 0x1234, ctrlDepth: 0x56, bufSize: 0x789abcde}},
+		{"messages", hello{flags: helloMessages, recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := tc.h.marshal()
@@ -61,7 +62,9 @@ func TestHelloRejected(t *testing.T) {
 		{"bad magic", mutate(func(b []byte) { b[0] ^= 0xff }), "bad magic"},
 		{"version 0", mutate(func(b []byte) { b[4] = 0 }), "protocol version 0"},
 		{"version 1 (header in the payload)", mutate(func(b []byte) { b[4] = 1 }), "protocol version 1"},
-		{"version 3", mutate(func(b []byte) { b[4] = helloVersion + 1 }), "protocol version 3"},
+		{"version 2 (no flags)", mutate(func(b []byte) { b[4] = 2 }), "protocol version 2, want 3"},
+		{"version 4", mutate(func(b []byte) { b[4] = helloVersion + 1 }), "protocol version 4"},
+		{"unknown flag", mutate(func(b []byte) { b[5] = 0x80 }), "unknown flags 0x80"},
 		{"zero recvDepth", with(hello{recvDepth: 0, ctrlDepth: ctrlDepth, bufSize: 4096}), "bad geometry"},
 		{"zero ctrlDepth", with(hello{recvDepth: 16, ctrlDepth: 0, bufSize: 4096}), "bad geometry"},
 		{"zero bufSize", with(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 0}), "bad geometry"},

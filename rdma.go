@@ -17,9 +17,13 @@
 // OS thread; a Read or Write that waits briefly polls the queue itself
 // (see PollMode).
 //
-// The connection is a byte stream, as TCP's: Read returns whatever has
-// arrived, up to len(b), across the peer's messages, so Write boundaries
-// are not kept.
+// By default a connection is a byte stream, as TCP's: Read returns whatever
+// has arrived, up to len(b), across the peer's messages, so Write
+// boundaries are not kept. With Options.Messages a side's Reads are
+// message-oriented instead: each returns bytes of one of the peer's Writes
+// at most, and all of it when the buffer is large enough, so a message
+// protocol needs no framing of its own. Each side chooses for its own
+// Reads; the peer learns of the choice in the handshake.
 //
 // Errors follow package net: every error is a *net.OpError with Net "rdma"
 // (io.EOF excepted: it is returned bare once the peer has closed and
@@ -177,6 +181,19 @@ type Options struct {
 	// go on: PollAdaptive (the default) spins for SpinTime and then parks,
 	// PollBusy spins until it can go on, PollEvent parks at once.
 	Poll PollMode
+	// Messages makes this side's Reads message-oriented: every Read returns
+	// bytes of at most one of the peer's Writes, and a Read whose buffer is
+	// at least as large as that Write returns all of it. The peer learns of
+	// it in the handshake and then never merges Writes.
+	//
+	// A Write of any size is one message (bigger ones travel in fragments
+	// of BufferSize and are put together again); a Read with a smaller
+	// buffer gets the message in order over several Reads, the last of
+	// which ends at the message's end. A zero-length Write sends nothing,
+	// in either mode, so a Read never returns (0, nil) for one. The other
+	// side may choose differently for its own Reads. Default false: Reads
+	// return a byte stream, as TCP's.
+	Messages bool
 	// SpinTime is how long a Read or Write that must wait polls the
 	// completion queue itself before it parks, with PollAdaptive: short
 	// waits (a round trip) then cost no wakeup, at the price of CPU while

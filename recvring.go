@@ -11,6 +11,7 @@ type recvPoster interface {
 type rxMsg struct {
 	slot int32
 	n    int32 // payload bytes; -1 for the fin
+	more bool  // a fragment: the peer's Write goes on in the next message
 }
 
 // recvRing is a connection's receive side: the buffers' work requests, the
@@ -113,11 +114,12 @@ func (r *recvRing) readable() (head, avail, off int) {
 
 // copyOut copies into b the payload of up to avail messages from head on,
 // starting off bytes into the first, from mem (the arena), stopping at a
-// fin. It returns the bytes copied, how many messages were used up, and
-// how far into the next one the copy got. It only reads the queue's
-// entries from head to head+avail, which the completion side never
-// touches, so it runs without the lock.
-func (r *recvRing) copyOut(b, mem []byte, head, avail, off int) (n, used, next int) {
+// fin and, when messages is set, after the end of one of the peer's
+// Writes. It returns the bytes copied, how many messages were used up, how
+// far into the next one the copy got, and whether it stopped at the end of
+// a Write. It only reads the queue's entries from head to head+avail,
+// which the completion side never touches, so it runs without the lock.
+func (r *recvRing) copyOut(b, mem []byte, head, avail, off int, messages bool) (n, used, next int, ended bool) {
 	for used < avail && n < len(b) {
 		m := r.q[(head+used)%len(r.q)]
 		if m.n < 0 {
@@ -131,8 +133,11 @@ func (r *recvRing) copyOut(b, mem []byte, head, avail, off int) (n, used, next i
 		}
 		off = 0
 		used++
+		if messages && !m.more {
+			return n, used, 0, true
+		}
 	}
-	return n, used, off
+	return n, used, off, false
 }
 
 // consume drops used messages from the head, queueing their buffers to be

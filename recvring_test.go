@@ -44,7 +44,7 @@ func TestRecvRingCopyOutAcrossMessages(t *testing.T) {
 	// A 6-byte Read takes the first message and one byte of the second.
 	head, avail, off := r.readable()
 	b := make([]byte, 6)
-	n, used, next := r.copyOut(b, mem, head, avail, off)
+	n, used, next, _ := r.copyOut(b, mem, head, avail, off, false)
 	require.Equal(t, 6, n)
 	require.Equal(t, 1, used)
 	require.Equal(t, 1, next)
@@ -56,7 +56,7 @@ func TestRecvRingCopyOutAcrossMessages(t *testing.T) {
 	// The next Read resumes inside the second message.
 	head, avail, off = r.readable()
 	b = make([]byte, 100)
-	n, used, next = r.copyOut(b, mem, head, avail, off)
+	n, used, next, _ = r.copyOut(b, mem, head, avail, off, false)
 	require.Equal(t, "aadddddddd", string(b[:n]))
 	require.Equal(t, 2, used)
 	require.Zero(t, next)
@@ -70,9 +70,35 @@ func TestRecvRingCopyOutStopsAtFin(t *testing.T) {
 	r.push(rxMsg{slot: 2, n: -1})
 	head, avail, off := r.readable()
 	b := make([]byte, 10)
-	n, used, _ := r.copyOut(b, mem, head, avail, off)
+	n, used, _, _ := r.copyOut(b, mem, head, avail, off, false)
 	require.Equal(t, "bb", string(b[:n]))
 	require.Equal(t, 1, used, "the fin stays queued for the next Read's io.EOF")
+}
+
+func TestRecvRingCopyOutStopsAtWriteEnd(t *testing.T) {
+	r, mem := testRecvRing(4)
+	r.push(rxMsg{slot: 0, n: 8, more: true})
+	r.push(rxMsg{slot: 1, n: 3})
+	r.push(rxMsg{slot: 2, n: 8})
+	b := make([]byte, 100)
+	head, avail, off := r.readable()
+	n, used, next, ended := r.copyOut(b, mem, head, avail, off, true)
+	require.Equal(t, "aaaaaaaabbb", string(b[:n]), "the fragment and the end of the first Write")
+	require.Equal(t, 2, used)
+	require.Zero(t, next)
+	require.True(t, ended)
+
+	// A stream reader ignores the boundaries.
+	n, used, _, ended = r.copyOut(b, mem, head, avail, off, false)
+	require.Equal(t, 19, n)
+	require.Equal(t, 3, used)
+	require.False(t, ended)
+
+	// A buffer that ends inside a message does not end the Write.
+	n, _, next, ended = r.copyOut(b[:5], mem, head, avail, off, true)
+	require.Equal(t, 5, n)
+	require.Equal(t, 5, next)
+	require.False(t, ended)
 }
 
 func TestRecvRingReadableBoundedByRepostRoom(t *testing.T) {

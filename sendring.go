@@ -33,6 +33,7 @@ type sendRing struct {
 	lastSig           uint32 // dataSeq at the last signaled send
 
 	pendLen   int  // bytes waiting in the buffer at dataSeq for a credit
+	pendMore  bool // the pending bytes are a fragment: their Write goes on
 	filling   bool // a Write is copying into buffers without the lock
 	finQueued bool // the fin waits behind pending data
 
@@ -79,7 +80,7 @@ func (r *sendRing) queue(h header, n int, finSent bool) {
 	// flight) and whenever a ring becomes full (so a waiting writer is
 	// always woken).
 	flags := 0
-	if h.typ == msgData {
+	if h.typ == msgData || h.typ == msgDataMore {
 		addr = r.base + uint64(r.bufOff(r.dataSeq))
 		r.dataSeq++
 		if r.dataSeq-r.lastSig >= uint32(max(1, r.slots/2)) || r.free() == 0 {

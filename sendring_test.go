@@ -34,11 +34,23 @@ func (q *fakeQP) PostSends(wrs []ibv.SendWR) error {
 }
 
 func (q *fakeQP) PostRecvs(wrs []ibv.RecvWR) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	if q.recvErr != nil {
 		return q.recvErr
 	}
 	q.recvs = append(q.recvs, wrs...)
 	return nil
+}
+
+// recvAt returns the i-th receive posted, if there is one.
+func (q *fakeQP) recvAt(i int) (ibv.RecvWR, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if i >= len(q.recvs) {
+		return ibv.RecvWR{}, false
+	}
+	return q.recvs[i], true
 }
 
 func (q *fakeQP) posted() []ibv.SendWR {

@@ -1,0 +1,167 @@
+package rdma_test
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"math/rand"
+	"net"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goverbs/rdma"
+)
+
+// messageSize draws a message size from 1 B to 4 MiB, most of them small,
+// as a request/response protocol's are.
+func messageSize(r *rand.Rand) int {
+	switch p := r.Intn(100); {
+	case p < 60:
+		return 1 + r.Intn(4<<10)
+	case p < 95:
+		return 1 + r.Intn(256<<10)
+	default:
+		return 1 + r.Intn(4<<20)
+	}
+}
+
+// readMessage reads one message of want bytes into buf, which has room for
+// it plus readLen. A stream reader just reads want bytes. A message-oriented
+// reader Reads readLen bytes at a time and must never get bytes past the
+// message's end, and must get all the rest of it whenever readLen leaves
+// room for it.
+func readMessage(c net.Conn, messages bool, buf []byte, readLen, want int) ([]byte, error) {
+	if !messages {
+		_, err := io.ReadFull(c, buf[:want])
+		return buf[:want], err
+	}
+	for got := 0; got < want; {
+		n, err := c.Read(buf[got : got+readLen])
+		if err != nil {
+			return nil, err
+		}
+		left := want - got
+		switch {
+		case n > left:
+			return nil, fmt.Errorf("a Read returned %d bytes, past the message's end %d bytes on", n, left)
+		case n < left && readLen >= left:
+			return nil, fmt.Errorf("a Read with room for the last %d bytes of the message returned %d", left, n)
+		}
+		got += n
+	}
+	return buf[:want], nil
+}
+
+// TestMessages runs a message protocol with no framing of its own: each
+// Write is one request or reply of a random size from 1 B to 4 MiB, each
+// Read on a message-oriented side must return exactly one, over several
+// connections and goroutines; payloads are checksummed.
+func TestMessages(t *testing.T) {
+	conns, perConn := 4, 40
+	if testing.Short() {
+		conns, perConn = 2, 12
+	}
+	for _, tc := range []struct {
+		name           string
+		server, client bool // Options.Messages
+		readBuf        int  // the message-oriented Reads' buffer
+	}{
+		{"both sides", true, true, 4 << 20},
+		{"server only", true, false, 4 << 20},
+		{"client only", false, true, 4 << 20},
+		{"small read buffers", true, true, 1000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var wg sync.WaitGroup
+			errs := make(chan error, 2*conns)
+			for i := range conns {
+				lc := &rdma.ListenConfig{Options: rdma.Options{Messages: tc.server}}
+				d := &rdma.Dialer{Options: rdma.Options{Messages: tc.client}}
+				client, server := pair(t, lc, d)
+				seed := int64(i + 1)
+				wg.Add(2)
+				// The server reads each request and writes it back as one
+				// reply; the client checks both directions.
+				go func() {
+					defer wg.Done()
+					r := rand.New(rand.NewSource(seed))
+					buf := make([]byte, 4<<20+tc.readBuf)
+					for k := range perConn {
+						want := messageSize(r)
+						msg, err := readMessage(server, tc.server, buf, tc.readBuf, want)
+						if err != nil {
+							errs <- fmt.Errorf("conn %d, request %d (%d B): %w", seed, k, want, err)
+							return
+						}
+						if _, err := server.Write(msg); err != nil {
+							errs <- err
+							return
+						}
+					}
+				}()
+				go func() {
+					defer wg.Done()
+					r := rand.New(rand.NewSource(seed))
+					data := rand.New(rand.NewSource(-seed))
+					out := make([]byte, 4<<20)
+					buf := make([]byte, 4<<20+tc.readBuf)
+					for k := range perConn {
+						want := messageSize(r)
+						data.Read(out[:want])
+						sum := sha256.Sum256(out[:want])
+						if _, err := client.Write(out[:want]); err != nil {
+							errs <- err
+							return
+						}
+						msg, err := readMessage(client, tc.client, buf, tc.readBuf, want)
+						if err != nil {
+							errs <- fmt.Errorf("conn %d, reply %d (%d B): %w", seed, k, want, err)
+							return
+						}
+						if sha256.Sum256(msg) != sum {
+							errs <- fmt.Errorf("conn %d, reply %d: checksum mismatch", seed, k)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				require.NoError(t, err)
+			}
+		})
+	}
+}
+
+// TestMessagesBoundaries pins the boundaries exactly: Writes of known
+// sizes, back to back (so that a stream peer would merge them), each come
+// out of one Read.
+func TestMessagesBoundaries(t *testing.T) {
+	client, server := pair(t, &rdma.ListenConfig{Options: rdma.Options{Messages: true, BufferSize: 4096}}, nil)
+	sizes := []int{1, 2, 4095, 4096, 4097, 3, 100000, 1, 64}
+	go func() {
+		for i, n := range sizes {
+			b := make([]byte, n)
+			for j := range b {
+				b[j] = byte(i)
+			}
+			client.Write(b)
+		}
+		client.Write(nil) // sends nothing
+		client.Close()
+	}()
+	buf := make([]byte, 1<<20)
+	for i, n := range sizes {
+		got, err := server.Read(buf)
+		require.NoError(t, err)
+		require.Equal(t, n, got, "Write %d", i)
+		for _, c := range buf[:got] {
+			require.Equal(t, byte(i), c)
+		}
+	}
+	_, err := server.Read(buf)
+	require.Equal(t, io.EOF, err, "the zero-length Write was no message")
+}
