@@ -54,6 +54,8 @@ func useEveryExport(c *rdma.Conn, l *rdma.Listener) []error {
 	add(c.CloseWrite())
 	add(c.Close())
 	_, _ = c.LocalAddr(), c.RemoteAddr()
+	_ = c.Stats()
+	_ = rdma.Devices()
 
 	_, err = l.Accept()
 	add(err)

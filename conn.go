@@ -76,6 +76,7 @@ type Conn struct {
 	wdl     *deadline
 
 	mu   sync.Mutex
+	st   ConnStats
 	life lifecycle
 	cr   ledger
 	tx   sendRing
@@ -183,6 +184,7 @@ func (c *Conn) read(b []byte) (int, error) {
 		if c.rx.n > 0 {
 			k, ended, err := c.copyOutDroppingLock(b[n:])
 			n += k
+			c.st.BytesRead += uint64(k)
 			if err != nil && n > 0 {
 				err = nil // the data first; the next Read gets io.EOF
 			}
@@ -200,8 +202,9 @@ func (c *Conn) read(b []byte) (int, error) {
 		c.returnCredits(true)
 		c.flushDroppingLock()
 		c.mu.Unlock()
-		c.w.wait(c.rxReady, c.closing, c.rdl, &c.rdWait)
+		spun := c.w.wait(c.rxReady, c.closing, c.rdl, &c.rdWait)
 		c.mu.Lock()
+		c.countWait(spun)
 	}
 }
 
@@ -260,6 +263,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 
 func (c *Conn) write(b []byte) (int, error) {
 	n := 0
+	waited := false // for credit: counted once per Write
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for {
@@ -279,10 +283,23 @@ func (c *Conn) write(b []byte) (int, error) {
 		// For a message-oriented peer, a Write's bytes never share a
 		// message with an earlier Write's still pending.
 		free := c.tx.free()
-		if free == 0 || (c.cr.credits == 0 && c.tx.pendLen == c.maxMsg) || (c.msgWrite && n == 0 && c.tx.pendLen > 0) {
+		noCredit := c.cr.credits == 0 && (c.tx.pendLen == c.maxMsg || (c.msgWrite && n == 0 && c.tx.pendLen > 0))
+		if free == 0 || noCredit || (c.msgWrite && n == 0 && c.tx.pendLen > 0) {
+			var start time.Time
+			if noCredit {
+				start = time.Now()
+			}
 			c.mu.Unlock()
-			c.w.wait(c.txReady, c.closing, c.wdl, &c.wrWait)
+			spun := c.w.wait(c.txReady, c.closing, c.wdl, &c.wrWait)
 			c.mu.Lock()
+			c.countWait(spun)
+			if noCredit {
+				if !waited {
+					c.st.CreditWaits++
+					waited = true
+				}
+				c.st.CreditWaitTime += time.Since(start)
+			}
 			continue
 		}
 		slots := 1
@@ -320,6 +337,7 @@ func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
 	if c.life.has(shutClosed) || c.life.werr != nil {
 		return n
 	}
+	c.st.BytesWritten += uint64(off - n)
 	// Credits only grow while the lock is dropped (this writer is the
 	// only one spending them), so every buffer planned with credits goes
 	// out, but for a last, partly filled one that hold keeps; without

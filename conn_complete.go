@@ -54,6 +54,7 @@ func (e *wcError) Unwrap() error { return syscall.ECONNRESET }
 func (c *Conn) recvDone(wc ibv.WC) {
 	c.rx.posted--
 	if wc.Status != ibv.WCSuccess {
+		c.countFailed(wc.Status)
 		if c.life.has(shutPeerGone) || wc.Status == ibv.WCFlushErr {
 			c.life.failRead(syscall.ECONNRESET)
 		} else {
@@ -88,7 +89,9 @@ func (c *Conn) recvDone(wc ibv.WC) {
 			c.returnCredits(false)
 			return
 		}
-		c.push(rxMsg{slot: int32(slot), n: int32(wc.ByteLen), more: h.typ == msgDataMore})
+		if c.push(rxMsg{slot: int32(slot), n: int32(wc.ByteLen), more: h.typ == msgDataMore}) {
+			c.st.MessagesReceived++
+		}
 	case msgCredit:
 		// Post the buffer again at once, on its own (queued data buffers
 		// are reported as data credits); the peer learns of it through
@@ -106,6 +109,14 @@ func (c *Conn) recvDone(wc ibv.WC) {
 		}
 	default:
 		c.protocolViolation(&protocolError{"unknown message type"})
+	}
+}
+
+// countFailed counts a failed completion, but not the flushes of a
+// teardown.
+func (c *Conn) countFailed(status uint32) {
+	if status != ibv.WCFlushErr {
+		c.st.CompletionErrors++
 	}
 }
 
@@ -129,6 +140,9 @@ func (c *Conn) protocolViolation(err error) {
 
 func (c *Conn) sendDone(wc ibv.WC) {
 	c.tx.completed(wc.WRID)
+	if wc.Status != ibv.WCSuccess {
+		c.countFailed(wc.Status)
+	}
 	if wc.Status != ibv.WCSuccess && c.life.werr == nil {
 		if c.life.has(shutPeerGone) || wc.Status == ibv.WCFlushErr {
 			c.life.failWrite(syscall.ECONNRESET)
@@ -180,6 +194,12 @@ func (c *Conn) returnCredits(force bool) {
 // piggybacks every credit owed to the peer, including the receive buffers
 // posted again on the way.
 func (c *Conn) queueSend(typ uint8, n int) {
+	switch typ {
+	case msgData, msgDataMore:
+		c.st.MessagesSent++
+	case msgCredit:
+		c.st.CreditMessagesSent++
+	}
 	c.postReposts()
 	c.tx.queue(c.cr.header(typ), n, c.life.has(shutWrite))
 }

@@ -64,6 +64,7 @@ func (c *Conn) setup(opts Options) error {
 	if c.ar, err = newArena(dev.pd, c.lay.size()); err != nil {
 		return err
 	}
+	dev.addRegistered(len(c.ar.mem))
 	// One send queue entry more than buffers, for the drain marker of the
 	// teardown.
 	qp, inline, err := c.id.CreateQP(dev.pd.Ptr(), dev.cq.Ptr(), c.lay.sendSlots+c.lay.ctrlSlots+1, c.lay.recvSlots, 256)
@@ -282,6 +283,7 @@ func (c *Conn) teardown(graceful bool) error {
 		}
 	}
 	if c.ar != nil {
+		c.dev.addRegistered(-len(c.ar.mem))
 		c.ar.free()
 	}
 	// Unregister first: it waits out an event being handled, which may

@@ -20,8 +20,9 @@ type device struct {
 	ch  *ibv.CompChannel
 	cq  *ibv.CQ
 
-	reserved int // CQ entries promised to connections, under devMu
-	refs     int // under devMu
+	reserved   int // CQ entries promised to connections, under devMu
+	refs       int // under devMu
+	registered int // bytes connections registered, under devMu
 }
 
 var (
@@ -98,6 +99,24 @@ func (d *device) release(cqe int) {
 		delete(devices, d.ctx.Ptr())
 		d.destroy()
 	}
+}
+
+// addRegistered counts memory a connection registered (or, negative,
+// released).
+func (d *device) addRegistered(n int) {
+	devMu.Lock()
+	d.registered += n
+	devMu.Unlock()
+}
+
+func devicesStats() []DeviceStats {
+	devMu.Lock()
+	defer devMu.Unlock()
+	var s []DeviceStats
+	for _, d := range devices {
+		s = append(s, DeviceStats{Name: d.ctx.Name(), Connections: d.refs, CQEntries: d.cq.Cap, RegisteredBytes: d.registered})
+	}
+	return s
 }
 
 func (d *device) destroy() {

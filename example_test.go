@@ -2,6 +2,7 @@ package rdma_test
 
 import (
 	"context"
+	"expvar"
 	"fmt"
 	"io"
 	"log"
@@ -14,6 +15,20 @@ import (
 
 // The examples but the last need an RDMA device at 10.0.0.1, so they have
 // no Output comments: go test compiles them but does not run them.
+
+// Exporting a connection's counters and the devices' totals with expvar,
+// so that they show under /debug/vars of a service's HTTP server.
+func ExampleConn_Stats() {
+	c, err := rdma.Dial("rdma", "10.0.0.1:7471")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	expvar.Publish("rdma_conn", expvar.Func(func() any { return c.Stats() }))
+	expvar.Publish("rdma_devices", expvar.Func(func() any { return rdma.Devices() }))
+	s := c.Stats()
+	fmt.Printf("%d bytes in %d messages; %d Writes waited for credit\n", s.BytesWritten, s.MessagesSent, s.CreditWaits)
+}
 
 // An echo server: every connection gets back what it sends.
 func ExampleListen() {

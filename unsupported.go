@@ -19,6 +19,8 @@ func (connSys) disconnect()               {}
 func (c *Conn) teardown(bool) error       { return nil }
 func wcStatusString(status uint32) string { return fmt.Sprintf("status %d", status) }
 
+func devicesStats() []DeviceStats { return nil }
+
 type listenerSys struct{}
 
 func (l *Listener) close() error { return nil }

@@ -89,20 +89,22 @@ type waiter struct {
 // stream whose messages come every few hundred microseconds is then caught
 // without parking, while a quiet connection parks after SpinTime. avg is
 // the direction's moving average, guarded by the caller (Conn.readMu or
-// Conn.writeMu). The caller holds no lock besides that one.
-func (w *waiter) wait(ready, closing chan struct{}, dl *deadline, avg *time.Duration) {
+// Conn.writeMu). The caller holds no lock besides that one. It reports
+// whether the wait ended while spinning, not parked.
+func (w *waiter) wait(ready, closing chan struct{}, dl *deadline, avg *time.Duration) (spun bool) {
 	start := time.Now()
 	switch w.mode {
 	case PollBusy:
 		// In slices, so that a deadline is noticed.
 		for w.spin(ready, closing, time.Millisecond) && !dl.expired() {
 		}
+		spun = true
 	case PollAdaptive:
 		budget := w.spinTime
 		if *avg < maxAdaptiveSpin {
 			budget = max(budget, 2**avg)
 		}
-		w.spin(ready, closing, budget)
+		spun = !w.spin(ready, closing, budget)
 	}
 	select {
 	case <-ready:
@@ -113,6 +115,7 @@ func (w *waiter) wait(ready, closing chan struct{}, dl *deadline, avg *time.Dura
 	case <-closing:
 	case <-dl.wait():
 	}
+	return spun
 }
 
 // spin polls the CQ from the waiting goroutine for up to budget, or until

@@ -29,6 +29,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/goverbs/rdma"
@@ -43,7 +44,9 @@ type Result struct {
 	Conns    int                `json:"conns,omitempty"`
 	Metrics  map[string]float64 `json:"metrics,omitempty"`
 	Error    string             `json:"error,omitempty"`
-	Round    int                `json:"round,omitempty"` // set by bench/run.sh, which repeats every test
+	// Stats are the client connections' counters summed (-stats, rdma).
+	Stats *rdma.ConnStats `json:"stats,omitempty"`
+	Round int             `json:"round,omitempty"` // set by bench/run.sh, which repeats every test
 }
 
 func main() {
@@ -65,6 +68,7 @@ func main() {
 		idle     = flag.Duration("idle", 0, "instead of -test: hold one connection idle this long and report the CPU time used")
 		asJSON   = flag.Bool("json", false, "print each result as a JSON object")
 		verbose  = flag.Bool("v", false, "server: log every connection and error")
+		stats    = flag.Bool("stats", false, "rdma client: print the connections' counters (Conn.Stats) summed, and the devices' totals")
 		bufSize  = flag.Int("buffer", 0, "rdma: per-connection buffer size in bytes (0: library default)")
 		sdepth   = flag.Int("sdepth", 0, "rdma: send buffers per connection (0: library default)")
 		rdepth   = flag.Int("rdepth", 0, "rdma: receive buffers per connection (0: library default)")
@@ -197,11 +201,18 @@ func main() {
 		}
 		res.Metrics["reg_kib"] = float64(mem) / 1024
 	}
+	if *stats && tr.name == "rdma" {
+		s := tr.stats()
+		res.Stats = &s
+	}
 	if *asJSON {
 		b, _ := json.Marshal(res)
 		fmt.Println(string(b))
 	} else {
 		fmt.Println(describe(res))
+		if res.Stats != nil {
+			fmt.Printf("client stats: %+v\ndevices: %+v\n", *res.Stats, rdma.Devices())
+		}
 	}
 	if err != nil {
 		os.Exit(1)
@@ -213,6 +224,31 @@ type transport struct {
 	name   string
 	listen func(addr string) (net.Listener, error)
 	dial   func(addr string) (net.Conn, error)
+
+	mu    sync.Mutex
+	conns []*rdma.Conn // dialed (rdma), for -stats
+}
+
+// stats sums the counters of every rdma connection dialed.
+func (t *transport) stats() rdma.ConnStats {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var sum rdma.ConnStats
+	for _, c := range t.conns {
+		s := c.Stats()
+		sum.BytesWritten += s.BytesWritten
+		sum.BytesRead += s.BytesRead
+		sum.MessagesSent += s.MessagesSent
+		sum.MessagesReceived += s.MessagesReceived
+		sum.CreditMessagesSent += s.CreditMessagesSent
+		sum.CreditWaits += s.CreditWaits
+		sum.CreditWaitTime += s.CreditWaitTime
+		sum.CompletionErrors += s.CompletionErrors
+		sum.RegisteredBytes += s.RegisteredBytes
+		sum.Spins += s.Spins
+		sum.Parks += s.Parks
+	}
+	return sum
 }
 
 func newTransport(name string, opts rdma.Options) (*transport, error) {
@@ -221,11 +257,20 @@ func newTransport(name string, opts rdma.Options) (*transport, error) {
 	case "rdma":
 		lc := rdma.ListenConfig{Options: opts}
 		d := rdma.Dialer{Timeout: dialTimeout, Options: opts}
-		return &transport{
+		t := &transport{
 			name:   name,
 			listen: func(a string) (net.Listener, error) { return lc.Listen(context.Background(), "rdma", a) },
-			dial:   func(a string) (net.Conn, error) { return d.Dial("rdma", a) },
-		}, nil
+		}
+		t.dial = func(a string) (net.Conn, error) {
+			c, err := d.Dial("rdma", a)
+			if err == nil {
+				t.mu.Lock()
+				t.conns = append(t.conns, c.(*rdma.Conn))
+				t.mu.Unlock()
+			}
+			return c, err
+		}
+		return t, nil
 	case "tcp":
 		d := net.Dialer{Timeout: dialTimeout}
 		return &transport{

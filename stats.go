@@ -1,0 +1,66 @@
+package rdma
+
+import "time"
+
+// ConnStats are a connection's counters since it was set up. They are plain
+// fields kept under the connection's lock, always on: reading them costs a
+// lock, keeping them nothing measurable.
+type ConnStats struct {
+	BytesWritten     uint64 // payload bytes Writes accepted
+	BytesRead        uint64 // payload bytes Reads returned
+	MessagesSent     uint64 // data messages posted (a Write of several buffers is several)
+	MessagesReceived uint64 // data messages received
+	// CreditMessagesSent counts messages that only returned credits: when
+	// the reverse direction has no data to carry them.
+	CreditMessagesSent uint64
+	// CreditWaits counts the Writes that waited because the peer had no
+	// receive free and the pending buffer was full; CreditWaitTime is how
+	// long they waited in all.
+	CreditWaits    uint64
+	CreditWaitTime time.Duration
+	// CompletionErrors counts work completions that failed, not counting
+	// the flushed ones every teardown produces.
+	CompletionErrors uint64
+	// RegisteredBytes is the memory the connection has registered with the
+	// device (see Options.RegisteredMemory).
+	RegisteredBytes int
+	// Spins and Parks count the waits of Reads and Writes that ended while
+	// the waiter was polling the completion queue itself, and those that
+	// parked first (see PollMode).
+	Spins, Parks uint64
+}
+
+// Stats returns the connection's counters. On a nil or zero Conn it
+// returns zeros.
+func (c *Conn) Stats() ConnStats {
+	if !c.ok() {
+		return ConnStats{}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.st
+	s.RegisteredBytes = len(c.mem)
+	return s
+}
+
+// DeviceStats are the totals of one RDMA device that connections of this
+// process use.
+type DeviceStats struct {
+	Name            string // the device, e.g. "rxe0" or "mlx5_0"
+	Connections     int    // connections using it, including those being set up or torn down
+	CQEntries       int    // the size of its shared completion queue
+	RegisteredBytes int    // memory registered by those connections
+}
+
+// Devices returns the totals of every device in use by this process; none
+// when no connection or listener holds one.
+func Devices() []DeviceStats { return devicesStats() }
+
+// countWait records how a Read's or Write's wait ended; mu is held.
+func (c *Conn) countWait(spun bool) {
+	if spun {
+		c.st.Spins++
+	} else {
+		c.st.Parks++
+	}
+}
