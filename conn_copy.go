@@ -1,0 +1,199 @@
+package rdma
+
+import (
+	"errors"
+	"io"
+	"net"
+	"time"
+)
+
+// The zero-copy paths io.Copy takes: ReadFrom reads from a Reader straight
+// into the registered send buffers, WriteTo hands received messages to a
+// Writer straight from the registered receive buffers. Both go through the
+// same credits, rings, deadlines and errors as Write and Read.
+
+var (
+	_ io.ReaderFrom = (*Conn)(nil)
+	_ io.WriterTo   = (*Conn)(nil)
+)
+
+// errInvalidWrite is WriteTo's error for a Writer that reports an
+// impossible count, as io.Copy's.
+var errInvalidWrite = errors.New("invalid write result")
+
+// ReadFrom implements io.ReaderFrom: it reads from r until io.EOF or an
+// error, straight into the connection's registered send buffers (one Read
+// of r fills at most one buffer), and sends what it read as Write would:
+// io.Copy(conn, r) then copies each byte once. To a peer whose Reads are
+// message-oriented, each Read of r is one message. While r.Read runs, a
+// Close of the connection waits for it to return (the buffer it fills is
+// registered memory that Close releases). The error of r, if any, is
+// returned wrapped like the connection's own.
+func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
+	if !c.ok() {
+		return 0, errInvalid("readfrom")
+	}
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	n, err := c.readFrom(r)
+	return n, c.opErr("readfrom", err)
+}
+
+func (c *Conn) readFrom(r io.Reader) (int64, error) {
+	var total int64
+	waited := false
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for {
+		if err := c.life.writeEnded(); err != nil {
+			return total, err
+		}
+		if c.wdl.expired() {
+			return total, errTimeout
+		}
+		if c.tx.pendLen > 0 && c.cr.credits > 0 && (c.tx.pendLen == c.maxMsg || c.msgWrite) {
+			// A full pending buffer, or an earlier message for a
+			// message-oriented peer, goes before anything else.
+			typ := uint8(msgData)
+			if c.tx.pendMore {
+				typ = msgDataMore
+			}
+			c.cr.spend()
+			c.queueSend(typ, c.tx.pendLen)
+			c.tx.pendLen, c.tx.pendMore = 0, false
+			c.flushDroppingLock()
+			continue
+		}
+		// Room is the pending buffer's rest (or a fresh buffer), unless
+		// no credit lets a full one (or an earlier message) go.
+		noCredit := c.cr.credits == 0 && (c.tx.pendLen == c.maxMsg || (c.msgWrite && c.tx.pendLen > 0))
+		if c.tx.free() == 0 || noCredit {
+			var start time.Time
+			if noCredit {
+				start = time.Now()
+			}
+			c.mu.Unlock()
+			spun := c.w.wait(c.txReady, c.closing, c.wdl, &c.wrWait)
+			c.mu.Lock()
+			c.countWait(spun)
+			if noCredit {
+				if !waited {
+					c.st.CreditWaits++
+					waited = true
+				}
+				c.st.CreditWaitTime += time.Since(start)
+			}
+			continue
+		}
+		pend := c.tx.pendLen
+		start := c.tx.bufOff(c.tx.dataSeq) + pend
+		c.tx.filling = true
+		c.mu.Unlock()
+		n, rerr := r.Read(c.mem[start : start+c.maxMsg-pend])
+		c.mu.Lock()
+		c.tx.filling = false
+		if err := c.life.writeEnded(); err != nil {
+			return total, err
+		}
+		if n > 0 {
+			total += int64(n)
+			c.st.BytesWritten += uint64(n)
+			queued := pend + n
+			if c.cr.credits > 0 && !c.cr.hold(queued, c.maxMsg, c.tx.finQueued) {
+				c.cr.spend()
+				c.queueSend(msgData, queued)
+				queued = 0
+			}
+			c.tx.pendLen, c.tx.pendMore = queued, false
+		}
+		c.flushDroppingLock()
+		if rerr == io.EOF {
+			return total, nil
+		}
+		if rerr != nil {
+			return total, rerr
+		}
+	}
+}
+
+// WriteTo implements io.WriterTo: it writes what arrives to w until the
+// peer closes (then it returns a nil error, as io.Copy expects) or an error,
+// calling w.Write with each message straight from the registered receive
+// buffer it arrived in, and giving the buffer back to the peer once w.Write
+// returns: io.Copy(w, conn) then copies each byte once. w must not keep
+// the slice. While w.Write runs, a Close of the connection waits for it
+// to return. An error of w is returned wrapped like the connection's own.
+func (c *Conn) WriteTo(w io.Writer) (int64, error) {
+	if !c.ok() {
+		return 0, errInvalid("writeto")
+	}
+	c.readMu.Lock()
+	defer c.readMu.Unlock()
+	n, err := c.writeTo(w)
+	return n, c.opErr("writeto", err)
+}
+
+func (c *Conn) writeTo(w io.Writer) (int64, error) {
+	var total int64
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for {
+		if c.life.has(shutClosed) {
+			return total, net.ErrClosed
+		}
+		if c.rdl.expired() {
+			if c.rx.n == 0 {
+				c.returnCredits(true)
+				c.flushDroppingLock()
+			}
+			return total, errTimeout
+		}
+		if c.life.has(shutRead) {
+			return total, nil
+		}
+		if c.rx.n > 0 {
+			if c.rx.finAtHead() {
+				return total, nil
+			}
+			// The head message is the reader's while readMu is held (see
+			// Read): hand it to w without the lock.
+			m := c.rx.q[c.rx.head]
+			start := c.rx.bufOff(int(m.slot))
+			b := c.mem[start+c.rx.off : start+int(m.n)]
+			c.mu.Unlock()
+			n, werr := w.Write(b)
+			c.mu.Lock()
+			if n < 0 || n > len(b) {
+				n = 0
+				if werr == nil {
+					werr = errInvalidWrite
+				}
+			}
+			total += int64(n)
+			c.st.BytesRead += uint64(n)
+			if n == len(b) {
+				c.rx.consume(1, 0)
+				c.returnCredits(false)
+				c.flushDroppingLock()
+			} else {
+				c.rx.off += n
+				if werr == nil {
+					werr = io.ErrShortWrite
+				}
+			}
+			if werr != nil {
+				return total, werr
+			}
+			continue
+		}
+		if err := c.life.readFailed(c.rx.posted); err != nil {
+			return total, err
+		}
+		c.returnCredits(true)
+		c.flushDroppingLock()
+		c.mu.Unlock()
+		spun := c.w.wait(c.rxReady, c.closing, c.rdl, &c.rdWait)
+		c.mu.Lock()
+		c.countWait(spun)
+	}
+}

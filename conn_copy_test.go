@@ -1,0 +1,131 @@
+package rdma
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// chunkReader returns its chunks one per Read, recording the room each Read
+// was given.
+type chunkReader struct {
+	chunks [][]byte
+	rooms  []int
+	err    error // after the chunks; io.EOF when nil
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	r.rooms = append(r.rooms, len(p))
+	if len(r.chunks) == 0 {
+		if r.err != nil {
+			return 0, r.err
+		}
+		return 0, io.EOF
+	}
+	n := copy(p, r.chunks[0])
+	r.chunks[0] = r.chunks[0][n:]
+	if len(r.chunks[0]) == 0 {
+		r.chunks = r.chunks[1:]
+	}
+	return n, nil
+}
+
+func TestConnReadFromFillsSendBuffers(t *testing.T) {
+	p := newFakeConn(t, 8, 1024)
+	p.c.SetNoDelay(true)
+	r := &chunkReader{chunks: [][]byte{bytes.Repeat([]byte("a"), 1500), []byte("tail")}}
+	n, err := p.c.ReadFrom(r)
+	require.NoError(t, err)
+	require.Equal(t, int64(1504), n)
+	require.Equal(t, []int{1024, 1024, 1024, 1024}, r.rooms, "each Read of r gets a whole registered buffer")
+	s := p.sent()
+	require.Len(t, s, 3)
+	require.Equal(t, bytes.Repeat([]byte("a"), 1024), []byte(p.payload(s[0])))
+	require.Equal(t, string(bytes.Repeat([]byte("a"), 476)), p.payload(s[1]))
+	require.Equal(t, "tail", p.payload(s[2]))
+	require.Equal(t, uint64(1504), p.c.Stats().BytesWritten)
+}
+
+func TestConnReadFromGathersWhileThePeerIsBehind(t *testing.T) {
+	p := newFakeConn(t, 8, 1024) // holdAt 2
+	r := &chunkReader{chunks: [][]byte{[]byte("1"), []byte("2"), []byte("3"), []byte("4")}}
+	_, err := p.c.ReadFrom(r)
+	require.NoError(t, err)
+	require.Len(t, p.sent(), 2)
+	require.Equal(t, 2, p.c.tx.pendLen, "small reads gather as small Writes do")
+	require.Equal(t, []int{1024, 1024, 1024, 1023, 1022}, r.rooms, "and the next Read continues in the pending buffer")
+}
+
+func TestConnReadFromMessages(t *testing.T) {
+	p := newFakeConnOpts(t, Options{BufferSize: 1024, SendDepth: 8, RecvDepth: 8, Poll: PollEvent}, true)
+	r := &chunkReader{chunks: [][]byte{[]byte("one"), []byte("two")}}
+	_, err := p.c.ReadFrom(r)
+	require.NoError(t, err)
+	s := p.sent()
+	require.Len(t, s, 2, "to a message-oriented peer each Read of r is a message")
+	require.Equal(t, "one", p.payload(s[0]))
+	require.Equal(t, uint8(msgData), headerOf(s[0].Imm).typ)
+}
+
+func TestConnReadFromErrors(t *testing.T) {
+	p := newFakeConn(t, 8, 1024)
+	fail := errors.New("source failed")
+	n, err := p.c.ReadFrom(&chunkReader{chunks: [][]byte{[]byte("x")}, err: fail})
+	require.Equal(t, int64(1), n)
+	require.ErrorIs(t, err, fail)
+	requireNetOpError(t, err, "readfrom")
+	require.NoError(t, p.c.CloseWrite())
+	_, err = p.c.ReadFrom(&chunkReader{})
+	require.ErrorIs(t, err, syscall.EPIPE, "after CloseWrite, as Write")
+}
+
+// recordWriter keeps what it is given and the length of each Write.
+type recordWriter struct {
+	buf  bytes.Buffer
+	lens []int
+	fail error
+}
+
+func (w *recordWriter) Write(p []byte) (int, error) {
+	w.lens = append(w.lens, len(p))
+	if w.fail != nil {
+		return 0, w.fail
+	}
+	return w.buf.Write(p)
+}
+
+func TestConnWriteToHandsOverMessages(t *testing.T) {
+	p := newFakeConn(t, 8, 64)
+	p.deliver(header{typ: msgData}, []byte("first"))
+	p.deliver(header{typ: msgData}, []byte("second"))
+	p.deliver(header{typ: msgData}, []byte("third"))
+	p.deliver(header{typ: msgFin}, nil)
+	posted := len(p.q.recvs)
+	var w recordWriter
+	n, err := p.c.WriteTo(&w)
+	require.NoError(t, err, "the peer's fin ends WriteTo without an error, as io.Copy expects")
+	require.Equal(t, int64(16), n)
+	require.Equal(t, "firstsecondthird", w.buf.String())
+	require.Equal(t, []int{5, 6, 5}, w.lens, "one Write per message, straight from its buffer")
+	require.Len(t, p.q.recvs, posted+2, "a batch of buffers went back to the peer")
+	require.Len(t, p.c.rx.repost, 1, "the rest waits for the next batch, as after Reads")
+	require.Equal(t, uint64(16), p.c.Stats().BytesRead)
+}
+
+func TestConnWriteToErrors(t *testing.T) {
+	p := newFakeConn(t, 8, 64)
+	p.deliver(header{typ: msgData}, []byte("lost?"))
+	fail := errors.New("sink failed")
+	_, err := p.c.WriteTo(&recordWriter{fail: fail})
+	require.ErrorIs(t, err, fail)
+	requireNetOpError(t, err, "writeto")
+	// Nothing was consumed: a Read still gets the message.
+	b := make([]byte, 8)
+	n, err := p.c.Read(b)
+	require.NoError(t, err)
+	require.Equal(t, "lost?", string(b[:n]))
+}
