@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"slices"
 	"sync"
 	"syscall"
@@ -23,6 +24,8 @@ type run struct {
 	duration time.Duration // used when count is 0
 	conns    int
 	warmup   int // latency round trips not measured
+	copyLen  int64
+	plain    bool // copy: hide ReadFrom and WriteTo
 }
 
 // open dials, sends the header and waits for the server's ready byte.
@@ -249,4 +252,66 @@ func cpuTime() float64 {
 	}
 	tv := func(t syscall.Timeval) float64 { return float64(t.Sec) + float64(t.Usec)/1e6 }
 	return tv(ru.Utime) + tv(ru.Stime)
+}
+
+// copyFile writes a file of copyLen bytes, then measures io.Copy of it to
+// the connection, and at the server io.Copy to io.Discard, until the
+// server has counted every byte. With the connection's ReadFrom and
+// WriteTo, each byte is copied once in user space (file to registered
+// buffer); plain, io.Copy goes through its own buffers on both sides.
+func (r *run) copyFile() (map[string]float64, error) {
+	f, err := os.CreateTemp("", "rdmaperf-copy-*")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	chunk := make([]byte, 1<<20)
+	for i := range chunk {
+		chunk[i] = byte(i * 7)
+	}
+	for left := r.copyLen; left > 0; left -= int64(len(chunk)) {
+		if _, err := f.Write(chunk[:min(left, int64(len(chunk)))]); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return nil, err
+	}
+	k := kindCopy
+	if r.plain {
+		k = kindCopyPlain
+	}
+	c, err := r.open(header{kind: k, size: int(min(r.copyLen, maxMsgSize))})
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	var dst io.Writer = c
+	var src io.Reader = f
+	if r.plain {
+		dst, src = struct{ io.Writer }{c}, struct{ io.Reader }{f}
+	}
+	cpu0 := cpuTime()
+	start := time.Now()
+	n, err := io.Copy(dst, src)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.(interface{ CloseWrite() error }).CloseWrite(); err != nil {
+		return nil, err
+	}
+	var reply [countLen]byte
+	if _, err := io.ReadFull(c, reply[:]); err != nil {
+		return nil, fmt.Errorf("waiting for the sink's count: %w", err)
+	}
+	if got := binary.BigEndian.Uint64(reply[:]); got != uint64(n) || n != r.copyLen {
+		return nil, fmt.Errorf("sink received %d bytes, %d were copied of %d", got, n, r.copyLen)
+	}
+	elapsed := time.Since(start)
+	return map[string]float64{
+		"mb_s":    float64(n) / elapsed.Seconds() / 1e6,
+		"seconds": elapsed.Seconds(),
+		"cpu_s":   cpuTime() - cpu0,
+	}, nil
 }

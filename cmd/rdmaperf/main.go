@@ -59,7 +59,9 @@ func main() {
 		render   = flag.String("render", "", "print the bench results `file` (JSON) as a markdown table and exit")
 		addr     = flag.String("addr", "", "listen `address` (default :5301 for -s; $RDMA_TEST_ADDR:0 for -local)")
 		netw     = flag.String("net", "rdma", "transport: rdma (this library) or tcp (Go's net, for comparison)")
-		test     = flag.String("test", "lat", "client test: lat (ping-pong latency), bw (one-way throughput) or rate (message rate)")
+		test     = flag.String("test", "lat", "client test: lat (ping-pong latency), bw (one-way throughput), rate (message rate) or copy (io.Copy of a file to the connection, and to io.Discard at the server)")
+		copyLen  = flag.Int64("bytes", 1<<30, "copy: the file's size in bytes")
+		plain    = flag.Bool("plain", false, "copy: hide the connection's ReadFrom and WriteTo, so io.Copy goes through its own buffers")
 		size     = flag.Int("size", 0, "message (write) size in bytes (default 64 for lat and rate, 65536 for bw)")
 		count    = flag.Int("n", 0, "round trips (lat) or writes per connection (bw, rate); 0: run for -duration")
 		duration = flag.Duration("duration", 5*time.Second, "how long to run when -n is 0")
@@ -167,6 +169,8 @@ func main() {
 		log.Fatal("need -n or a positive -duration")
 	}
 	r := &run{
+		copyLen:  *copyLen,
+		plain:    *plain,
 		dial:     func() (net.Conn, error) { return tr.dial(target) },
 		size:     *size,
 		count:    *count,
@@ -178,6 +182,9 @@ func main() {
 	if tr.name == "rdma" && pm != rdma.PollAdaptive {
 		res.Impl += " " + pm.String()
 	}
+	if workload == "copy" && *plain {
+		res.Impl += " plain"
+	}
 	switch workload {
 	case "lat":
 		res.Conns = 1
@@ -187,8 +194,11 @@ func main() {
 	case "idle":
 		res.Conns = 1
 		res.Metrics, err = r.idle(*idle)
+	case "copy":
+		res.Conns, res.Size = 1, int(min(*copyLen, maxMsgSize))
+		res.Metrics, err = r.copyFile()
 	default:
-		log.Fatalf("unknown -test %q (lat, bw or rate)", workload)
+		log.Fatalf("unknown -test %q (lat, bw, rate or copy)", workload)
 	}
 	if err != nil {
 		res.Error = err.Error()
@@ -296,6 +306,8 @@ func describe(r Result) string {
 	case r.Workload == "lat":
 		fmt.Fprintf(&b, ": one-way p50 %.2f µs, p99 %.2f µs, avg %.2f µs (%.0f round trips in %.2f s)",
 			m["p50_us"], m["p99_us"], m["avg_us"], m["count"], m["seconds"])
+	case r.Workload == "copy":
+		fmt.Fprintf(&b, ": %.2f MB/s (%.2f s, %.2f CPU s)", m["mb_s"], m["seconds"], m["cpu_s"])
 	case r.Workload == "idle":
 		fmt.Fprintf(&b, ": %.3f CPU s in %.2f s idle (%.2f%% of one CPU)", m["cpu_s"], m["seconds"], m["cpu_pct"])
 		if v, ok := m["reg_kib"]; ok {

@@ -106,6 +106,9 @@ func TestRender(t *testing.T) {
 			{Round: 2, Impl: "perftest", Workload: "lat", Size: 64, Conns: 1, Metrics: map[string]float64{"p50_us": 5, "p99_us": 8, "avg_us": 6}},
 			{Round: 3, Impl: "perftest", Workload: "lat", Size: 64, Conns: 1, Metrics: map[string]float64{"p50_us": 90, "p99_us": 90, "avg_us": 90}},
 			{Round: 1, Impl: "rsockets", Workload: "bw", Size: 4096, Conns: 1, Error: "rstream exit 1"},
+			{Round: 1, Impl: "rdmaperf/rdma", Workload: "copy", Size: 256 << 20, Conns: 1, Metrics: map[string]float64{"mb_s": 40, "cpu_s": 2}},
+			{Round: 1, Impl: "rdmaperf/rdma plain", Workload: "copy", Size: 256 << 20, Conns: 1, Metrics: map[string]float64{"mb_s": 20, "cpu_s": 4}},
+			{Round: 1, Impl: "rdmaperf/tcp", Workload: "copy", Size: 256 << 20, Conns: 1, Metrics: map[string]float64{"mb_s": 100, "cpu_s": 1}},
 		},
 	}
 	var b strings.Builder
@@ -114,8 +117,10 @@ func TestRender(t *testing.T) {
 	for _, want := range []string{
 		// Figures are medians (of 10, 20, 90 and of 5, 5, 90); ratios are the
 		// medians of the per-round ratios (2, 4, 1), not 20 / 5.
-		"| latency (one-way) 64 B | p50 µs | 20.0 | 6.00 | — | 5.00 | — | — | 2.00 |  |  | 1.20 |",
-		"| latency (one-way) 64 B | avg µs | 22.0 | 9.00 | — | 6.00 | — | — | 2.00 |  |  | 1.50 |",
+		"| latency (one-way) 64 B | p50 µs | 20.0 | 6.00 | — | 5.00 | — | — | — | 2.00 |  |  | 1.20 |  |",
+		"| latency (one-way) 64 B | avg µs | 22.0 | 9.00 | — | 6.00 | — | — | — | 2.00 |  |  | 1.50 |  |",
+		// io.Copy with the connection's ReadFrom/WriteTo beside plain io.Copy.
+		"| io.Copy file → conn → io.Discard 256 MiB | MB/s | 40.0 | — | 100 | — | — | — | 20.0 |  |  |  |  | 2.00 |",
 		"rsockets, throughput 4 KiB (round 1): rstream exit 1",
 		"median of up to 3 rounds",
 	} {

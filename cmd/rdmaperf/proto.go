@@ -25,9 +25,11 @@ const (
 type kind byte
 
 const (
-	kindEcho kind = 1 + iota // ping-pong: read size bytes, write them back
-	kindSink                 // read to EOF, then report the byte count
-	kindIdle                 // like echo; a separate kind so logs tell them apart
+	kindEcho      kind = 1 + iota // ping-pong: read size bytes, write them back
+	kindSink                      // read to EOF, then report the byte count
+	kindIdle                      // like echo; a separate kind so logs tell them apart
+	kindCopy                      // io.Copy(io.Discard, conn) to EOF, then report the byte count
+	kindCopyPlain                 // the same, hiding the connection's WriteTo
 )
 
 func (k kind) String() string {
@@ -38,6 +40,10 @@ func (k kind) String() string {
 		return "sink"
 	case kindIdle:
 		return "idle"
+	case kindCopy:
+		return "copy"
+	case kindCopyPlain:
+		return "copy (plain)"
 	}
 	return fmt.Sprintf("kind(%d)", byte(k))
 }
@@ -66,7 +72,7 @@ func readHeader(r io.Reader) (header, error) {
 	}
 	h := header{kind: kind(b[5]), size: int(binary.BigEndian.Uint32(b[8:]))}
 	switch {
-	case h.kind < kindEcho || h.kind > kindIdle:
+	case h.kind < kindEcho || h.kind > kindCopyPlain:
 		return h, fmt.Errorf("unknown test kind %d", h.kind)
 	case h.size < 1 || h.size > maxMsgSize:
 		return h, fmt.Errorf("message size %d outside [1, %d]", h.size, maxMsgSize)

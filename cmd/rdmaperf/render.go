@@ -38,12 +38,14 @@ var (
 		{"perftest", "perftest"},
 		{"perftest -e", "perftest -e"},
 		{"rsockets", "rsockets"},
+		{self + " plain", "this library, plain io.Copy"},
 	}
 	ratios = []struct{ mine, peer, title string }{
 		{self, "perftest", "÷ perftest"},
 		{self, "perftest -e", "÷ perftest -e"},
 		{self, "rsockets", "÷ rsockets"},
 		{busy, "perftest", "busy ÷ perftest"},
+		{self, self + " plain", "÷ plain io.Copy"},
 	}
 )
 
@@ -55,6 +57,7 @@ var metricsOf = map[string][]metric{
 	"bw":   {{"mb_s", "MB/s"}},
 	"rate": {{"msg_s", "msg/s"}},
 	"idle": {{"cpu_s", "CPU s"}, {"reg_kib", "registered KiB per connection"}},
+	"copy": {{"mb_s", "MB/s"}, {"cpu_s", "CPU s"}},
 }
 
 var workloadNames = map[string]string{
@@ -62,6 +65,7 @@ var workloadNames = map[string]string{
 	"bw":   "throughput",
 	"rate": "message rate",
 	"idle": "idle connection",
+	"copy": "io.Copy file → conn → io.Discard",
 }
 
 func renderFile(w io.Writer, path string) error {

@@ -43,6 +43,8 @@ func handle(c net.Conn, verbose bool) error {
 	switch h.kind {
 	case kindSink:
 		return sink(c)
+	case kindCopy, kindCopyPlain:
+		return copySink(c, h.kind == kindCopyPlain)
 	default:
 		return echo(c, h.size)
 	}
@@ -86,5 +88,23 @@ func sink(c net.Conn) error {
 	var reply [countLen]byte
 	binary.BigEndian.PutUint64(reply[:], total)
 	_, err := c.Write(reply[:])
+	return err
+}
+
+// copySink is sink through io.Copy: to io.Discard straight from the
+// connection (its WriteTo, for rdma), or, plain, through io.Discard's own
+// buffer, as io.Copy goes for a source without WriteTo.
+func copySink(c net.Conn, plain bool) error {
+	var src io.Reader = c
+	if plain {
+		src = struct{ io.Reader }{c}
+	}
+	n, err := io.Copy(io.Discard, src)
+	if err != nil {
+		return err
+	}
+	var reply [countLen]byte
+	binary.BigEndian.PutUint64(reply[:], uint64(n))
+	_, err = c.Write(reply[:])
 	return err
 }
