@@ -1,6 +1,7 @@
 package rdma_test
 
 import (
+	"bufio"
 	"crypto/sha256"
 	"fmt"
 	"io"
@@ -164,4 +165,26 @@ func TestMessagesBoundaries(t *testing.T) {
 	}
 	_, err := server.Read(buf)
 	require.Equal(t, io.EOF, err, "the zero-length Write was no message")
+}
+
+// TestZeroLengthWrites: zero-length Writes send nothing, in either mode, so
+// a stream reader never sees a Read return (0, nil) (which would make a
+// bufio.Reader fail with io.ErrNoProgress after 100 of them).
+func TestZeroLengthWrites(t *testing.T) {
+	for _, messages := range []bool{false, true} {
+		t.Run(fmt.Sprintf("messages=%v", messages), func(t *testing.T) {
+			client, server := pair(t, &rdma.ListenConfig{Options: rdma.Options{Messages: messages}}, nil)
+			go func() {
+				for range 120 {
+					client.Write(nil)
+				}
+				client.Write([]byte("hello\n"))
+				client.Close()
+			}()
+			line, err := bufio.NewReader(server).ReadString('\n')
+			require.NoError(t, err)
+			require.Equal(t, "hello\n", line)
+			require.Equal(t, uint64(1), client.Stats().MessagesSent)
+		})
+	}
 }

@@ -1,0 +1,146 @@
+package rdma
+
+// Message-oriented Reads and never-merged Writes over the fake QP (see
+// conn_internal_test.go).
+
+import (
+	"bytes"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestConnMessagesWritesNeverMerge(t *testing.T) {
+	p := newFakeConnOpts(t, Options{BufferSize: 1024, SendDepth: 8, RecvDepth: 8, Poll: PollEvent}, true)
+	_, err := p.c.Write(bytes.Repeat([]byte("m"), 2500))
+	require.NoError(t, err)
+	s := p.sent()
+	require.Len(t, s, 3, "a message-oriented peer gets every fragment at once: nothing is held")
+	for i, typ := range []uint8{msgDataMore, msgDataMore, msgData} {
+		require.Equal(t, typ, headerOf(s[i].Imm).typ, "fragment %d", i)
+	}
+	require.Equal(t, uint32(452), s[2].Len)
+
+	// Small Writes while the peer is behind: one message each.
+	for _, w := range []string{"a", "b", "c"} {
+		_, err := p.c.Write([]byte(w))
+		require.NoError(t, err)
+	}
+	s = p.sent()
+	require.Len(t, s, 3)
+	for _, wr := range s {
+		require.Equal(t, uint8(msgData), headerOf(wr.Imm).typ)
+		require.Equal(t, uint32(1), wr.Len)
+	}
+	_, err = p.c.Write(nil)
+	require.NoError(t, err)
+	require.Empty(t, p.sent(), "a zero-length Write sends nothing")
+}
+
+func TestConnMessagesPendingWriteWaits(t *testing.T) {
+	p := newFakeConnOpts(t, Options{BufferSize: 64, SendDepth: 2, RecvDepth: 2, Poll: PollEvent}, true)
+	p.c.Write([]byte("1"))
+	p.c.Write([]byte("2"))
+	p.ack()
+	require.Len(t, p.sent(), 2)
+	// No credit: the Write's bytes wait in the pending buffer...
+	_, err := p.c.Write([]byte("three"))
+	require.NoError(t, err)
+	require.Equal(t, 5, p.c.tx.pendLen)
+	require.False(t, p.c.tx.pendMore)
+	// ...and the next Write waits for them to go, instead of joining them.
+	done := make(chan struct{})
+	go func() {
+		p.c.Write([]byte("four"))
+		close(done)
+	}()
+	select {
+	case <-done:
+		t.Fatal("the Write merged with the pending one")
+	case <-time.After(20 * time.Millisecond):
+	}
+	p.deliver(header{typ: msgCredit, credits: 1}, nil)
+	<-done
+	s := p.sent()
+	require.Len(t, s, 1)
+	require.Equal(t, "three", p.payload(s[0]))
+	require.Equal(t, 4, p.c.tx.pendLen, "four waits for the next credit, on its own")
+}
+
+func TestConnMessagesPendingFragment(t *testing.T) {
+	p := newFakeConnOpts(t, Options{BufferSize: 64, SendDepth: 4, RecvDepth: 2, Poll: PollEvent}, true)
+	p.c.Write([]byte("1"))
+	p.c.Write([]byte("2"))
+	p.ack()
+	p.sent()
+	done := make(chan struct{})
+	go func() {
+		p.c.Write(bytes.Repeat([]byte("x"), 100)) // two fragments, no credit
+		close(done)
+	}()
+	require.Eventually(t, func() bool {
+		p.c.mu.Lock()
+		defer p.c.mu.Unlock()
+		return p.c.tx.pendLen == 64
+	}, 5*time.Second, time.Millisecond)
+	p.deliver(header{typ: msgCredit, credits: 1}, nil)
+	<-done
+	s := p.sent()
+	require.Len(t, s, 1)
+	require.Equal(t, uint8(msgDataMore), headerOf(s[0].Imm).typ, "the pending fragment is marked as one")
+	require.Equal(t, 36, p.c.tx.pendLen)
+	p.ack()
+	p.deliver(header{typ: msgCredit, credits: 1}, nil)
+	s = p.sent()
+	require.Len(t, s, 1)
+	require.Equal(t, uint8(msgData), headerOf(s[0].Imm).typ)
+}
+
+func TestConnMessagesReads(t *testing.T) {
+	p := newFakeConnOpts(t, Options{BufferSize: 8, SendDepth: 8, RecvDepth: 8, Poll: PollEvent, Messages: true}, false)
+	require.True(t, p.c.msgRead)
+	p.deliver(header{typ: msgDataMore}, []byte("hello, w"))
+	p.deliver(header{typ: msgData}, []byte("orld"))
+	p.deliver(header{typ: msgData}, []byte("next"))
+	b := make([]byte, 100)
+	n, err := p.c.Read(b)
+	require.NoError(t, err)
+	require.Equal(t, "hello, world", string(b[:n]), "one Write, whole, and nothing of the next")
+	n, err = p.c.Read(b[:2])
+	require.NoError(t, err)
+	require.Equal(t, "ne", string(b[:n]))
+	n, err = p.c.Read(b)
+	require.NoError(t, err)
+	require.Equal(t, "xt", string(b[:n]), "a smaller buffer gets the rest of the message, not more")
+
+	// A Read with room for the whole message waits for its last fragment,
+	// giving back the buffers of those that came.
+	p.deliver(header{typ: msgDataMore}, []byte("abcdefgh"))
+	got := make(chan string)
+	go func() {
+		n, err := p.c.Read(b)
+		if err != nil {
+			got <- err.Error()
+		}
+		got <- string(b[:n])
+	}()
+	require.Eventually(t, func() bool { return len(p.q.posted()) > 0 }, 5*time.Second, time.Millisecond,
+		"a credit message goes out while the Read waits")
+	select {
+	case s := <-got:
+		t.Fatalf("the Read returned %q before the message ended", s)
+	case <-time.After(10 * time.Millisecond):
+	}
+	p.deliver(header{typ: msgData}, []byte("ij"))
+	require.Equal(t, "abcdefghij", <-got)
+
+	p.deliver(header{typ: msgData}, []byte("z"))
+	p.deliver(header{typ: msgFin}, nil)
+	n, err = p.c.Read(b)
+	require.NoError(t, err)
+	require.Equal(t, "z", string(b[:n]))
+	_, err = p.c.Read(b)
+	require.Equal(t, io.EOF, err)
+}

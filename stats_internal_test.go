@@ -1,0 +1,89 @@
+package rdma
+
+// Conn.Stats over the fake QP (see conn_internal_test.go), and the Go cost
+// of a small Write.
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goverbs/rdma/internal/ibv"
+)
+
+// BenchmarkWriteGather measures the Go side of a small Write that gathers
+// (the peer is behind) over the fake QP: locks, deadline checks, the
+// ledger and the rings, without any verb. Every 256 Writes the peer
+// catches up.
+func BenchmarkWriteGather(b *testing.B) {
+	p := newFakeConn(b, 16, 65536)
+	msg := make([]byte, 64)
+	b.ReportAllocs()
+	for i := range b.N {
+		p.c.Write(msg)
+		if i%256 == 255 {
+			p.q.sends = p.q.sends[:0]
+			p.c.mu.Lock()
+			p.c.tx.dataDone, p.c.tx.ctrlDone = p.c.tx.dataSeq, p.c.tx.ctrlSeq
+			p.c.cr.credits = p.c.cr.peerWindow
+			p.c.mu.Unlock()
+		}
+	}
+}
+
+func TestConnStatsExact(t *testing.T) {
+	p := newFakeConnOpts(t, Options{BufferSize: 1024, SendDepth: 8, RecvDepth: 8, Poll: PollEvent, Messages: true}, true)
+	p.c.Write(bytes.Repeat([]byte("w"), 2500)) // three messages
+	p.c.Write([]byte("x"))                     // one
+	p.ack()
+	p.deliver(header{typ: msgDataMore, credits: 4}, bytes.Repeat([]byte("r"), 1024))
+	p.deliver(header{typ: msgData}, []byte("rr"))
+	b := make([]byte, 4096)
+	n, err := p.c.Read(b)
+	require.NoError(t, err)
+	require.Equal(t, 1026, n)
+	p.complete(ibv.WC{WRID: p.q.recvs[5].ID, Status: ibv.WCRetryExcErr})
+	p.complete(ibv.WC{WRID: p.q.recvs[6].ID, Status: ibv.WCFlushErr})
+
+	s := p.c.Stats()
+	require.Equal(t, uint64(2501), s.BytesWritten)
+	require.Equal(t, uint64(1026), s.BytesRead)
+	require.Equal(t, uint64(4), s.MessagesSent)
+	require.Equal(t, uint64(2), s.MessagesReceived)
+	require.Equal(t, uint64(1), s.CompletionErrors, "a flush is no error")
+	require.Equal(t, len(p.c.mem), s.RegisteredBytes)
+	require.Equal(t, ConnStats{}, (*Conn)(nil).Stats())
+}
+
+func TestConnStatsCreditWaits(t *testing.T) {
+	p := newFakeConn(t, 2, 64)
+	p.c.SetNoDelay(true)
+	p.c.Write([]byte("1"))
+	p.c.Write([]byte("2"))
+	p.ack()
+	done := make(chan struct{})
+	go func() {
+		p.c.Write(bytes.Repeat([]byte("x"), 100)) // fills the pending buffer, then waits for a credit
+		close(done)
+	}()
+	require.Eventually(t, func() bool {
+		p.c.mu.Lock()
+		defer p.c.mu.Unlock()
+		return p.c.tx.pendLen == 64
+	}, 5*time.Second, time.Millisecond)
+	time.Sleep(5 * time.Millisecond)
+	p.deliver(header{typ: msgCredit, credits: 1}, nil)
+	<-done
+	s := p.c.Stats()
+	require.Equal(t, uint64(1), s.CreditWaits)
+	require.GreaterOrEqual(t, s.CreditWaitTime, 5*time.Millisecond)
+	require.Positive(t, s.Parks, "PollEvent parks")
+	require.Zero(t, s.Spins)
+
+	// Reads: a credit message goes when the reader consumed a batch.
+	p.deliver(header{typ: msgData}, []byte("a"))
+	p.c.Read(make([]byte, 8))
+	require.Equal(t, uint64(1), p.c.Stats().CreditMessagesSent)
+}
