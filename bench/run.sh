@@ -98,6 +98,7 @@ run_rdmaperf() {
 	local net=$1 workload=$2 size=$3 conns=$4 log=$work/rdmaperf.log line rc label=rdmaperf/$1
 	shift 4
 	[[ " $* " == *" -poll busy "* ]] && label+=" busy"
+	[[ " $* " == *" -plain "* ]] && label+=" plain"
 	if [[ $go_mode == local ]]; then
 		timeout -k 5 "$tool_timeout" "$rdmaperf" -local -addr "$addr:0" -net "$net" -json "$@" >"$log" 2>&1
 		rc=$?
