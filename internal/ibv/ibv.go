@@ -199,6 +199,9 @@ func ContextFrom(p unsafe.Pointer) *Context { return &Context{c: (*C.struct_ibv_
 // Ptr is the C pointer, used as the device's identity.
 func (c *Context) Ptr() unsafe.Pointer { return unsafe.Pointer(c.c) }
 
+// Name is the device name (e.g. "rxe0").
+func (c *Context) Name() string { return C.GoString(C.ibv_get_device_name(c.c.device)) }
+
 // PD is a protection domain.
 type PD struct{ p *C.struct_ibv_pd }
 
