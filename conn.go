@@ -168,14 +168,7 @@ func (c *Conn) read(b []byte) (int, error) {
 		if c.life.has(shutClosed) {
 			return n, net.ErrClosed
 		}
-		if c.rdl.expired() {
-			// A reader that polls with a past deadline must still give
-			// credits back, or a writer holding data for them would wait
-			// for a Read that never blocks.
-			if c.rx.n == 0 {
-				c.returnCredits(true)
-				c.flushDroppingLock()
-			}
+		if c.readDeadlinePassedDroppingLock() {
 			return n, errTimeout
 		}
 		if c.life.has(shutRead) {
@@ -196,16 +189,41 @@ func (c *Conn) read(b []byte) (int, error) {
 			// meanwhile (a message may be bigger than all of them).
 			continue
 		}
-		if err := c.life.readFailed(c.rx.posted); err != nil {
+		if err := c.waitDataDroppingLock(); err != nil {
 			return n, err
 		}
+	}
+}
+
+// readDeadlinePassedDroppingLock reports whether the read deadline has
+// passed. A reader that polls with a past deadline must still give credits
+// back, or a writer holding data for them would wait for a Read that never
+// blocks.
+func (c *Conn) readDeadlinePassedDroppingLock() bool {
+	if !c.rdl.expired() {
+		return false
+	}
+	if c.rx.n == 0 {
 		c.returnCredits(true)
 		c.flushDroppingLock()
-		c.mu.Unlock()
-		spun := c.w.wait(c.rxReady, c.closing, c.rdl, &c.rdWait)
-		c.mu.Lock()
-		c.countWait(spun)
 	}
+	return true
+}
+
+// waitDataDroppingLock is what a Read or WriteTo does when nothing is
+// queued: it returns why no data will come, or gives every credit back
+// and waits for data (or the deadline, or Close).
+func (c *Conn) waitDataDroppingLock() error {
+	if err := c.life.readFailed(c.rx.posted); err != nil {
+		return err
+	}
+	c.returnCredits(true)
+	c.flushDroppingLock()
+	c.mu.Unlock()
+	spun := c.w.wait(c.rxReady, c.closing, c.rdl, &c.rdWait)
+	c.mu.Lock()
+	c.countWait(spun)
+	return nil
 }
 
 // copyOutDroppingLock copies queued messages into b. The queued messages
@@ -285,21 +303,7 @@ func (c *Conn) write(b []byte) (int, error) {
 		free := c.tx.free()
 		noCredit := c.cr.credits == 0 && (c.tx.pendLen == c.maxMsg || (c.msgWrite && n == 0 && c.tx.pendLen > 0))
 		if free == 0 || noCredit || (c.msgWrite && n == 0 && c.tx.pendLen > 0) {
-			var start time.Time
-			if noCredit {
-				start = time.Now()
-			}
-			c.mu.Unlock()
-			spun := c.w.wait(c.txReady, c.closing, c.wdl, &c.wrWait)
-			c.mu.Lock()
-			c.countWait(spun)
-			if noCredit {
-				if !waited {
-					c.st.CreditWaits++
-					waited = true
-				}
-				c.st.CreditWaitTime += time.Since(start)
-			}
+			c.waitSendRoomDroppingLock(noCredit, &waited)
 			continue
 		}
 		slots := 1
@@ -312,6 +316,28 @@ func (c *Conn) write(b []byte) (int, error) {
 			// dropped (the peer may have answered and closed).
 			return n, nil
 		}
+	}
+}
+
+// waitSendRoomDroppingLock waits, for a Write or ReadFrom, until
+// completions or credits come back (or the deadline or Close). noCredit
+// says it waits because the peer has no receive free: that counts in the
+// stats, once per call (waited) and for all the time it takes.
+func (c *Conn) waitSendRoomDroppingLock(noCredit bool, waited *bool) {
+	var start time.Time
+	if noCredit {
+		start = time.Now()
+	}
+	c.mu.Unlock()
+	spun := c.w.wait(c.txReady, c.closing, c.wdl, &c.wrWait)
+	c.mu.Lock()
+	c.countWait(spun)
+	if noCredit {
+		if !*waited {
+			c.st.CreditWaits++
+			*waited = true
+		}
+		c.st.CreditWaitTime += time.Since(start)
 	}
 }
 

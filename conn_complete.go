@@ -204,6 +204,23 @@ func (c *Conn) queueSend(typ uint8, n int) {
 	c.tx.queue(c.cr.header(typ), n, c.life.has(shutWrite))
 }
 
+// queuePending queues the pending buffer as a message, spending a credit
+// the caller checked for.
+func (c *Conn) queuePending() {
+	typ := uint8(msgData)
+	if c.tx.pendMore {
+		typ = msgDataMore
+	}
+	c.cr.spend()
+	c.queueSend(typ, c.tx.pendLen)
+	c.tx.pendLen, c.tx.pendMore = 0, false
+	if c.msgWrite {
+		// A Write for a message-oriented peer may be waiting for the
+		// pending buffer to go (see write).
+		signal(c.txReady)
+	}
+}
+
 // flushDroppingLock posts what is queued: prepared messages, then the
 // pending send buffer once a credit allows, then a fin that waited behind
 // it. mu is held on entry and exit but not across ibv_post_send (on rxe a
@@ -218,18 +235,7 @@ func (c *Conn) flushDroppingLock() {
 	c.tx.posting = true
 	for {
 		if c.pendingGoes() {
-			c.cr.spend()
-			typ := uint8(msgData)
-			if c.tx.pendMore {
-				typ = msgDataMore
-			}
-			c.queueSend(typ, c.tx.pendLen)
-			c.tx.pendLen, c.tx.pendMore = 0, false
-			if c.msgWrite {
-				// A Write for a message-oriented peer may be waiting
-				// for the pending buffer to go (see write).
-				signal(c.txReady)
-			}
+			c.queuePending()
 		}
 		if c.tx.finQueued && c.tx.pendLen == 0 && !c.tx.filling {
 			c.tx.finQueued = false

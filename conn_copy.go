@@ -4,7 +4,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"time"
 )
 
 // The zero-copy paths io.Copy takes: ReadFrom reads from a Reader straight
@@ -54,13 +53,7 @@ func (c *Conn) readFrom(r io.Reader) (int64, error) {
 		if c.tx.pendLen > 0 && c.cr.credits > 0 && (c.tx.pendLen == c.maxMsg || c.msgWrite) {
 			// A full pending buffer, or an earlier message for a
 			// message-oriented peer, goes before anything else.
-			typ := uint8(msgData)
-			if c.tx.pendMore {
-				typ = msgDataMore
-			}
-			c.cr.spend()
-			c.queueSend(typ, c.tx.pendLen)
-			c.tx.pendLen, c.tx.pendMore = 0, false
+			c.queuePending()
 			c.flushDroppingLock()
 			continue
 		}
@@ -68,21 +61,7 @@ func (c *Conn) readFrom(r io.Reader) (int64, error) {
 		// no credit lets a full one (or an earlier message) go.
 		noCredit := c.cr.credits == 0 && (c.tx.pendLen == c.maxMsg || (c.msgWrite && c.tx.pendLen > 0))
 		if c.tx.free() == 0 || noCredit {
-			var start time.Time
-			if noCredit {
-				start = time.Now()
-			}
-			c.mu.Unlock()
-			spun := c.w.wait(c.txReady, c.closing, c.wdl, &c.wrWait)
-			c.mu.Lock()
-			c.countWait(spun)
-			if noCredit {
-				if !waited {
-					c.st.CreditWaits++
-					waited = true
-				}
-				c.st.CreditWaitTime += time.Since(start)
-			}
+			c.waitSendRoomDroppingLock(noCredit, &waited)
 			continue
 		}
 		pend := c.tx.pendLen
@@ -141,11 +120,7 @@ func (c *Conn) writeTo(w io.Writer) (int64, error) {
 		if c.life.has(shutClosed) {
 			return total, net.ErrClosed
 		}
-		if c.rdl.expired() {
-			if c.rx.n == 0 {
-				c.returnCredits(true)
-				c.flushDroppingLock()
-			}
+		if c.readDeadlinePassedDroppingLock() {
 			return total, errTimeout
 		}
 		if c.life.has(shutRead) {
@@ -186,14 +161,8 @@ func (c *Conn) writeTo(w io.Writer) (int64, error) {
 			}
 			continue
 		}
-		if err := c.life.readFailed(c.rx.posted); err != nil {
+		if err := c.waitDataDroppingLock(); err != nil {
 			return total, err
 		}
-		c.returnCredits(true)
-		c.flushDroppingLock()
-		c.mu.Unlock()
-		spun := c.w.wait(c.rxReady, c.closing, c.rdl, &c.rdWait)
-		c.mu.Lock()
-		c.countWait(spun)
 	}
 }
