@@ -54,7 +54,7 @@ func main() {
 	log.SetPrefix("rdmaperf: ")
 	var (
 		server   = flag.Bool("s", false, "run a server")
-		connect  = flag.String("c", "", "run a client against the server at `host:port`")
+		connect  = flag.String("c", "", "run a client against the server at `host[:port]` (default port 5301, the server's)")
 		local    = flag.Bool("local", false, "run a server and a client in this process (listening on -addr)")
 		render   = flag.String("render", "", "print the bench results `file` (JSON) as a markdown table and exit")
 		addr     = flag.String("addr", "", "listen `address` (default :5301 for -s; $RDMA_TEST_ADDR:0 for -local)")
@@ -78,9 +78,14 @@ func main() {
 		spin     = flag.Duration("spin", 0, "rdma: with -poll adaptive, how long a waiting Read/Write polls before it parks (0: library default, 50µs, longer while recent waits were short)")
 	)
 	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), "usage: rdmaperf -s [-addr host:port] | -c host:port [options] | -local [-addr ip:port] [options] | -render results.json\n")
+		fmt.Fprintf(flag.CommandLine.Output(), "usage: rdmaperf -s [-addr host:port] | -c host[:port] [options] | -local [-addr ip:port] [options] | -render results.json\n")
 		flag.PrintDefaults()
 	}
+	// iperf3's names for the same settings, for its users' fingers.
+	flag.DurationVar(duration, "t", *duration, "alias of -duration (iperf3)")
+	flag.IntVar(conns, "P", *conns, "alias of -conns (iperf3)")
+	flag.IntVar(size, "l", *size, "alias of -size (iperf3)")
+	flag.BoolVar(asJSON, "J", *asJSON, "alias of -json (iperf3)")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		flag.Usage()
@@ -116,7 +121,7 @@ func main() {
 
 	if *server {
 		if *addr == "" {
-			*addr = ":5301"
+			*addr = ":" + defaultPort
 		}
 		ln, err := tr.listen(*addr)
 		if err != nil {
@@ -126,7 +131,7 @@ func main() {
 		log.Fatal(serve(ln, *verbose))
 	}
 
-	target := *connect
+	target := withDefaultPort(*connect)
 	if *local {
 		if *addr == "" {
 			a := os.Getenv("RDMA_TEST_ADDR")
@@ -318,4 +323,21 @@ func describe(r Result) string {
 			m["mb_s"], m["msg_s"], m["count"], m["seconds"], m["cpu_s"])
 	}
 	return b.String()
+}
+
+// defaultPort is where a server listens unless told otherwise, and where a
+// client connects when its -c has no port.
+const defaultPort = "5301"
+
+// withDefaultPort adds defaultPort to a host given without one: "10.0.0.1",
+// "[fd00::1]" and "fd00::1" (an IPv6 address alone) all get it.
+func withDefaultPort(hostport string) string {
+	if hostport == "" {
+		return ""
+	}
+	if _, _, err := net.SplitHostPort(hostport); err == nil {
+		return hostport
+	}
+	host := strings.TrimSuffix(strings.TrimPrefix(hostport, "["), "]")
+	return net.JoinHostPort(host, defaultPort)
 }

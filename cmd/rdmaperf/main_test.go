@@ -132,3 +132,19 @@ func TestRender(t *testing.T) {
 		t.Errorf("a row with only failed measurements was rendered:\n%s", out)
 	}
 }
+
+func TestWithDefaultPort(t *testing.T) {
+	for in, want := range map[string]string{
+		"10.77.0.1":      "10.77.0.1:5301",
+		"10.77.0.1:7000": "10.77.0.1:7000",
+		"host":           "host:5301",
+		"fd77::1":        "[fd77::1]:5301",
+		"[fd77::1]":      "[fd77::1]:5301",
+		"[fd77::1]:9":    "[fd77::1]:9",
+		"":               "",
+	} {
+		if got := withDefaultPort(in); got != want {
+			t.Errorf("withDefaultPort(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
