@@ -1,6 +1,7 @@
 package rdma
 
 import (
+	"errors"
 	"io"
 	"net"
 	"sync"
@@ -135,6 +136,10 @@ func (c *Conn) opErr(op string, err error) error {
 	return &net.OpError{Op: op, Net: "rdma", Source: c.laddr, Addr: c.raddr, Err: err}
 }
 
+// errMessageCut fails the writes of a connection whose message-oriented
+// peer got part of a Write only (its deadline passed midway).
+var errMessageCut = errors.New("a Write to a message-oriented peer was cut short by its deadline; the connection can send no more")
+
 // errInvalid is the error of a call on a nil or zero Conn, as net's
 // syscall.EINVAL for a zero TCPConn.
 func errInvalid(op string) error { return &net.OpError{Op: op, Net: "rdma", Err: syscall.EINVAL} }
@@ -267,8 +272,9 @@ func (c *Conn) copyOutDroppingLock(b []byte) (int, bool, error) {
 // seconds Close waits; then Close reports the loss. If the peer's Reads
 // are message-oriented (its Options.Messages), a Write is never merged
 // with another: it travels as messages of its own, the last marked, and a
-// Write waits while an earlier one's last bytes are still pending. A
-// zero-length Write sends nothing.
+// Write waits while an earlier one's last bytes are still pending; a Write
+// that its deadline cuts short after part of it went fails the writes of
+// the connection from then on. A zero-length Write sends nothing.
 func (c *Conn) Write(b []byte) (int, error) {
 	if !c.ok() {
 		return 0, errInvalid("write")
@@ -289,6 +295,12 @@ func (c *Conn) write(b []byte) (int, error) {
 			return n, err
 		}
 		if c.wdl.expired() {
+			if c.msgWrite && n > 0 {
+				// Part of a message went (or waits) as fragments; the
+				// next Write would continue it at the reader. Nothing
+				// more can be sent on this connection.
+				c.life.failWrite(errMessageCut)
+			}
 			return n, errTimeout
 		}
 		if n == len(b) {

@@ -22,9 +22,12 @@ var errInvalidWrite = errors.New("invalid write result")
 
 // ReadFrom implements io.ReaderFrom: it reads from r until io.EOF or an
 // error, straight into the connection's registered send buffers (one Read
-// of r fills at most one buffer), and sends what it read as Write would:
-// io.Copy(conn, r) then copies each byte once. To a peer whose Reads are
-// message-oriented, each Read of r is one message. While r.Read runs, a
+// of r fills at most one buffer), and sends each Read's bytes as a message
+// as soon as the peer has a receive free: io.Copy(conn, r) then copies each
+// byte once. Unlike small Writes, Reads of r never gather: r.Read may
+// block (a socket waiting for the next request) and what it returned must
+// not wait behind it. To a message-oriented peer each Read of r is one
+// message. While r.Read runs, a
 // Close of the connection waits for it to return (the buffer it fills is
 // registered memory that Close releases). The error of r, if any, is
 // returned wrapped like the connection's own.
@@ -50,25 +53,25 @@ func (c *Conn) readFrom(r io.Reader) (int64, error) {
 		if c.wdl.expired() {
 			return total, errTimeout
 		}
-		if c.tx.pendLen > 0 && c.cr.credits > 0 && (c.tx.pendLen == c.maxMsg || c.msgWrite) {
-			// A full pending buffer, or an earlier message for a
-			// message-oriented peer, goes before anything else.
+		// r.Read may block for as long as its source likes (a socket
+		// waiting for the next request), and while it fills a buffer
+		// nothing else may send that buffer. So pending bytes go first,
+		// whatever hold would say, and without a credit for them the
+		// loop waits for one rather than block in r.Read on top of them.
+		if c.tx.pendLen > 0 && c.cr.credits > 0 {
 			c.queuePending()
 			c.flushDroppingLock()
 			continue
 		}
-		// Room is the pending buffer's rest (or a fresh buffer), unless
-		// no credit lets a full one (or an earlier message) go.
-		noCredit := c.cr.credits == 0 && (c.tx.pendLen == c.maxMsg || (c.msgWrite && c.tx.pendLen > 0))
+		noCredit := c.tx.pendLen > 0
 		if c.tx.free() == 0 || noCredit {
 			c.waitSendRoomDroppingLock(noCredit, &waited)
 			continue
 		}
-		pend := c.tx.pendLen
-		start := c.tx.bufOff(c.tx.dataSeq) + pend
+		start := c.tx.bufOff(c.tx.dataSeq)
 		c.tx.filling = true
 		c.mu.Unlock()
-		n, rerr := r.Read(c.mem[start : start+c.maxMsg-pend])
+		n, rerr := r.Read(c.mem[start : start+c.maxMsg])
 		c.mu.Lock()
 		c.tx.filling = false
 		if err := c.life.writeEnded(); err != nil {
@@ -77,13 +80,10 @@ func (c *Conn) readFrom(r io.Reader) (int64, error) {
 		if n > 0 {
 			total += int64(n)
 			c.st.BytesWritten += uint64(n)
-			queued := pend + n
-			if c.cr.credits > 0 && !c.cr.hold(queued, c.maxMsg, c.tx.finQueued) {
-				c.cr.spend()
-				c.queueSend(msgData, queued)
-				queued = 0
+			c.tx.pendLen, c.tx.pendMore = n, false
+			if c.cr.credits > 0 {
+				c.queuePending()
 			}
-			c.tx.pendLen, c.tx.pendMore = queued, false
 		}
 		c.flushDroppingLock()
 		if rerr == io.EOF {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -50,14 +51,66 @@ func TestConnReadFromFillsSendBuffers(t *testing.T) {
 	require.Equal(t, uint64(1504), p.c.Stats().BytesWritten)
 }
 
-func TestConnReadFromGathersWhileThePeerIsBehind(t *testing.T) {
-	p := newFakeConn(t, 8, 1024) // holdAt 2
+func TestConnReadFromNeverHoldsWhatItRead(t *testing.T) {
+	p := newFakeConn(t, 8, 1024) // holdAt 2: small Writes would gather
 	r := &chunkReader{chunks: [][]byte{[]byte("1"), []byte("2"), []byte("3"), []byte("4")}}
 	_, err := p.c.ReadFrom(r)
 	require.NoError(t, err)
-	require.Len(t, p.sent(), 2)
-	require.Equal(t, 2, p.c.tx.pendLen, "small reads gather as small Writes do")
-	require.Equal(t, []int{1024, 1024, 1024, 1023, 1022}, r.rooms, "and the next Read continues in the pending buffer")
+	require.Len(t, p.sent(), 4, "each Read of r goes at once: the next one may block")
+	require.Zero(t, p.c.tx.pendLen)
+}
+
+// blockingReader returns its first chunks, then blocks until released.
+type blockingReader struct {
+	chunks  [][]byte
+	blocked chan struct{}
+	release chan struct{}
+}
+
+func (r *blockingReader) Read(p []byte) (int, error) {
+	if len(r.chunks) > 0 {
+		n := copy(p, r.chunks[0])
+		r.chunks = r.chunks[1:]
+		return n, nil
+	}
+	close(r.blocked)
+	<-r.release
+	return 0, io.EOF
+}
+
+// A request read from a source that then blocks (a socket waiting for the
+// next one) must reach the peer once a credit allows, not wait for the
+// source's next bytes.
+func TestConnReadFromDoesNotStallBehindABlockingSource(t *testing.T) {
+	p := newFakeConn(t, 2, 64)
+	p.c.SetNoDelay(true)
+	p.c.Write([]byte("1"))
+	p.c.Write([]byte("2"))
+	p.ack() // no credit left
+	p.sent()
+	r := &blockingReader{chunks: [][]byte{[]byte("req")}, blocked: make(chan struct{}), release: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.c.ReadFrom(r)
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		p.c.mu.Lock()
+		defer p.c.mu.Unlock()
+		return p.c.tx.pendLen == 3
+	}, 5*time.Second, time.Millisecond)
+	select {
+	case <-r.blocked:
+		t.Fatal("ReadFrom blocked in the source on top of bytes it had not sent")
+	case <-time.After(10 * time.Millisecond):
+	}
+	p.deliver(header{typ: msgCredit, credits: 1}, nil)
+	<-r.blocked
+	s := p.sent()
+	require.Len(t, s, 1)
+	require.Equal(t, "req", p.payload(s[0]), "the request went while the source blocks")
+	close(r.release)
+	require.NoError(t, <-done)
 }
 
 func TestConnReadFromMessages(t *testing.T) {

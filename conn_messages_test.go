@@ -6,6 +6,7 @@ package rdma
 import (
 	"bytes"
 	"io"
+	"os"
 	"testing"
 	"time"
 
@@ -143,4 +144,17 @@ func TestConnMessagesReads(t *testing.T) {
 	require.Equal(t, "z", string(b[:n]))
 	_, err = p.c.Read(b)
 	require.Equal(t, io.EOF, err)
+}
+
+func TestConnMessagesCutByDeadlineEndsWrites(t *testing.T) {
+	p := newFakeConnOpts(t, Options{BufferSize: 64, SendDepth: 2, RecvDepth: 2, Poll: PollEvent}, true)
+	require.NoError(t, p.c.SetWriteDeadline(time.Now().Add(20*time.Millisecond)))
+	// Two fragments go, the rest waits for send buffers that never come
+	// back: the deadline cuts the Write.
+	n, err := p.c.Write(bytes.Repeat([]byte("m"), 300))
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	require.Positive(t, n)
+	require.NoError(t, p.c.SetWriteDeadline(time.Time{}))
+	_, err = p.c.Write([]byte("next"))
+	require.ErrorContains(t, err, "cut short", "the next Write would continue the cut message at the reader")
 }

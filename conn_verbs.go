@@ -82,9 +82,9 @@ func (c *Conn) setup(opts Options) error {
 func (c *Conn) start(peer hello) {
 	c.laddr = addrFrom(c.id.LocalAddr())
 	c.raddr = addrFrom(c.id.PeerAddr())
+	c.mu.Lock()
 	c.maxMsg = min(c.lay.bufSize, int(peer.bufSize))
 	c.msgWrite = peer.flags&helloMessages != 0
-	c.mu.Lock()
 	c.cr.open(int(peer.recvDepth), int(peer.ctrlDepth))
 	c.cr.noMerge = c.msgWrite
 	c.mu.Unlock()

@@ -75,21 +75,22 @@ func (r *recvRing) queueRepost(slot int) { r.repost = append(r.repost, r.wr(slot
 // before the queued ones are posted.
 func (r *recvRing) repostFull() bool { return len(r.repost) == cap(r.repost) }
 
-// postReposts posts the queued buffers as one chain and returns how many
-// it posted. The queue is emptied whatever happens: a failed post means a
-// failed connection.
+// postReposts posts the queued buffers in chains of at most
+// ibv.MaxRecvBatch and returns how many it posted. The queue is emptied
+// whatever happens: a failed post means a failed connection.
 func (r *recvRing) postReposts(p recvPoster) (int, error) {
-	n := len(r.repost)
-	if n == 0 {
-		return 0, nil
+	posted := 0
+	var err error
+	for wrs := r.repost; len(wrs) > 0 && err == nil; {
+		k := min(len(wrs), ibv.MaxRecvBatch)
+		if err = p.PostRecvs(wrs[:k]); err == nil {
+			posted += k
+		}
+		wrs = wrs[k:]
 	}
-	err := p.PostRecvs(r.repost)
 	r.repost = r.repost[:0]
-	if err != nil {
-		return 0, err
-	}
-	r.posted += n
-	return n, nil
+	r.posted += posted
+	return posted, err
 }
 
 // dropReposts forgets the queued buffers: no one will post them.

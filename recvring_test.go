@@ -148,6 +148,31 @@ func TestRecvRingPostReposts(t *testing.T) {
 	require.Empty(t, r.repost)
 }
 
+func TestRecvRingPostRepostsInChains(t *testing.T) {
+	n := 2*ibv.MaxRecvBatch + 5
+	r, _ := testRecvRing(n)
+	q := &countingQP{}
+	for i := range n {
+		r.queueRepost(i)
+	}
+	posted, err := r.postReposts(q)
+	require.NoError(t, err)
+	require.Equal(t, n, posted)
+	require.Equal(t, []int{ibv.MaxRecvBatch, ibv.MaxRecvBatch, 5}, q.chains, "no chain longer than the C shim takes")
+	require.Equal(t, n, r.posted)
+}
+
+// countingQP records the length of each chain of receives posted.
+type countingQP struct{ chains []int }
+
+func (q *countingQP) PostRecvs(wrs []ibv.RecvWR) error {
+	if len(wrs) > ibv.MaxRecvBatch {
+		return errors.New("chain too long")
+	}
+	q.chains = append(q.chains, len(wrs))
+	return nil
+}
+
 func TestRecvRingDiscard(t *testing.T) {
 	r, _ := testRecvRing(4)
 	r.push(rxMsg{slot: 1, n: 8})
