@@ -94,11 +94,7 @@ func TestConnReadFromDoesNotStallBehindABlockingSource(t *testing.T) {
 		_, err := p.c.ReadFrom(r)
 		done <- err
 	}()
-	require.Eventually(t, func() bool {
-		p.c.mu.Lock()
-		defer p.c.mu.Unlock()
-		return p.c.tx.pendLen == 3
-	}, 5*time.Second, time.Millisecond)
+	p.eventually(func(c *Conn) bool { return c.tx.pendLen == 3 })
 	select {
 	case <-r.blocked:
 		t.Fatal("ReadFrom blocked in the source on top of bytes it had not sent")

@@ -73,6 +73,17 @@ func (p *fakePeer) complete(wc ibv.WC) {
 	}
 }
 
+// eventually waits until cond, checked under the connection's lock,
+// holds: for a state another goroutine (a blocked Write) reaches.
+func (p *fakePeer) eventually(cond func(c *Conn) bool) {
+	p.t.Helper()
+	require.Eventually(p.t, func() bool {
+		p.c.mu.Lock()
+		defer p.c.mu.Unlock()
+		return cond(p.c)
+	}, 5*time.Second, time.Millisecond)
+}
+
 // sent returns the messages posted since the last call.
 func (p *fakePeer) sent() []ibv.SendWR {
 	all := p.q.posted()
@@ -386,11 +397,7 @@ func TestConnDrainWaitsForPostInFlight(t *testing.T) {
 	p.c.mu.Unlock()
 
 	close(release)
-	require.Eventually(t, func() bool {
-		p.c.mu.Lock()
-		defer p.c.mu.Unlock()
-		return p.c.tx.draining
-	}, 5*time.Second, time.Millisecond)
+	p.eventually(func(c *Conn) bool { return c.tx.draining })
 
 	// Nothing more is posted; the marker retires what was; the flushed
 	// receives come back.
@@ -445,11 +452,7 @@ func TestConnLingerWaitsForTheFin(t *testing.T) {
 	}()
 	// The fin goes out behind the data; the linger ends when the peer's
 	// NIC acknowledges it.
-	require.Eventually(t, func() bool {
-		p.c.mu.Lock()
-		defer p.c.mu.Unlock()
-		return p.c.tx.ctrlSeq == 1
-	}, 5*time.Second, time.Millisecond)
+	p.eventually(func(c *Conn) bool { return c.tx.ctrlSeq == 1 })
 	select {
 	case <-done:
 		t.Fatal("the linger ended before the fin was acknowledged")

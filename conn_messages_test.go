@@ -81,11 +81,7 @@ func TestConnMessagesPendingFragment(t *testing.T) {
 		p.c.Write(bytes.Repeat([]byte("x"), 100)) // two fragments, no credit
 		close(done)
 	}()
-	require.Eventually(t, func() bool {
-		p.c.mu.Lock()
-		defer p.c.mu.Unlock()
-		return p.c.tx.pendLen == 64
-	}, 5*time.Second, time.Millisecond)
+	p.eventually(func(c *Conn) bool { return c.tx.pendLen == 64 })
 	p.deliver(header{typ: msgCredit, credits: 1}, nil)
 	<-done
 	s := p.sent()

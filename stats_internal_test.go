@@ -68,11 +68,7 @@ func TestConnStatsCreditWaits(t *testing.T) {
 		p.c.Write(bytes.Repeat([]byte("x"), 100)) // fills the pending buffer, then waits for a credit
 		close(done)
 	}()
-	require.Eventually(t, func() bool {
-		p.c.mu.Lock()
-		defer p.c.mu.Unlock()
-		return p.c.tx.pendLen == 64
-	}, 5*time.Second, time.Millisecond)
+	p.eventually(func(c *Conn) bool { return c.tx.pendLen == 64 })
 	time.Sleep(5 * time.Millisecond)
 	p.deliver(header{typ: msgCredit, credits: 1}, nil)
 	<-done
