@@ -43,7 +43,8 @@ var (
 //   - a listener's teardown goroutines, which tear down connections that
 //     were never accepted, and Listener.Close, which closes queued ones.
 //
-// Everything in life, cr, tx and rx is guarded by mu. Helpers whose name
+// Everything in life, cr, tx, rx and the keepalive is guarded by mu; the
+// keepalive's timer runs keepAliveTick on a goroutine of its own. Helpers whose name
 // ends in DroppingLock are entered and left with mu held but release it
 // in between (to post sends, which is a system call on rxe, to copy
 // payload, or to wait); their callers must re-check what they rely on.
@@ -76,12 +77,15 @@ type Conn struct {
 	rdl     *deadline
 	wdl     *deadline
 
-	mu   sync.Mutex
-	st   ConnStats
-	life lifecycle
-	cr   ledger
-	tx   sendRing
-	rx   recvRing
+	mu      sync.Mutex
+	st      ConnStats
+	life    lifecycle
+	cr      ledger
+	tx      sendRing
+	rx      recvRing
+	heard   uint64 // successful completions: the peer or its NIC answered
+	ka      keepalive
+	kaTimer *time.Timer // ticks the keepalive while it is on
 }
 
 // queuePair posts work requests: the connection's *ibv.QP, or a fake.

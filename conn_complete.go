@@ -17,6 +17,9 @@ import (
 func (c *Conn) complete(wc ibv.WC) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if wc.Status == ibv.WCSuccess {
+		c.heard++ // the peer is alive: the keepalive starts over
+	}
 	if wc.WRID&wrSend != 0 {
 		c.sendDone(wc)
 	} else {
@@ -49,7 +52,18 @@ func (c *Conn) pendingGoes() bool {
 type wcError struct{ status uint32 }
 
 func (e *wcError) Error() string { return "work request failed: " + wcStatusString(e.status) }
-func (e *wcError) Unwrap() error { return syscall.ECONNRESET }
+
+// Unwrap says what the failure means to a caller: a connection whose
+// peer's NIC stopped acknowledging (the retries ran out: the peer host
+// vanished, or the network between is down) timed out, as a TCP
+// connection whose retransmissions go unanswered; any other failure broke
+// it.
+func (e *wcError) Unwrap() error {
+	if e.status == ibv.WCRetryExcErr {
+		return syscall.ETIMEDOUT
+	}
+	return syscall.ECONNRESET
+}
 
 func (c *Conn) recvDone(wc ibv.WC) {
 	c.rx.posted--

@@ -338,8 +338,9 @@ func TestConnProtocolViolations(t *testing.T) {
 }
 
 func TestConnFailedCompletions(t *testing.T) {
+	const remoteOpErr = 11 // IBV_WC_REM_OP_ERR
 	p := newFakeConn(t, 4, 64)
-	p.complete(ibv.WC{WRID: p.q.recvs[0].ID, Status: ibv.WCRetryExcErr})
+	p.complete(ibv.WC{WRID: p.q.recvs[0].ID, Status: remoteOpErr})
 	_, err := p.c.Read(make([]byte, 8))
 	require.ErrorIs(t, err, syscall.ECONNRESET)
 	require.ErrorContains(t, err, "work request failed")
@@ -347,11 +348,21 @@ func TestConnFailedCompletions(t *testing.T) {
 
 	p = newFakeConn(t, 4, 64)
 	p.c.Write([]byte("x"))
-	p.complete(ibv.WC{WRID: p.q.posted()[0].ID, Status: ibv.WCRetryExcErr})
+	p.complete(ibv.WC{WRID: p.q.posted()[0].ID, Status: remoteOpErr})
 	_, err = p.c.Write([]byte("y"))
 	require.ErrorIs(t, err, syscall.ECONNRESET)
 	_, err = p.c.Read(make([]byte, 8))
 	require.ErrorIs(t, err, syscall.ECONNRESET, "a broken connection fails Reads too")
+
+	// The NIC's retries ran out (the peer host vanished): a timeout, as
+	// TCP's when its retransmissions go unanswered, for both directions.
+	p = newFakeConn(t, 4, 64)
+	p.c.Write([]byte("x"))
+	p.complete(ibv.WC{WRID: p.q.posted()[0].ID, Status: ibv.WCRetryExcErr})
+	_, err = p.c.Write([]byte("y"))
+	require.ErrorIs(t, err, syscall.ETIMEDOUT)
+	_, err = p.c.Read(make([]byte, 8))
+	require.ErrorIs(t, err, syscall.ETIMEDOUT)
 
 	// A flushed receive (the QP went to error) reads as a reset.
 	p = newFakeConn(t, 4, 64)

@@ -65,9 +65,9 @@ func (c *Conn) setup(opts Options) error {
 		return err
 	}
 	dev.addRegistered(len(c.ar.mem))
-	// One send queue entry more than buffers, for the drain marker of the
-	// teardown.
-	qp, inline, err := c.id.CreateQP(dev.pd.Ptr(), dev.cq.Ptr(), c.lay.sendSlots+c.lay.ctrlSlots+1, c.lay.recvSlots, 256)
+	// Two send queue entries more than buffers: the keepalive probe and
+	// the drain marker of the teardown.
+	qp, inline, err := c.id.CreateQP(dev.pd.Ptr(), dev.cq.Ptr(), c.lay.sendSlots+c.lay.ctrlSlots+2, c.lay.recvSlots, 256)
 	if err != nil {
 		return err
 	}
@@ -258,6 +258,7 @@ func (c *Conn) peerDisconnected() {
 // memory, id, device and CM references.
 func (c *Conn) teardown(graceful bool) error {
 	c.mu.Lock()
+	c.stopKeepAlive()
 	wasEstablished := c.life.phase == phaseEstablished
 	c.life.phase = phaseDead
 	var lost error

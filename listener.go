@@ -12,9 +12,10 @@ import (
 type Listener struct {
 	listenerSys // the platform's part (listener_verbs.go)
 
-	addr    *Addr
-	queue   chan *Conn // established, waiting for Accept
-	closing chan struct{}
+	addr      *Addr
+	queue     chan *Conn // established, waiting for Accept
+	closing   chan struct{}
+	keepAlive net.KeepAliveConfig // for accepted connections
 }
 
 func (l *Listener) ok() bool { return l != nil && l.closing != nil }
@@ -26,6 +27,9 @@ func (l *Listener) Accept() (net.Conn, error) {
 	}
 	select {
 	case c := <-l.queue:
+		c.mu.Lock()
+		c.setKeepAlive(l.keepAlive)
+		c.mu.Unlock()
 		return c, nil
 	case <-l.closing:
 		return nil, &net.OpError{Op: "accept", Net: "rdma", Addr: l.addr, Err: net.ErrClosed}

@@ -284,6 +284,15 @@ type Dialer struct {
 	// LocalAddr, if not nil, is the local address to dial from (its port
 	// is ignored).
 	LocalAddr *Addr
+	// KeepAlive is how long the connection must be quiet before the first
+	// keepalive probe, as net.Dialer's: zero means the default
+	// (DefaultKeepAliveIdle), negative turns probes off. It is ignored if
+	// KeepAliveConfig.Enable is true.
+	KeepAlive time.Duration
+	// KeepAliveConfig configures the probes as net.Dialer's does (see
+	// Conn.SetKeepAliveConfig). If its Enable is false and KeepAlive is
+	// negative, there are none.
+	KeepAliveConfig net.KeepAliveConfig
 	Options
 }
 
@@ -343,6 +352,9 @@ func (d *Dialer) dial(ctx context.Context, network, address string) (*Conn, erro
 	if err != nil {
 		return nil, opErr(addrFrom(raddr), mapCtxErr(err))
 	}
+	c.mu.Lock()
+	c.setKeepAlive(keepAliveFrom(d.KeepAlive, d.KeepAliveConfig))
+	c.mu.Unlock()
 	return c, nil
 }
 
@@ -363,6 +375,10 @@ type ListenConfig struct {
 	// established and waiting for Accept (and the rdma_listen backlog);
 	// requests beyond it are refused. Default 128.
 	Backlog int
+	// KeepAlive and KeepAliveConfig configure the keepalive probes of
+	// accepted connections, as the Dialer's fields of those names do.
+	KeepAlive       time.Duration
+	KeepAliveConfig net.KeepAliveConfig
 	Options
 }
 
@@ -403,5 +419,6 @@ func (lc *ListenConfig) listen(ctx context.Context, network, address string) (*L
 	if err != nil {
 		return nil, opErr(addrFrom(ap), err)
 	}
+	l.keepAlive = keepAliveFrom(lc.KeepAlive, lc.KeepAliveConfig)
 	return l, nil
 }

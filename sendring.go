@@ -31,6 +31,7 @@ type sendRing struct {
 	dataSeq, dataDone uint32
 	ctrlSeq, ctrlDone uint32
 	lastSig           uint32 // dataSeq at the last signaled send
+	probeSeq          uint32 // ctrlSeq of the last keepalive probe
 
 	pendLen   int  // bytes waiting in the buffer at dataSeq for a credit
 	pendMore  bool // the pending bytes are a fragment: their Write goes on
@@ -44,11 +45,12 @@ type sendRing struct {
 }
 
 // newSendRing returns a ring of slots buffers of bufSize bytes at arena
-// offset off; ctrl is how many control messages may be in flight besides.
+// offset off; ctrl is how many control messages may be in flight besides
+// (and a keepalive probe: see QPSendDepth).
 func newSendRing(slots, ctrl, bufSize, off int, base uint64, lkey uint32, maxInline int) sendRing {
 	// Room for everything that can be queued at once, so appending never
 	// allocates.
-	n := slots + ctrl
+	n := slots + ctrl + 1
 	return sendRing{
 		slots: slots, bufSize: bufSize, off: off, base: base, lkey: lkey, maxInline: maxInline,
 		sends: make([]ibv.SendWR, 0, n),
@@ -107,6 +109,27 @@ func (r *sendRing) queue(h header, n int, finSent bool) {
 		Imm:   h.imm(),
 	})
 }
+
+// queueProbe prepares a keepalive probe: a signaled zero-length RDMA
+// WRITE, which the peer's NIC acknowledges without consuming a receive or
+// touching memory. It counts as a control message in flight (its
+// completion retires the sends before it like any other), and at most one
+// is out at a time (probeOut), for which the send queue has a slot of its
+// own.
+func (r *sendRing) queueProbe() {
+	r.ctrlSeq++
+	r.probeSeq = r.ctrlSeq
+	r.lastSig = r.dataSeq
+	r.sends = append(r.sends, ibv.SendWR{
+		ID:    sendWRID(r.dataSeq, r.ctrlSeq),
+		LKey:  r.lkey,
+		Flags: ibv.SendSignaled | ibv.SendEmptyWrite,
+	})
+}
+
+// probeOut reports whether the last keepalive probe is posted (or queued)
+// and not known complete.
+func (r *sendRing) probeOut() bool { return int32(r.probeSeq-r.ctrlDone) > 0 }
 
 // completed retires every send up to the one a signaled completion names
 // (the ids are ours: the peer cannot forge them).

@@ -24,6 +24,9 @@ type ConnStats struct {
 	// RegisteredBytes is the memory the connection has registered with the
 	// device (see Options.RegisteredMemory).
 	RegisteredBytes int
+	// KeepAliveProbes counts the keepalive probes sent (see
+	// SetKeepAliveConfig): one per quiet spell of the peer.
+	KeepAliveProbes uint64
 	// Spins and Parks count the waits of Reads and Writes that ended while
 	// the waiter was polling the completion queue itself, and those that
 	// parked first (see PollMode).

@@ -26,6 +26,8 @@ package ibv
 #define GV_MAX_POLL 32
 #define GV_MAX_SEND 32
 #define GV_MAX_RECV 64
+// Not an ibv_send_flags bit: a zero-length RDMA WRITE instead of the SEND.
+#define GV_EMPTY_WRITE (1 << 30)
 
 // gv_wc is the part of ibv_wc the Go side reads; its layout is mirrored by
 // the Go type WC.
@@ -101,7 +103,9 @@ struct gv_send {
 
 // gv_post_sends posts n SENDs with immediate data as one chain (one
 // doorbell, one system call on providers that need one); a zero length
-// sends no payload. Returns 0 or an errno value.
+// sends no payload. A send flagged GV_EMPTY_WRITE is a zero-length RDMA
+// WRITE instead: no memory is read or written at either end, so it needs
+// no rkey. Returns 0 or an errno value.
 static int gv_post_sends(uintptr_t qpp, int n, const struct gv_send *in) {
 	struct ibv_qp *qp = (struct ibv_qp *)qpp;
 	struct ibv_send_wr wr[GV_MAX_SEND], *bad;
@@ -116,9 +120,15 @@ static int gv_post_sends(uintptr_t qpp, int n, const struct gv_send *in) {
 		wr[i].wr_id = in[i].wr_id;
 		wr[i].sg_list = &sge[i];
 		wr[i].num_sge = in[i].length ? 1 : 0;
-		wr[i].opcode = IBV_WR_SEND_WITH_IMM;
-		wr[i].imm_data = htonl(in[i].imm);
-		wr[i].send_flags = in[i].flags;
+		if (in[i].flags & GV_EMPTY_WRITE) {
+			wr[i].opcode = IBV_WR_RDMA_WRITE;
+			wr[i].num_sge = 0;
+			wr[i].send_flags = in[i].flags & ~GV_EMPTY_WRITE;
+		} else {
+			wr[i].opcode = IBV_WR_SEND_WITH_IMM;
+			wr[i].imm_data = htonl(in[i].imm);
+			wr[i].send_flags = in[i].flags;
+		}
 		wr[i].next = i + 1 < n ? &wr[i + 1] : NULL;
 	}
 	return ibv_post_send(qp, wr, &bad);
@@ -162,6 +172,8 @@ var (
 	_ [C.IBV_SEND_SIGNALED - SendSignaled]struct{}
 	_ [SendInline - C.IBV_SEND_INLINE]struct{}
 	_ [C.IBV_SEND_INLINE - SendInline]struct{}
+	_ [SendEmptyWrite - C.GV_EMPTY_WRITE]struct{}
+	_ [C.GV_EMPTY_WRITE - SendEmptyWrite]struct{}
 	_ [WCSuccess - C.IBV_WC_SUCCESS]struct{}
 	_ [C.IBV_WC_SUCCESS - WCSuccess]struct{}
 	_ [WCFlushErr - C.IBV_WC_WR_FLUSH_ERR]struct{}

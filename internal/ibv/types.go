@@ -10,6 +10,11 @@ package ibv
 const (
 	SendSignaled = 1 << 1 // IBV_SEND_SIGNALED
 	SendInline   = 1 << 3 // IBV_SEND_INLINE
+	// SendEmptyWrite is this package's own flag: post a zero-length RDMA
+	// WRITE instead of the SEND (no payload, no immediate data). The
+	// peer's NIC acknowledges it without touching memory or consuming a
+	// receive, which makes it a keepalive probe.
+	SendEmptyWrite = 1 << 30
 )
 
 // Completion statuses and flags the library distinguishes.
@@ -39,8 +44,9 @@ type RecvWR struct {
 	LKey uint32
 }
 
-// SendWR is one SEND with immediate data to post; its layout mirrors
-// struct gv_send. Len 0 sends no payload.
+// SendWR is one SEND with immediate data to post (or, with
+// SendEmptyWrite, a zero-length RDMA WRITE); its layout mirrors struct
+// gv_send. Len 0 sends no payload.
 type SendWR struct {
 	ID    uint64
 	Addr  uint64
