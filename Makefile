@@ -14,7 +14,7 @@ VM          := testbed/vm.sh
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 VMTIMEOUT   ?= 1500
 
-.PHONY: all deps check unit verbs-note vmtest test demo bench microbench clean
+.PHONY: all deps check unit fuzz verbs-note vmtest test demo bench microbench clean
 
 all: test
 
@@ -42,6 +42,17 @@ ifeq ($(HAVE_VERBS),yes)
 	$(GO) test -count=1 ./...
 endif
 	CGO_ENABLED=0 $(GO) test -count=1 ./...
+	$(MAKE) fuzz FUZZTIME=$(FUZZTIME)
+
+# Every parser of peer-supplied bytes is fuzzed (fuzz_test.go): FUZZTIME
+# each within make test; longer by hand (make fuzz FUZZTIME=10m).
+FUZZTIME    ?= 10s
+FUZZ_TARGETS = FuzzParseHello FuzzConnCompletions
+fuzz:
+	@for f in $(FUZZ_TARGETS); do \
+		echo "fuzz $$f for $(FUZZTIME)"; \
+		CGO_ENABLED=0 $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 5s . || exit 1; \
+	done
 
 verbs-note:
 ifneq ($(HAVE_VERBS),yes)

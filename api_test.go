@@ -26,12 +26,13 @@ func useEveryExport(c *rdma.Conn, l *rdma.Listener) []error {
 	add(err)
 	_, err = rdma.Listen("rdma", "192.0.2.1:0")
 	add(err)
-	d := rdma.Dialer{Timeout: time.Millisecond, LocalAddr: &rdma.Addr{}, Options: rdma.Options{Poll: rdma.PollEvent}}
+	d := rdma.Dialer{Timeout: time.Millisecond, LocalAddr: &rdma.Addr{}, KeepAlive: -1,
+		KeepAliveConfig: net.KeepAliveConfig{Enable: true}, Options: rdma.Options{Poll: rdma.PollEvent}}
 	_, err = d.Dial("rdma", "192.0.2.1:1")
 	add(err)
 	_, err = d.DialContext(context.Background(), "tcp", "192.0.2.1:1")
 	add(err)
-	lc := rdma.ListenConfig{Backlog: 1}
+	lc := rdma.ListenConfig{Backlog: 1, KeepAlive: time.Second, KeepAliveConfig: net.KeepAliveConfig{}}
 	_, err = lc.Listen(context.Background(), "rdma", "192.0.2.1:0")
 	add(err)
 	a, err := rdma.ResolveAddr("rdma", "192.0.2.1:1")
@@ -50,6 +51,9 @@ func useEveryExport(c *rdma.Conn, l *rdma.Listener) []error {
 	add(c.SetReadDeadline(time.Time{}))
 	add(c.SetWriteDeadline(time.Time{}))
 	add(c.SetNoDelay(true))
+	add(c.SetKeepAlive(true))
+	add(c.SetKeepAlivePeriod(time.Second))
+	add(c.SetKeepAliveConfig(net.KeepAliveConfig{}))
 	add(c.CloseRead())
 	add(c.CloseWrite())
 	add(c.Close())
@@ -65,6 +69,7 @@ func useEveryExport(c *rdma.Conn, l *rdma.Listener) []error {
 	_ = []error{rdma.ErrNoDevice, rdma.ErrProtocol, rdma.ErrUnsupported}
 	_ = []int{rdma.DefaultBufferSize, rdma.DefaultSendDepth, rdma.DefaultRecvDepth}
 	_ = rdma.DefaultSpinTime + 0*time.Second
+	_ = rdma.DefaultKeepAliveIdle + rdma.DefaultKeepAliveInterval + rdma.DefaultKeepAliveCount*time.Second
 	_ = rdma.PollAdaptive
 	return errs
 }
@@ -84,7 +89,7 @@ func TestZeroValuesFail(t *testing.T) {
 					n++
 				}
 			}
-			require.Equal(t, 11, n, "each Conn and Listener method that returns an error: %v", errs)
+			require.Equal(t, 14, n, "each Conn and Listener method that returns an error: %v", errs)
 		}
 	}
 }

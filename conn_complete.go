@@ -91,6 +91,11 @@ func (c *Conn) recvDone(wc ibv.WC) {
 	if more {
 		signal(c.txReady)
 	}
+	if c.life.has(shutFinRcvd) && h.typ != msgCredit {
+		// The fin ended what the peer sends; credits may still come.
+		c.protocolViolation(&protocolError{"message after the fin"})
+		return
+	}
 	switch h.typ {
 	case msgData, msgDataMore:
 		if wc.ByteLen == 0 {

@@ -306,6 +306,10 @@ func TestConnProtocolViolations(t *testing.T) {
 		{"unknown message type", func(p *fakePeer) { p.deliver(header{typ: 9}, nil) }, "unknown message type"},
 		{"more credits than sent", func(p *fakePeer) { p.deliver(header{typ: msgCredit, credits: 1}, nil) }, "more credits"},
 		{"empty data message", func(p *fakePeer) { p.deliver(header{typ: msgData}, nil) }, "empty data message"},
+		{"data after the fin", func(p *fakePeer) {
+			p.deliver(header{typ: msgFin}, nil)
+			p.deliver(header{typ: msgData}, []byte("x"))
+		}, "after the fin"},
 		{"no header", func(p *fakePeer) {
 			p.complete(ibv.WC{WRID: p.q.recvs[0].ID, ByteLen: 1})
 		}, "without immediate data"},
@@ -326,10 +330,15 @@ func TestConnProtocolViolations(t *testing.T) {
 			_, werr := p.c.Write([]byte("x"))
 			require.ErrorIs(t, werr, ErrProtocol)
 			require.ErrorContains(t, werr, tc.want)
-			// Queued data is still read first; then the error.
+			// Queued data is still read first; then the error (or, after
+			// the fin, which ended the stream cleanly, io.EOF).
 			var rerr error
 			for rerr == nil {
 				_, rerr = p.c.Read(make([]byte, 1024))
+			}
+			if tc.name == "data after the fin" {
+				require.Equal(t, io.EOF, rerr)
+				return
 			}
 			require.ErrorIs(t, rerr, ErrProtocol)
 			requireNetOpError(t, rerr, "read")

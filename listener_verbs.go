@@ -7,22 +7,46 @@ import (
 	"net/netip"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/goverbs/rdma/internal/rdmacm"
 )
 
 // listenerSys is the rdma_cm side of a Listener.
 type listenerSys struct {
-	cm      *cmLoop
-	handle  uintptr
-	id      *rdmacm.ID
-	opts    Options
-	backlog int
+	cm       *cmLoop
+	handle   uintptr
+	id       *rdmacm.ID
+	opts     Options
+	backlog  int
+	halfOpen int // the most connections accepted by us and not yet established
 
 	mu      sync.Mutex
 	closed  bool
-	pending map[*Conn]struct{} // accepted by us, not yet established
-	wg      sync.WaitGroup     // teardowns started from the CM goroutine
+	pending map[*Conn]time.Time // accepted by us, not yet established: since when
+	wg      sync.WaitGroup      // teardowns started from the CM goroutine
+}
+
+// Half-open connections (accepted by us, the dialer's confirmation not yet
+// in) hold a whole connection's registered memory and QP, because the
+// dialer may send as soon as it is established. A dialer that sends the
+// request and goes silent (a flood of them, say) would otherwise pin that
+// memory until the CM gives up, minutes later, and fill the backlog.
+// So at most halfOpenMemory of them are kept, or minHalfOpen connections'
+// worth if that is more (never more than the backlog); a request that finds
+// them all taken evicts the oldest one if it is older than halfOpenGrace
+// (a handshake that has not finished by then is not coming), and is
+// refused otherwise.
+const (
+	halfOpenMemory = 32 << 20
+	minHalfOpen    = 16
+	halfOpenGrace  = time.Second
+)
+
+// halfOpenLimit is how many half-open connections a listener with these
+// options and backlog keeps.
+func halfOpenLimit(opts Options, backlog int) int {
+	return min(backlog, max(minHalfOpen, halfOpenMemory/newLayout(opts).size()))
 }
 
 func listen(ap netip.AddrPort, backlog int, opts Options) (*Listener, error) {
@@ -31,7 +55,7 @@ func listen(ap netip.AddrPort, backlog int, opts Options) (*Listener, error) {
 		return nil, err
 	}
 	l := &Listener{
-		listenerSys: listenerSys{cm: cm, opts: opts, backlog: backlog, pending: map[*Conn]struct{}{}},
+		listenerSys: listenerSys{cm: cm, opts: opts, backlog: backlog, halfOpen: halfOpenLimit(opts, backlog), pending: map[*Conn]time.Time{}},
 		queue:       make(chan *Conn, backlog),
 		closing:     make(chan struct{}),
 	}
@@ -74,6 +98,9 @@ func (l *Listener) request(ev rdmacm.Event) {
 	peer, err := parseHello(ev.PrivateData)
 	l.mu.Lock()
 	refuse := err != nil || l.closed || len(l.pending)+len(l.queue) >= l.backlog
+	if !refuse && len(l.pending) >= l.halfOpen {
+		refuse = !l.evictOldest(time.Now().Add(-halfOpenGrace))
+	}
 	l.mu.Unlock()
 	if refuse {
 		// A foreign peer (say, a perftest client) or no room: refuse it
@@ -107,11 +134,28 @@ func (l *Listener) request(ev rdmacm.Event) {
 		l.teardownLater(c)
 		return
 	}
-	l.pending[c] = struct{}{}
+	l.pending[c] = time.Now()
 	l.mu.Unlock()
 	if err := id.Accept(c.hello().marshal()); err != nil {
 		l.failed(c)
 	}
+}
+
+// evictOldest drops the oldest half-open connection if it started before
+// cutoff, and reports whether it did; l.mu is held.
+func (l *Listener) evictOldest(cutoff time.Time) bool {
+	var oldest *Conn
+	for c, t := range l.pending {
+		if t.Before(cutoff) && (oldest == nil || t.Before(l.pending[oldest])) {
+			oldest = c
+		}
+	}
+	if oldest == nil {
+		return false
+	}
+	delete(l.pending, oldest)
+	l.teardownLater(oldest)
+	return true
 }
 
 // teardownLater tears c down off the CM goroutine: the teardown waits for
@@ -164,7 +208,7 @@ func (l *Listener) close() error {
 	l.cm.unregister(l.handle)
 	l.mu.Lock()
 	pending := l.pending
-	l.pending = map[*Conn]struct{}{}
+	l.pending = map[*Conn]time.Time{}
 	l.mu.Unlock()
 	for c := range pending {
 		l.teardownLater(c)

@@ -279,7 +279,9 @@ func (e *protocolError) Unwrap() error { return ErrProtocol }
 // Dialer holds options for dialing, like net.Dialer. The zero value works.
 type Dialer struct {
 	// Timeout bounds the whole dial (address and route resolution and
-	// connection); zero means only the context bounds it.
+	// connection). Zero means the context's deadline bounds it, or, if it
+	// has none, DefaultDialTimeout: a dial never waits forever for a
+	// server that received the request and never answers.
 	Timeout time.Duration
 	// LocalAddr, if not nil, is the local address to dial from (its port
 	// is ignored).
@@ -323,10 +325,24 @@ func (d *Dialer) Dial(network, address string) (net.Conn, error) {
 	return d.DialContext(context.Background(), network, address)
 }
 
+// DefaultDialTimeout bounds a dial that has neither a Timeout nor a
+// deadline: about what Linux's TCP connect takes to give up on a host that
+// does not answer (127 s with the default six SYN retries). rdma_cm alone
+// would wait much longer: a server's CM acknowledges a request it has not
+// answered yet with an MRA, which stretches the dialer's timeout to minutes.
+const DefaultDialTimeout = 2 * time.Minute
+
+// defaultDialTimeout is DefaultDialTimeout; tests shorten it.
+var defaultDialTimeout = DefaultDialTimeout
+
 func (d *Dialer) dial(ctx context.Context, network, address string) (*Conn, error) {
-	if d.Timeout > 0 {
+	timeout := d.Timeout
+	if _, ok := ctx.Deadline(); !ok && timeout <= 0 {
+		timeout = defaultDialTimeout
+	}
+	if timeout > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, d.Timeout)
+		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
 	opErr := func(addr net.Addr, err error) error {

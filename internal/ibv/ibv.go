@@ -134,6 +134,28 @@ static int gv_post_sends(uintptr_t qpp, int n, const struct gv_send *in) {
 	return ibv_post_send(qp, wr, &bad);
 }
 
+// gv_post_write posts one RDMA WRITE of length bytes from addr (under
+// lkey) to raddr in the peer's region of rkey; a zero length writes
+// nothing. Returns 0 or an errno value.
+static int gv_post_write(uintptr_t qpp, uint64_t wr_id, uint64_t addr, uint32_t length, uint32_t lkey,
+                         uint64_t raddr, uint32_t rkey, int flags) {
+	struct ibv_qp *qp = (struct ibv_qp *)qpp;
+	struct ibv_send_wr wr, *bad;
+	struct ibv_sge sge;
+	memset(&wr, 0, sizeof(wr));
+	sge.addr = addr;
+	sge.length = length;
+	sge.lkey = lkey;
+	wr.wr_id = wr_id;
+	wr.sg_list = &sge;
+	wr.num_sge = length ? 1 : 0;
+	wr.opcode = IBV_WR_RDMA_WRITE;
+	wr.send_flags = flags;
+	wr.wr.rdma.remote_addr = raddr;
+	wr.wr.rdma.rkey = rkey;
+	return ibv_post_send(qp, &wr, &bad);
+}
+
 static int gv_req_notify(struct ibv_cq *cq) { return ibv_req_notify_cq(cq, 0); }
 
 // gv_drain_events reads completion events until the channel is empty and
@@ -329,6 +351,16 @@ func (c *Context) CreateCQ(cqe int, ch *CompChannel) (*CQ, error) {
 	return &CQ{cq: cq, Cap: int(cq.cqe)}, nil
 }
 
+// CreatePolledCQ creates a CQ with at least cqe entries and no completion
+// channel: it raises no events, and its owner only polls it.
+func (c *Context) CreatePolledCQ(cqe int) (*CQ, error) {
+	cq, err := C.ibv_create_cq(c.c, C.int(cqe), nil, nil, 0)
+	if cq == nil {
+		return nil, os.NewSyscallError("ibv_create_cq", errnoOr(err))
+	}
+	return &CQ{cq: cq, Cap: int(cq.cqe)}, nil
+}
+
 // Ptr is the C pointer, for rdmacm.ID.CreateQP.
 func (cq *CQ) Ptr() unsafe.Pointer { return unsafe.Pointer(cq.cq) }
 
@@ -386,6 +418,18 @@ func (qp *QP) PostSends(wrs []SendWR) error {
 		return nil
 	}
 	r := C.gv_post_sends(C.uintptr_t(uintptr(unsafe.Pointer(qp.qp))), C.int(len(wrs)), (*C.struct_gv_send)(unsafe.Pointer(unsafe.SliceData(wrs))))
+	if r != 0 {
+		return os.NewSyscallError("ibv_post_send", syscall.Errno(r))
+	}
+	return nil
+}
+
+// PostWrite posts one RDMA WRITE (ibv_post_send). The peer's region must
+// allow remote writes, or the peer's NIC refuses it (a remote access
+// error); this package registers none that do (see RegMR).
+func (qp *QP) PostWrite(wr WriteWR) error {
+	r := C.gv_post_write(C.uintptr_t(uintptr(unsafe.Pointer(qp.qp))), C.uint64_t(wr.ID), C.uint64_t(wr.Addr),
+		C.uint32_t(wr.Len), C.uint32_t(wr.LKey), C.uint64_t(wr.RemoteAddr), C.uint32_t(wr.RKey), C.int(wr.Flags))
 	if r != 0 {
 		return os.NewSyscallError("ibv_post_send", syscall.Errno(r))
 	}

@@ -56,6 +56,18 @@ type SendWR struct {
 	Imm   uint32 // host order
 }
 
+// WriteWR is one RDMA WRITE to post (QP.PostWrite): Len bytes from Addr,
+// registered under LKey, to RemoteAddr in the peer's region of RKey.
+type WriteWR struct {
+	ID         uint64
+	Addr       uint64
+	Len        uint32
+	LKey       uint32
+	RemoteAddr uint64
+	RKey       uint32
+	Flags      int32 // SendSignaled, SendInline
+}
+
 // Batch limits of the C shims (their stack arrays have these sizes).
 const (
 	// MaxPollBatch is the most completions CQ.Poll returns at once.

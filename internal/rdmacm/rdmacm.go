@@ -171,6 +171,21 @@ static int gv_destroy_qp(struct rdma_cm_id *id) {
 	return 0;
 }
 
+// gv_connect_no_qp sends a connection request for an id without a QP,
+// naming qp_num as its QP. librdmacm completes the handshake (the RTU)
+// from rdma_get_cm_event only for ids with a QP: without one, the caller
+// would have to call rdma_establish, so the request stays half-open.
+static int gv_connect_no_qp(struct rdma_cm_id *id, const void *pd, uint8_t pdlen, uint32_t qp_num) {
+	struct rdma_conn_param p;
+	memset(&p, 0, sizeof(p));
+	p.private_data = pd;
+	p.private_data_len = pdlen;
+	p.retry_count = 7;
+	p.rnr_retry_count = 7;
+	p.qp_num = qp_num;
+	return rdma_connect(id, &p);
+}
+
 static void *gv_qp(struct rdma_cm_id *id) { return id->qp; }
 static void *gv_verbs(struct rdma_cm_id *id) { return id->verbs; }
 static int gv_channel_fd(struct rdma_event_channel *ch) { return ch->fd; }
@@ -418,6 +433,22 @@ func (id *ID) CreateQP(pd, cq unsafe.Pointer, sendWR, recvWR, inline int) (unsaf
 func (id *ID) DestroyQP() error {
 	if r := C.gv_destroy_qp(id.id); r != 0 {
 		return os.NewSyscallError("ibv_destroy_qp", syscall.Errno(r))
+	}
+	return nil
+}
+
+// ConnectNoQP sends a connection request carrying private for an id that
+// has no QP, naming qpNum as its QP (rdma_connect with the conn param's
+// qp_num). The handshake then stays half-open: librdmacm sends no RTU for
+// such an id, whatever its events.
+func (id *ID) ConnectNoQP(private []byte, qpNum uint32) error {
+	var p unsafe.Pointer
+	if len(private) > 0 {
+		p = C.CBytes(private)
+		defer C.free(p)
+	}
+	if r, err := C.gv_connect_no_qp(id.id, p, C.uint8_t(len(private)), C.uint32_t(qpNum)); r != 0 {
+		return os.NewSyscallError("rdma_connect", err)
 	}
 	return nil
 }

@@ -1,0 +1,121 @@
+package rdma
+
+import (
+	"encoding/binary"
+	"testing"
+
+	"github.com/goverbs/rdma/internal/ibv"
+)
+
+// Fuzz targets for every parser of peer-supplied bytes: the hello in the
+// CM private data, and the message header with the completion it arrives
+// in. make test runs each for a bounded time (make fuzz for longer).
+
+func FuzzParseHello(f *testing.F) {
+	f.Add(hello{recvDepth: DefaultRecvDepth, ctrlDepth: ctrlDepth, bufSize: DefaultBufferSize}.marshal())
+	f.Add(hello{flags: helloMessages, recvDepth: 1, ctrlDepth: 1, bufSize: 1}.marshal())
+	f.Add(append(hello{recvDepth: 0xffff, ctrlDepth: 0xff, bufSize: 0xffffffff}.marshal(), make([]byte, 40)...))
+	f.Add([]byte("GVRD"))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := parseHello(b)
+		if err != nil {
+			if h != (hello{}) {
+				t.Fatalf("a rejected hello returned %+v", h)
+			}
+			return
+		}
+		if h.recvDepth == 0 || h.ctrlDepth == 0 || h.bufSize == 0 || h.flags&^helloMessages != 0 {
+			t.Fatalf("accepted a hello that grants nothing or has unknown flags: %+v", h)
+		}
+		again, err := parseHello(h.marshal())
+		if err != nil || again != h {
+			t.Fatalf("round trip of %+v: %+v, %v", h, again, err)
+		}
+	})
+}
+
+// FuzzConnCompletions feeds a connection (over a fake QP, the fuzzer
+// playing the peer's NIC) a stream of completions built from arbitrary
+// bytes: headers, lengths, flags, statuses and buffer ids a broken or
+// hostile peer could cause, interleaved with Reads. Whatever arrives, the
+// connection must not panic, must keep its accounting within bounds, and
+// once it has failed must keep failing.
+func FuzzConnCompletions(f *testing.F) {
+	rec := func(typ, ctrlAck uint8, credits uint16, n uint16, op uint8) []byte {
+		b := make([]byte, 8)
+		binary.BigEndian.PutUint32(b, header{typ: typ, ctrlAck: ctrlAck, credits: credits}.imm())
+		binary.BigEndian.PutUint16(b[4:], n)
+		b[6] = op
+		return b
+	}
+	cat := func(bs ...[]byte) []byte {
+		var out []byte
+		for _, b := range bs {
+			out = append(out, b...)
+		}
+		return out
+	}
+	f.Add(cat(rec(msgData, 0, 0, 5, 0), rec(0, 0, 0, 0, 1)))
+	f.Add(cat(rec(msgDataMore, 0, 0, 64, 0), rec(msgData, 0, 0, 1, 0), rec(0, 0, 0, 0, 1)))
+	f.Add(cat(rec(msgCredit, 1, 0, 0, 0), rec(msgFin, 0, 0, 0, 0), rec(0, 0, 0, 0, 1)))
+	f.Add(cat(rec(msgData, 0, 3, 5, 0)))
+	f.Add(cat(rec(9, 0, 0, 5, 0)))
+	f.Add(cat(rec(msgData, 0, 0, 5, 2), rec(msgData, 0, 0, 5, 3)))
+	f.Add(cat(rec(msgFin, 0, 0, 0, 0), rec(msgData, 0, 0, 1, 0)))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		const depth, bufSize = 4, 64
+		p := newFakeConn(t, depth, bufSize)
+		failed := false
+		for ; len(data) >= 8; data = data[8:] {
+			imm := binary.BigEndian.Uint32(data)
+			n := uint32(binary.BigEndian.Uint16(data[4:])) % (bufSize + 1)
+			switch data[6] % 8 {
+			case 1: // the application reads what is queued
+				p.c.mu.Lock()
+				queued := p.c.rx.n > 0
+				p.c.mu.Unlock()
+				if queued {
+					p.c.Read(make([]byte, int(data[7])+1))
+				}
+			case 2: // a completion without immediate data
+				p.deliverRaw(ibv.WC{ByteLen: n})
+			case 3: // a failed completion
+				p.deliverRaw(ibv.WC{ByteLen: n, Status: uint32(data[7] % 22), Flags: ibv.WCWithImm, Imm: imm})
+			case 5: // a send completion (the ids are ours: the NIC only
+				// completes what we posted, so the peer forges none)
+				if all := p.q.posted(); len(all) > 0 {
+					p.complete(ibv.WC{WRID: all[int(data[7])%len(all)].ID})
+				}
+			default: // a message in the next posted receive
+				p.deliverRaw(ibv.WC{ByteLen: n, Flags: ibv.WCWithImm, Imm: imm})
+			}
+			p.c.mu.Lock()
+			c := p.c
+			if c.rx.posted < 0 || c.rx.posted > p.lay.recvSlots {
+				t.Fatalf("receives posted: %d of %d", c.rx.posted, p.lay.recvSlots)
+			}
+			if c.cr.credits < 0 || c.cr.credits > c.cr.peerWindow || c.cr.ctrlCredits > c.cr.ctrlWindow {
+				t.Fatalf("credits out of bounds: %+v", c.cr)
+			}
+			if failed && c.life.rerr == nil && c.life.werr == nil {
+				t.Fatal("a failed connection recovered")
+			}
+			failed = c.life.rerr != nil || c.life.werr != nil
+			c.mu.Unlock()
+		}
+	})
+}
+
+// deliverRaw completes the next posted receive with wc (its id filled
+// in), if one is posted: the fuzzer's peer never sends without one, since
+// the NIC would not deliver it.
+func (p *fakePeer) deliverRaw(wc ibv.WC) {
+	wr, ok := p.q.recvAt(p.nextRx)
+	if !ok {
+		return
+	}
+	p.nextRx++
+	wc.WRID = wr.ID
+	p.complete(wc)
+}

@@ -1,0 +1,421 @@
+//go:build linux && cgo
+
+package rdma_test
+
+import (
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/goverbs/rdma"
+	"github.com/goverbs/rdma/internal/ibv"
+	"github.com/goverbs/rdma/internal/rdmacm"
+)
+
+// A raw peer: an rdma_cm client built directly on the internal packages,
+// that dials a real rdma.Listener with this package's hello and then sends
+// whatever a test tells it to, protocol or not (hostile_test.go). And a
+// half-open flood: connect requests whose handshake is never completed.
+
+// The raw peer's geometry: what its hello grants the server, and the send
+// area, large enough for a message bigger than the server's default
+// BufferSize.
+const (
+	rawRecvDepth = 16
+	rawBufSize   = 4096
+	rawRecvSlots = rawRecvDepth + rdma.CtrlDepth + rdma.FinSlots
+	rawSendArea  = 128 << 10
+	rawSendWRID  = 1 << 63 // send work request ids; receives' are their slot
+	rawCQE       = 256
+	rawSendWR    = 64
+)
+
+// rawMsg is a message the raw peer received (or a failed receive).
+type rawMsg struct {
+	status  uint32
+	typ     uint8
+	ctrlAck uint8
+	credits uint16
+	data    []byte
+}
+
+// rawPeer is one raw connection: its own event channel (Run on a goroutine
+// of its own), id, PD, polled CQ, registered memory and RC QP.
+type rawPeer struct {
+	t       testing.TB
+	ch      *rdmacm.EventChannel
+	runDone chan struct{}
+	events  chan rdmacm.Event
+	id      *rdmacm.ID
+	pd      *ibv.PD
+	cq      *ibv.CQ
+	mem     []byte // mmap'd: receive slots, then the send area
+	mr      *ibv.MR
+	qp      *ibv.QP
+	server  rdma.WireHello // the listener's hello
+
+	seq     uint64             // sends posted
+	sendWCs map[uint64]ibv.WC  // completed sends, by id
+	recvd   []rawMsg           // received messages, in order
+	other   []rdmacm.EventType // events seen while waiting for others
+}
+
+// dialRaw connects a raw peer to the listener at addr and waits for the
+// handshake to complete. Its teardown is registered with t.Cleanup; close
+// may be called earlier.
+func dialRaw(t testing.TB, addr string) *rawPeer {
+	t.Helper()
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		t.Fatalf("raw peer: address %q: %v", addr, err)
+	}
+	p := &rawPeer{t: t, events: make(chan rdmacm.Event, 64), sendWCs: map[uint64]ibv.WC{}}
+	t.Cleanup(p.close)
+	fatal := func(what string, err error) {
+		t.Helper()
+		t.Fatalf("raw peer: %s: %v", what, err)
+	}
+	if p.ch, err = rdmacm.NewEventChannel(); err != nil {
+		fatal("event channel", err)
+	}
+	p.runDone = make(chan struct{})
+	go func() {
+		defer close(p.runDone)
+		p.ch.Run(func(ev rdmacm.Event) {
+			select {
+			case p.events <- ev:
+			default: // a test that ignores its events loses the surplus
+			}
+		})
+	}()
+	if p.id, err = rdmacm.NewID(p.ch, 1); err != nil {
+		fatal("id", err)
+	}
+	if err := p.id.ResolveAddr(netip.Addr{}, ap, 2000); err != nil {
+		fatal("resolve address", err)
+	}
+	p.expectEvent(rdmacm.EventAddrResolved, 5*time.Second)
+	if err := p.id.ResolveRoute(2000); err != nil {
+		fatal("resolve route", err)
+	}
+	p.expectEvent(rdmacm.EventRouteResolved, 5*time.Second)
+
+	ctx := ibv.ContextFrom(p.id.Verbs())
+	if p.pd, err = ctx.AllocPD(); err != nil {
+		fatal("PD", err)
+	}
+	if p.cq, err = ctx.CreatePolledCQ(rawCQE); err != nil {
+		fatal("CQ", err)
+	}
+	if p.mem, err = unix.Mmap(-1, 0, rawRecvSlots*rawBufSize+rawSendArea, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS); err != nil {
+		fatal("mmap", err)
+	}
+	if p.mr, err = p.pd.RegMR(p.mem); err != nil {
+		fatal("MR", err)
+	}
+	qp, _, err := p.id.CreateQP(p.pd.Ptr(), p.cq.Ptr(), rawSendWR, rawRecvSlots, 0)
+	if err != nil {
+		fatal("QP", err)
+	}
+	p.qp = ibv.QPFrom(qp)
+	for slot := range rawRecvSlots {
+		if err := p.repost(slot); err != nil {
+			fatal("post receive", err)
+		}
+	}
+	h := rdma.MarshalHello(rdma.WireHello{RecvDepth: rawRecvDepth, CtrlDepth: rdma.CtrlDepth, BufSize: rawBufSize})
+	if err := p.id.Connect(h); err != nil {
+		fatal("connect", err)
+	}
+	ev := p.expectEvent(rdmacm.EventEstablished, 10*time.Second)
+	if p.server, err = rdma.ParseHello(ev.PrivateData); err != nil {
+		fatal("the listener's hello", err)
+	}
+	return p
+}
+
+// expectEvent waits for the next CM event and fails the test unless it is
+// of type want.
+func (p *rawPeer) expectEvent(want rdmacm.EventType, within time.Duration) rdmacm.Event {
+	p.t.Helper()
+	select {
+	case ev := <-p.events:
+		if ev.Type != want {
+			p.t.Fatalf("raw peer: got CM event %v (status %d), want %v", ev.Type, ev.Status, want)
+		}
+		return ev
+	case <-time.After(within):
+		p.t.Fatalf("raw peer: no CM event in %v, want %v", within, want)
+	}
+	return rdmacm.Event{}
+}
+
+// waitEvent waits up to within for a CM event of type want, remembering
+// the others it sees; it reports whether want came.
+func (p *rawPeer) waitEvent(want rdmacm.EventType, within time.Duration) bool {
+	timeout := time.After(within)
+	for {
+		select {
+		case ev := <-p.events:
+			if ev.Type == want {
+				return true
+			}
+			p.other = append(p.other, ev.Type)
+		case <-timeout:
+			return false
+		}
+	}
+}
+
+// repost posts receive slot again.
+func (p *rawPeer) repost(slot int) error {
+	return p.qp.PostRecvs([]ibv.RecvWR{{ID: uint64(slot), Addr: p.addr(slot * rawBufSize), Len: rawBufSize, LKey: p.mr.LKey}})
+}
+
+// addr is the NIC's address of p.mem[off].
+func (p *rawPeer) addr(off int) uint64 { return uint64(uintptr(unsafe.Pointer(&p.mem[off]))) }
+
+// send posts a signaled SEND whose immediate data is the header (typ,
+// ctrlAck, credits) and whose payload is data, and returns its id.
+func (p *rawPeer) send(typ, ctrlAck uint8, credits uint16, data []byte) uint64 {
+	p.t.Helper()
+	if len(data) > rawSendArea {
+		p.t.Fatalf("raw peer: %d bytes do not fit the send area", len(data))
+	}
+	off := rawRecvSlots * rawBufSize
+	copy(p.mem[off:], data)
+	p.seq++
+	id := rawSendWRID | p.seq
+	wr := ibv.SendWR{ID: id, Addr: p.addr(off), Len: uint32(len(data)), LKey: p.mr.LKey, Flags: ibv.SendSignaled,
+		Imm: rdma.HeaderImm(typ, ctrlAck, credits)}
+	if err := p.qp.PostSends([]ibv.SendWR{wr}); err != nil {
+		p.t.Fatalf("raw peer: post send: %v", err)
+	}
+	return id
+}
+
+// write posts a signaled RDMA WRITE of n bytes to raddr in the peer's
+// region of rkey, and returns its id.
+func (p *rawPeer) write(raddr uint64, rkey uint32, n int) uint64 {
+	p.t.Helper()
+	off := rawRecvSlots * rawBufSize
+	p.seq++
+	id := rawSendWRID | p.seq
+	wr := ibv.WriteWR{ID: id, Addr: p.addr(off), Len: uint32(n), LKey: p.mr.LKey, RemoteAddr: raddr, RKey: rkey, Flags: ibv.SendSignaled}
+	if err := p.qp.PostWrite(wr); err != nil {
+		p.t.Fatalf("raw peer: post RDMA WRITE: %v", err)
+	}
+	return id
+}
+
+// poll takes what the CQ has: completed sends by id, received messages in
+// order (each buffer posted again at once, so the server never meets a
+// receiver that is not ready; credits are never returned).
+func (p *rawPeer) poll() {
+	var wcs [ibv.MaxPollBatch]ibv.WC
+	for {
+		n, err := p.cq.Poll(wcs[:])
+		if err != nil {
+			p.t.Fatalf("raw peer: poll: %v", err)
+		}
+		for _, wc := range wcs[:n] {
+			if wc.WRID&rawSendWRID != 0 {
+				p.sendWCs[wc.WRID] = wc
+				continue
+			}
+			m := rawMsg{status: wc.Status}
+			if wc.Status == ibv.WCSuccess {
+				m.typ, m.ctrlAck, m.credits = rdma.ParseHeader(wc.Imm)
+				off := int(wc.WRID) * rawBufSize
+				m.data = append([]byte(nil), p.mem[off:off+int(wc.ByteLen)]...)
+				if err := p.repost(int(wc.WRID)); err != nil {
+					p.t.Fatalf("raw peer: post receive: %v", err)
+				}
+			}
+			p.recvd = append(p.recvd, m)
+		}
+		if n < len(wcs) {
+			return
+		}
+	}
+}
+
+// waitSend polls until the send id completes and returns its completion.
+func (p *rawPeer) waitSend(id uint64, within time.Duration) ibv.WC {
+	p.t.Helper()
+	for deadline := time.Now().Add(within); ; time.Sleep(time.Millisecond) {
+		p.poll()
+		if wc, ok := p.sendWCs[id]; ok {
+			return wc
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("raw peer: send %#x did not complete in %v", id, within)
+		}
+	}
+}
+
+// requireSent waits for the send id and fails the test unless the peer's
+// NIC acknowledged it.
+func (p *rawPeer) requireSent(id uint64) {
+	p.t.Helper()
+	if wc := p.waitSend(id, 5*time.Second); wc.Status != ibv.WCSuccess {
+		p.t.Fatalf("raw peer: send %#x failed: %s", id, ibv.StatusString(wc.Status))
+	}
+}
+
+// waitRecv polls until n messages have arrived in all and returns them.
+func (p *rawPeer) waitRecv(n int, within time.Duration) []rawMsg {
+	p.t.Helper()
+	for deadline := time.Now().Add(within); len(p.recvd) < n; time.Sleep(time.Millisecond) {
+		p.poll()
+		if time.Now().After(deadline) {
+			p.t.Fatalf("raw peer: %d messages arrived in %v, want %d", len(p.recvd), within, n)
+		}
+	}
+	return p.recvd
+}
+
+// close disconnects and releases everything, in the order the verbs
+// require; it is idempotent and copes with a half-built peer.
+func (p *rawPeer) close() {
+	if p.id != nil {
+		if p.qp != nil {
+			p.id.Disconnect()
+			p.id.DestroyQP()
+			p.qp = nil
+		}
+	}
+	if p.cq != nil {
+		p.cq.Destroy()
+		p.cq = nil
+	}
+	if p.mr != nil {
+		p.mr.Dereg()
+		p.mr = nil
+	}
+	if p.mem != nil {
+		unix.Munmap(p.mem)
+		p.mem = nil
+	}
+	if p.pd != nil {
+		p.pd.Dealloc()
+		p.pd = nil
+	}
+	if p.id != nil {
+		p.id.Destroy()
+		p.id = nil
+	}
+	if p.ch != nil {
+		p.ch.Interrupt()
+		<-p.runDone
+		p.ch.Destroy()
+		p.ch = nil
+	}
+}
+
+// halfOpen is a flood of connect requests that are never completed: ids
+// that resolved address and route and sent rdma_connect with this
+// package's hello but have no QP (the request names a made-up QP number),
+// and whose CM events are never read again, so no RTU ever goes to the
+// listener. The listener accepts them and waits for the RTU until its CM
+// gives up (a minute or more) or the request is withdrawn (close destroys
+// the ids, which rejects them).
+type halfOpen struct {
+	ch  *rdmacm.EventChannel
+	ids []*rdmacm.ID
+}
+
+// floodHalfOpen sends n half-open connect requests to addr. Its teardown is
+// registered with t.Cleanup; close may be called earlier.
+func floodHalfOpen(t testing.TB, addr string, n int) *halfOpen {
+	t.Helper()
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		t.Fatalf("half-open: address %q: %v", addr, err)
+	}
+	f := &halfOpen{}
+	t.Cleanup(f.close)
+	if f.ch, err = rdmacm.NewEventChannel(); err != nil {
+		t.Fatalf("half-open: event channel: %v", err)
+	}
+	// Read events only until every route is resolved.
+	events := make(chan rdmacm.Event, 2*n+16)
+	runDone := make(chan struct{})
+	go func() {
+		defer close(runDone)
+		f.ch.Run(func(ev rdmacm.Event) {
+			select {
+			case events <- ev:
+			default:
+			}
+		})
+	}()
+	stopped := false
+	stopRun := func() {
+		if !stopped {
+			stopped = true
+			f.ch.Interrupt()
+			<-runDone
+		}
+	}
+	defer stopRun()
+	await := func(want rdmacm.EventType) {
+		t.Helper()
+		timeout := time.After(30 * time.Second)
+		for got := 0; got < n; got++ {
+			select {
+			case ev := <-events:
+				if ev.Type != want {
+					t.Fatalf("half-open: CM event %v (status %d) while waiting for %v", ev.Type, ev.Status, want)
+				}
+			case <-timeout:
+				t.Fatalf("half-open: %d of %d ids got %v in 30s", got, n, want)
+			}
+		}
+	}
+	for i := range n {
+		id, err := rdmacm.NewID(f.ch, uintptr(i+1))
+		if err != nil {
+			t.Fatalf("half-open: id %d: %v", i, err)
+		}
+		f.ids = append(f.ids, id)
+		if err := id.ResolveAddr(netip.Addr{}, ap, 5000); err != nil {
+			t.Fatalf("half-open: resolve address %d: %v", i, err)
+		}
+	}
+	await(rdmacm.EventAddrResolved)
+	for i, id := range f.ids {
+		if err := id.ResolveRoute(5000); err != nil {
+			t.Fatalf("half-open: resolve route %d: %v", i, err)
+		}
+	}
+	await(rdmacm.EventRouteResolved)
+	stopRun()
+	h := rdma.MarshalHello(rdma.WireHello{RecvDepth: rawRecvDepth, CtrlDepth: rdma.CtrlDepth, BufSize: rawBufSize})
+	for i, id := range f.ids {
+		if err := id.ConnectNoQP(h, uint32(0x10000+i)); err != nil {
+			t.Fatalf("half-open: connect %d: %v", i, err)
+		}
+	}
+	return f
+}
+
+// close withdraws every request (destroying an id whose request was
+// answered rejects the answer) and destroys the channel.
+func (f *halfOpen) close() {
+	for _, id := range f.ids {
+		id.Destroy()
+	}
+	f.ids = nil
+	if f.ch != nil {
+		f.ch.Destroy()
+		f.ch = nil
+	}
+}
+
+// String says how many requests the flood holds.
+func (f *halfOpen) String() string { return fmt.Sprintf("%d half-open requests", len(f.ids)) }
