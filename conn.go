@@ -77,15 +77,16 @@ type Conn struct {
 	rdl     *deadline
 	wdl     *deadline
 
-	mu      sync.Mutex
-	st      ConnStats
-	life    lifecycle
-	cr      ledger
-	tx      sendRing
-	rx      recvRing
-	heard   uint64 // successful completions: the peer or its NIC answered
-	ka      keepalive
-	kaTimer *time.Timer // ticks the keepalive while it is on
+	mu       sync.Mutex
+	st       ConnStats
+	life     lifecycle
+	cr       ledger
+	tx       sendRing
+	rx       recvRing
+	heard    uint64 // successful completions: the peer or its NIC answered
+	qpBroken bool   // a failed completion disconnected the QP
+	ka       keepalive
+	kaTimer  *time.Timer // ticks the keepalive while it is on
 }
 
 // queuePair posts work requests: the connection's *ibv.QP, or a fake.

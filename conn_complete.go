@@ -74,6 +74,7 @@ func (c *Conn) recvDone(wc ibv.WC) {
 		} else {
 			c.life.failRead(&wcError{wc.Status})
 		}
+		c.brokenQP()
 		signal(c.rxReady)
 		return
 	}
@@ -131,6 +132,18 @@ func (c *Conn) recvDone(wc ibv.WC) {
 	}
 }
 
+// brokenQP disconnects a connection that failed while established: a
+// NIC-level error (the peer's RDMA WRITE refused, say) moves the QP to the
+// error state without any CM event, so neither side would otherwise learn
+// that the connection is over; a protocol violation or a keepalive
+// failure ends it too. Once is enough.
+func (c *Conn) brokenQP() {
+	if c.life.phase == phaseEstablished && !c.life.has(shutPeerGone|shutQPGone) && !c.qpBroken {
+		c.qpBroken = true
+		c.disconnect()
+	}
+}
+
 // countFailed counts a failed completion, but not the flushes of a
 // teardown.
 func (c *Conn) countFailed(status uint32) {
@@ -152,7 +165,7 @@ func (c *Conn) push(m rxMsg) bool {
 // protocol, and disconnects it.
 func (c *Conn) protocolViolation(err error) {
 	c.life.fail(err)
-	c.disconnect()
+	c.brokenQP()
 	signal(c.rxReady)
 	signal(c.txReady)
 }
@@ -169,6 +182,7 @@ func (c *Conn) sendDone(wc ibv.WC) {
 			c.life.fail(&wcError{wc.Status})
 			signal(c.rxReady)
 		}
+		c.brokenQP()
 	}
 	signal(c.txReady)
 }

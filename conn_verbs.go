@@ -39,6 +39,16 @@ func (s *connSys) disconnect() {
 
 func wcStatusString(status uint32) string { return ibv.StatusString(status) }
 
+// ackTimeout is the exponent of the QPs' local ACK timeout, how long the
+// NIC waits for an acknowledgement before it retransmits: 4.096 µs × 2^18
+// ≈ 1.07 s. With the 6 retries internal/rdmacm asks for, a send is given
+// up about 7.5 s after the peer last answered: a network partition of 5 s
+// is survived, and a peer host that vanished fails a connection with data
+// in flight within about 8 s (keepalive probes find it for one without).
+// rdma_cm's default on RoCE is 19 (2.1 s per retransmission), and with
+// its retry count of 7 some providers (rxe) retry forever.
+var ackTimeout uint8 = 18
+
 func newVerbsConn(cm *cmLoop, ph phase) *Conn {
 	c := newConn(ph)
 	c.cm = cm
@@ -148,6 +158,9 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 		return noDevice(os.NewSyscallError("rdma_resolve_route", eventErrno(ev, syscall.EHOSTUNREACH)))
 	}
 	if err := c.setup(opts); err != nil {
+		return err
+	}
+	if err := c.id.SetAckTimeout(ackTimeout); err != nil {
 		return err
 	}
 	if err := c.id.Connect(c.hello().marshal()); err != nil {

@@ -233,7 +233,7 @@ func (c *Conn) keepAliveTick() {
 func (c *Conn) keepAliveFailed() {
 	cfg := c.ka.cfg
 	c.life.fail(&keepaliveError{cfg.Idle + time.Duration(cfg.Count)*cfg.Interval})
-	c.disconnect()
+	c.brokenQP()
 	signal(c.rxReady)
 	signal(c.txReady)
 }

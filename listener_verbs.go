@@ -136,7 +136,11 @@ func (l *Listener) request(ev rdmacm.Event) {
 	}
 	l.pending[c] = time.Now()
 	l.mu.Unlock()
-	if err := id.Accept(c.hello().marshal()); err != nil {
+	err = id.SetAckTimeout(ackTimeout)
+	if err == nil {
+		err = id.Accept(c.hello().marshal())
+	}
+	if err != nil {
 		l.failed(c)
 	}
 }

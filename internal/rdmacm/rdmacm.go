@@ -126,10 +126,15 @@ static int gv_connect(struct rdma_cm_id *id, const void *pd, uint8_t pdlen, int 
 	// SEND/RECV only: no RDMA READ/atomic resources are needed.
 	p.responder_resources = 0;
 	p.initiator_depth = 0;
-	p.retry_count = 7;
+	// Both QPs take the dialer's retry count. 7 would mean "retry
+	// forever" on some providers (rxe): a peer host that vanished would
+	// never fail a send. 6 retransmissions of the ACK timeout (see
+	// SetAckTimeout) bound how long a silent peer is waited for.
+	p.retry_count = 6;
 	// Credits guarantee a posted receive for every SEND, so RNR should never
-	// happen; retry anyway rather than fail hard if a peer is slow to post.
-	p.rnr_retry_count = 7;
+	// happen; retry anyway rather than fail hard if a peer is slow to post,
+	// but never forever (7 is infinite).
+	p.rnr_retry_count = 6;
 	return accept ? rdma_accept(id, &p) : rdma_connect(id, &p);
 }
 
@@ -184,6 +189,10 @@ static int gv_connect_no_qp(struct rdma_cm_id *id, const void *pd, uint8_t pdlen
 	p.rnr_retry_count = 7;
 	p.qp_num = qp_num;
 	return rdma_connect(id, &p);
+}
+
+static int gv_set_ack_timeout(struct rdma_cm_id *id, uint8_t t) {
+	return rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof(t));
 }
 
 static void *gv_qp(struct rdma_cm_id *id) { return id->qp; }
@@ -385,6 +394,19 @@ func (id *ID) connect(private []byte, accept C.int, name string) error {
 	}
 	if r, err := C.gv_connect(id.id, p, C.uint8_t(len(private)), accept); r != 0 {
 		return os.NewSyscallError(name, err)
+	}
+	return nil
+}
+
+// SetAckTimeout sets the local ACK timeout of the id's QP, 4.096 µs × 2^t
+// (rdma_set_option RDMA_OPTION_ID_ACK_TIMEOUT): how long the NIC waits for
+// an acknowledgement before it retransmits. It takes effect when the QP
+// becomes ready to send, so it must be set before Connect (after
+// ResolveRoute, so that it does not change the route's packet lifetime)
+// or Accept; each side sets its own.
+func (id *ID) SetAckTimeout(t uint8) error {
+	if r, err := C.gv_set_ack_timeout(id.id, C.uint8_t(t)); r != 0 {
+		return os.NewSyscallError("rdma_set_option", err)
 	}
 	return nil
 }
