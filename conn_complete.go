@@ -138,7 +138,7 @@ func (c *Conn) recvDone(wc ibv.WC) {
 // that the connection is over; a protocol violation or a keepalive
 // failure ends it too. Once is enough.
 func (c *Conn) brokenQP() {
-	if c.life.phase == phaseEstablished && !c.life.has(shutPeerGone|shutQPGone) && !c.qpBroken {
+	if c.life.phase != phaseDead && !c.life.has(shutPeerGone|shutQPGone) && !c.qpBroken {
 		c.qpBroken = true
 		c.disconnect()
 	}
