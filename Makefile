@@ -1,5 +1,6 @@
-# make test: formatting and static checks, host unit tests, then the device
-# tests inside a Soft-RoCE VM (testbed/vm.sh). make demo: the echo example in
+# make test: formatting and static checks, host unit tests and fuzzing, then
+# the device tests inside a Soft-RoCE VM (testbed/vm.sh), then the two-host
+# tests on a pair of them (testbed/vm.sh --pair). make demo: the echo example in
 # the VM. make bench: the benchmark table. Those install what they need on a
 # Debian machine (as root). make check and make unit need neither root nor
 # the VM: without the verbs headers they check the portable build only.
@@ -67,6 +68,9 @@ vmtest: deps
 	$(VM) --timeout $(VMTIMEOUT) -- sh -c '$(OUT)/rdma.test -test.v -test.count=1 -test.timeout 20m && \
 		echo "=== the same tests under the race detector (-short)" && \
 		$(OUT)/rdma.race.test -test.v -test.count=1 -test.short -test.timeout 20m'
+	@echo "=== two hosts: the same binary on a pair of VMs (testbed/vm.sh --pair), the peer killed last"
+	$(VM) --pair --timeout $(VMTIMEOUT) -- sh -c '$(OUT)/rdma.test -test.v -test.count=1 -test.run TwoHost -test.skip PeerKilled -test.timeout 15m && \
+		$(OUT)/rdma.test -test.v -test.count=1 -test.run TwoHostPeerKilled -test.timeout 5m'
 
 test: deps check unit vmtest
 

@@ -97,6 +97,10 @@ func (c *Conn) recvDone(wc ibv.WC) {
 		c.protocolViolation(&protocolError{"message after the fin"})
 		return
 	}
+	if err := c.cr.arrived(h.typ); err != nil {
+		c.protocolViolation(err)
+		return
+	}
 	switch h.typ {
 	case msgData, msgDataMore:
 		if wc.ByteLen == 0 {

@@ -306,6 +306,16 @@ func TestConnProtocolViolations(t *testing.T) {
 		{"unknown message type", func(p *fakePeer) { p.deliver(header{typ: 9}, nil) }, "unknown message type"},
 		{"more credits than sent", func(p *fakePeer) { p.deliver(header{typ: msgCredit, credits: 1}, nil) }, "more credits"},
 		{"empty data message", func(p *fakePeer) { p.deliver(header{typ: msgData}, nil) }, "empty data message"},
+		{"more data messages than granted", func(p *fakePeer) {
+			for range 5 { // 4 granted
+				p.deliver(header{typ: msgData}, []byte("x"))
+			}
+		}, "a data message beyond those granted"},
+		{"more credit messages than granted", func(p *fakePeer) {
+			for range ctrlDepth + 1 {
+				p.deliver(header{typ: msgCredit}, nil)
+			}
+		}, "a credit message beyond those granted"},
 		{"data after the fin", func(p *fakePeer) {
 			p.deliver(header{typ: msgFin}, nil)
 			p.deliver(header{typ: msgData}, []byte("x"))

@@ -39,15 +39,22 @@ func (s *connSys) disconnect() {
 
 func wcStatusString(status uint32) string { return ibv.StatusString(status) }
 
-// ackTimeout is the exponent of the QPs' local ACK timeout, how long the
-// NIC waits for an acknowledgement before it retransmits: 4.096 µs × 2^18
-// ≈ 1.07 s. With the 6 retries internal/rdmacm asks for, a send is given
-// up about 7.5 s after the peer last answered: a network partition of 5 s
-// is survived, and a peer host that vanished fails a connection with data
-// in flight within about 8 s (keepalive probes find it for one without).
-// rdma_cm's default on RoCE is 19 (2.1 s per retransmission), and with
-// its retry count of 7 some providers (rxe) retry forever.
-var ackTimeout uint8 = 18
+// The QPs' local ACK timeout, how long the NIC waits for an
+// acknowledgement before it retransmits, is 4.096 µs × 2^t. With the 7
+// retries internal/rdmacm asks for, a hardware NIC gives a send up
+// 8 × 1.07 s ≈ 8.6 s after the peer last answered with t = 18: a network
+// partition of 5 s is survived, a vanished peer noticed. Soft-RoCE (rxe)
+// takes 7 to mean "retry forever", so there the keepalive alone bounds
+// how long a silent peer is waited for, and the timeout can be short:
+// rxe repairs a loss in mid-message at once (a NAK), but a lost last
+// packet, NAK or retransmission only when the timer fires, so at 1 % loss
+// 67 ms (t = 14) instead of rdma_cm's default of 2.1 s (t = 19) is the
+// difference between a stalled and a moving transfer.
+const (
+	ackTimeoutHW  = 18
+	ackTimeoutRXE = 14
+	rxeVendorID   = 0xffffff // RXE_VENDOR_ID
+)
 
 func newVerbsConn(cm *cmLoop, ph phase) *Conn {
 	c := newConn(ph)
@@ -160,7 +167,7 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 	if err := c.setup(opts); err != nil {
 		return err
 	}
-	if err := c.id.SetAckTimeout(ackTimeout); err != nil {
+	if err := c.id.SetAckTimeout(c.dev.ackTimeout); err != nil {
 		return err
 	}
 	if err := c.id.Connect(c.hello().marshal()); err != nil {

@@ -19,6 +19,9 @@ type ledger struct {
 	wantCredit  bool
 	batch       int // receives reposted and reported at once
 
+	peerCredits int // data messages the peer may still send us: granted, not yet used
+	peerCtrl    int // credit messages likewise
+
 	peerWindow int  // the peer's data receives: credits when none is in use
 	ctrlWindow int  // the peer's control receives granted to us
 	holdAt     int  // unconsumed messages at the peer from which hold holds
@@ -27,9 +30,32 @@ type ledger struct {
 	streaming  bool // see hold
 }
 
-// newLedger returns the ledger of a side with recvDepth data receives:
-// credits are reported in batches of a quarter of them.
-func newLedger(recvDepth int) ledger { return ledger{batch: max(1, recvDepth/4)} }
+// newLedger returns the ledger of a side with recvDepth data receives,
+// all granted to the peer by the handshake: credits are reported in
+// batches of a quarter of them.
+func newLedger(recvDepth int) ledger {
+	return ledger{batch: max(1, recvDepth/4), peerCredits: recvDepth, peerCtrl: ctrlDepth}
+}
+
+// arrived accounts for a message of type typ from the peer against what
+// we granted it: a peer that sends more data or credit messages than it
+// has credits for broke the protocol (it would otherwise land in a
+// receive kept for something else, or find none: receiver not ready).
+func (l *ledger) arrived(typ uint8) error {
+	switch typ {
+	case msgData, msgDataMore:
+		if l.peerCredits == 0 {
+			return &protocolError{"peer overran its credits: a data message beyond those granted"}
+		}
+		l.peerCredits--
+	case msgCredit:
+		if l.peerCtrl == 0 {
+			return &protocolError{"peer overran its credits: a credit message beyond those granted"}
+		}
+		l.peerCtrl--
+	}
+	return nil
+}
 
 // open takes the peer's grant from its handshake.
 func (l *ledger) open(peerRecv, peerCtrl int) {
@@ -63,6 +89,8 @@ func (l *ledger) spend() { l.credits-- }
 // everything owed to the peer; the debt is then paid.
 func (l *ledger) header(typ uint8) header {
 	h := header{typ: typ, ctrlAck: uint8(l.ctrlOwed), credits: uint16(l.unreported)}
+	l.peerCredits += l.unreported
+	l.peerCtrl += l.ctrlOwed
 	l.unreported, l.ctrlOwed, l.wantCredit = 0, 0, false
 	return h
 }

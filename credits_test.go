@@ -141,3 +141,24 @@ func TestLedgerHold(t *testing.T) {
 	l.ctrlOwed = ctrlDepth / 2
 	require.False(t, l.hold(10, maxMsg, false), "the peer may need its control credits back to end the hold")
 }
+
+func TestLedgerArrived(t *testing.T) {
+	l := newLedger(2)
+	require.NoError(t, l.arrived(msgData))
+	require.NoError(t, l.arrived(msgDataMore))
+	require.ErrorIs(t, l.arrived(msgData), ErrProtocol, "both data credits used")
+	// Reporting reposted receives grants them again.
+	l.unreported = 1
+	l.header(msgCredit)
+	require.NoError(t, l.arrived(msgData))
+	require.ErrorIs(t, l.arrived(msgData), ErrProtocol)
+
+	for range ctrlDepth {
+		require.NoError(t, l.arrived(msgCredit))
+	}
+	require.ErrorIs(t, l.arrived(msgCredit), ErrProtocol)
+	l.ctrlOwed = 1
+	l.header(msgData)
+	require.NoError(t, l.arrived(msgCredit))
+	require.NoError(t, l.arrived(msgFin), "the fin has a receive of its own")
+}

@@ -20,6 +20,8 @@ type device struct {
 	ch  *ibv.CompChannel
 	cq  *ibv.CQ
 
+	ackTimeout uint8 // for its QPs (see ackTimeoutHW)
+
 	reserved   int // CQ entries promised to connections, under devMu
 	refs       int // under devMu
 	registered int // bytes connections registered, under devMu
@@ -83,7 +85,10 @@ func newDevice(ctx *ibv.Context) (*device, error) {
 		pd.Dealloc()
 		return nil, err
 	}
-	d := &device{poller: newPoller(cq, ch), ctx: ctx, pd: pd, ch: ch, cq: cq}
+	d := &device{poller: newPoller(cq, ch), ctx: ctx, pd: pd, ch: ch, cq: cq, ackTimeout: ackTimeoutHW}
+	if v, err := ctx.VendorID(); err == nil && v == rxeVendorID {
+		d.ackTimeout = ackTimeoutRXE
+	}
 	go d.run()
 	return d, nil
 }

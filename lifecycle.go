@@ -47,16 +47,25 @@ func (l *lifecycle) set(f shut)      { l.shut |= f }
 // peer's fin already ended the stream (what came before it stays readable
 // and then io.EOF, not the error, ends it).
 func (l *lifecycle) failRead(err error) {
-	if l.rerr == nil && !l.has(shutFinRcvd) {
+	if replaces(l.rerr, err) && !l.has(shutFinRcvd) {
 		l.rerr = err
 	}
 }
 
 // failWrite records why Writes fail, unless an earlier failure did.
 func (l *lifecycle) failWrite(err error) {
-	if l.werr == nil {
+	if replaces(l.werr, err) {
 		l.werr = err
 	}
+}
+
+// replaces reports whether err becomes a direction's error in place of
+// cur: the first failure wins, except that a bare reset (work flushed
+// before the completion that says why arrived: the provider may flush the
+// receives of a failed QP before it reports the failed send) yields to
+// the cause.
+func replaces(cur, err error) bool {
+	return cur == nil || (cur == syscall.ECONNRESET && err != syscall.ECONNRESET)
 }
 
 // fail fails both directions (a broken connection).

@@ -20,6 +20,17 @@ func TestLifecycleFirstErrorWins(t *testing.T) {
 	require.Same(t, second, l.werr)
 }
 
+func TestLifecycleResetYieldsToItsCause(t *testing.T) {
+	var l lifecycle
+	l.fail(syscall.ECONNRESET) // the receives were flushed first
+	cause := &wcError{status: 12}
+	l.fail(cause)
+	require.Equal(t, cause, l.rerr)
+	require.Equal(t, cause, l.werr)
+	l.fail(syscall.ECONNRESET)
+	require.Equal(t, cause, l.rerr, "a cause is never replaced")
+}
+
 func TestLifecycleFinKeepsReadsClean(t *testing.T) {
 	var l lifecycle
 	l.set(shutFinRcvd)

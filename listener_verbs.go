@@ -136,7 +136,7 @@ func (l *Listener) request(ev rdmacm.Event) {
 	}
 	l.pending[c] = time.Now()
 	l.mu.Unlock()
-	err = id.SetAckTimeout(ackTimeout)
+	err = id.SetAckTimeout(c.dev.ackTimeout)
 	if err == nil {
 		err = id.Accept(c.hello().marshal())
 	}

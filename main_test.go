@@ -40,6 +40,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("RDMA_TEST_PEER") != "" {
 		os.Exit(runPeer())
 	}
+	if os.Getenv("RDMA_TEST_ROLE") == "agent" {
+		os.Exit(runAgent())
+	}
 	var before map[string]int
 	if testAddr != "" {
 		// librdmacm opens each device once per process and keeps it open

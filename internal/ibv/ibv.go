@@ -236,6 +236,15 @@ func (c *Context) Ptr() unsafe.Pointer { return unsafe.Pointer(c.c) }
 // Name is the device name (e.g. "rxe0").
 func (c *Context) Name() string { return C.GoString(C.ibv_get_device_name(c.c.device)) }
 
+// VendorID is the device's IEEE vendor id (ibv_query_device).
+func (c *Context) VendorID() (uint32, error) {
+	var a C.struct_ibv_device_attr
+	if r := C.ibv_query_device(c.c, &a); r != 0 {
+		return 0, os.NewSyscallError("ibv_query_device", syscall.Errno(r))
+	}
+	return uint32(a.vendor_id), nil
+}
+
 // PD is a protection domain.
 type PD struct{ p *C.struct_ibv_pd }
 

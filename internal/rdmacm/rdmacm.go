@@ -126,11 +126,11 @@ static int gv_connect(struct rdma_cm_id *id, const void *pd, uint8_t pdlen, int 
 	// SEND/RECV only: no RDMA READ/atomic resources are needed.
 	p.responder_resources = 0;
 	p.initiator_depth = 0;
-	// Both QPs take the dialer's retry count. 7 would mean "retry
-	// forever" on some providers (rxe): a peer host that vanished would
-	// never fail a send. 6 retransmissions of the ACK timeout (see
-	// SetAckTimeout) bound how long a silent peer is waited for.
-	p.retry_count = 6;
+	// Both QPs take the dialer's retry count: the most a hardware NIC
+	// allows, so that a partition of several ACK timeouts (see
+	// SetAckTimeout) is survived. Soft-RoCE (rxe) takes 7 to mean "retry
+	// forever"; the library's keepalive bounds the wait there.
+	p.retry_count = 7;
 	// Credits guarantee a posted receive for every SEND, so RNR should never
 	// happen; retry anyway rather than fail hard if a peer is slow to post,
 	// but never forever (7 is infinite).

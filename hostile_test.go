@@ -1,0 +1,443 @@
+//go:build linux && cgo
+
+package rdma_test
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goverbs/rdma"
+	"github.com/goverbs/rdma/internal/ibv"
+	"github.com/goverbs/rdma/internal/rdmacm"
+)
+
+// Device tests of hostile and broken peers: a raw peer (rawpeer_test.go)
+// connects to a real listener and breaks the protocol, or the NIC's rules,
+// in one way each. Every test requires that the hostile peer's connection
+// fails with a clear *net.OpError on the server (ErrProtocol for protocol
+// violations; for NIC errors the work completion's status where the
+// server's NIC reports one, a reset where its receives are only flushed),
+// without a panic or a hang, and that the listener goes on serving: a connection
+// established before goes on working, a new Dial to it echoes, and when
+// everything is closed no registered memory is left (TestMain checks
+// goroutines and verbs objects at the end).
+
+// Completion statuses (enum ibv_wc_status) the tests expect.
+const (
+	wcLocLenErr    = 1  // IBV_WC_LOC_LEN_ERR: a message larger than the receive buffer
+	wcLocQPOpErr   = 2  // IBV_WC_LOC_QP_OP_ERR: what rxe reports for one instead
+	wcRemAccessErr = 10 // IBV_WC_REM_ACCESS_ERR: the responder refused an RDMA access
+)
+
+// hostileBed is a listener with default options, its accept loop, and a
+// normal connection established before the hostile one, echoed by the
+// server.
+type hostileBed struct {
+	addr     string
+	accepted chan net.Conn
+	good     net.Conn
+	echoes   sync.WaitGroup
+}
+
+func newHostileBed(t *testing.T) *hostileBed {
+	t.Helper()
+	needDevice(t)
+	baseConns, baseReg := deviceTotals()
+	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	b := &hostileBed{addr: ln.Addr().String(), accepted: make(chan net.Conn, 16)}
+	acceptDone := make(chan struct{})
+	go func() {
+		defer close(acceptDone)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			b.accepted <- c
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-acceptDone
+		close(b.accepted)
+		for c := range b.accepted {
+			c.Close()
+		}
+		b.echoes.Wait()
+		waitDeviceTotals(t, baseConns, baseReg)
+	})
+	b.good, err = rdma.Dial("rdma", b.addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { b.good.Close() })
+	b.echo(b.next(t))
+	roundTrip(t, b.good, "before the hostile peer")
+	return b
+}
+
+// next returns the next connection the listener accepted.
+func (b *hostileBed) next(t *testing.T) net.Conn {
+	t.Helper()
+	select {
+	case c := <-b.accepted:
+		return c
+	case <-time.After(10 * time.Second):
+		t.Fatal("the listener accepted nothing in 10s")
+	}
+	return nil
+}
+
+// echo echoes c back to itself until it ends, then closes it.
+func (b *hostileBed) echo(c net.Conn) {
+	b.echoes.Add(1)
+	go func() {
+		defer b.echoes.Done()
+		defer c.Close()
+		io.Copy(c, c)
+	}()
+}
+
+// hostile connects a raw peer and returns it with its server side.
+func (b *hostileBed) hostile(t *testing.T) (*rawPeer, net.Conn) {
+	t.Helper()
+	p := dialRaw(t, b.addr)
+	sc := b.next(t)
+	// The raw peer goes first: the server side then finds its peer gone
+	// instead of waiting for its fin to be acknowledged.
+	t.Cleanup(func() {
+		p.close()
+		sc.Close()
+	})
+	return p, sc
+}
+
+// checkServing requires that the listener still serves: the connection
+// established before the hostile one echoes, and so does a new one.
+func (b *hostileBed) checkServing(t *testing.T) {
+	t.Helper()
+	roundTrip(t, b.good, "still working after the hostile peer")
+	c, err := (&rdma.Dialer{Timeout: 10 * time.Second}).Dial("rdma", b.addr)
+	require.NoError(t, err, "a new Dial to the listener after the hostile peer")
+	defer c.Close()
+	b.echo(b.next(t))
+	roundTrip(t, c, "a new connection after the hostile peer")
+}
+
+// roundTrip writes msg to c, an echoed connection, and requires it back.
+func roundTrip(t *testing.T, c net.Conn, msg string) {
+	t.Helper()
+	require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
+	defer c.SetDeadline(time.Time{})
+	_, err := c.Write([]byte(msg))
+	require.NoError(t, err)
+	got := make([]byte, len(msg))
+	_, err = io.ReadFull(c, got)
+	require.NoError(t, err)
+	require.Equal(t, msg, string(got))
+}
+
+// readAll reads c until a Read fails, for at most 5 seconds, and returns
+// what it read and the error that ended it.
+func readAll(c net.Conn) ([]byte, error) {
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var got []byte
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := c.Read(buf)
+		got = append(got, buf[:n]...)
+		if err != nil {
+			return got, err
+		}
+	}
+}
+
+// writeUntilFails writes a byte at a time to c until a Write fails, for at
+// most 5 seconds (a failure the poller has not dispatched yet lets a Write
+// or two through), and returns the error.
+func writeUntilFails(c net.Conn) error {
+	deadline := time.Now().Add(5 * time.Second)
+	c.SetWriteDeadline(deadline)
+	for {
+		if _, err := c.Write([]byte("x")); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return os.ErrDeadlineExceeded
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// requireFailed requires err to be the *net.OpError of op that a broken
+// connection returns: not a timeout (the failure must be noticed, not
+// waited out), wrapping target, its text containing text.
+func requireFailed(t *testing.T, err error, op string, target error, text string) {
+	t.Helper()
+	require.Error(t, err, "%s on the hostile peer's connection succeeded", op)
+	require.False(t, errors.Is(err, os.ErrDeadlineExceeded), "%s on the hostile peer's connection did not fail within 5s: %v", op, err)
+	requireOpError(t, err, op)
+	require.ErrorIs(t, err, target)
+	require.ErrorContains(t, err, text)
+}
+
+// requireDisconnected requires the raw peer to be disconnected by the
+// server.
+func (p *rawPeer) requireDisconnected(t *testing.T) {
+	t.Helper()
+	require.True(t, p.waitEvent(rdmacm.EventDisconnected, 5*time.Second),
+		"the server did not disconnect the hostile peer in 5s (CM events seen: %v)", p.other)
+}
+
+// deviceTotals sums rdma.Devices: connections and registered bytes.
+func deviceTotals() (conns, registered int) {
+	for _, d := range rdma.Devices() {
+		conns += d.Connections
+		registered += d.RegisteredBytes
+	}
+	return conns, registered
+}
+
+// waitDeviceTotals waits up to 10 seconds for the device totals to be
+// back to base: everything the test set up is released.
+func waitDeviceTotals(t *testing.T, baseConns, baseRegistered int) {
+	t.Helper()
+	conns, reg := deviceTotals()
+	for deadline := time.Now().Add(10 * time.Second); (conns != baseConns || reg != baseRegistered) && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		conns, reg = deviceTotals()
+	}
+	if conns != baseConns || reg != baseRegistered {
+		t.Errorf("after closing everything the devices hold %d connections and %d registered bytes, before the test %d and %d",
+			conns, reg, baseConns, baseRegistered)
+	}
+}
+
+// TestHostileUnknownType: a message of a type the protocol does not have.
+func TestHostileUnknownType(t *testing.T) {
+	b := newHostileBed(t)
+	p, sc := b.hostile(t)
+	p.requireSent(p.send(0x7f, 0, 0, []byte("what is this?")))
+	got, err := readAll(sc)
+	require.Empty(t, got)
+	requireFailed(t, err, "read", rdma.ErrProtocol, "unknown message type")
+	requireFailed(t, writeUntilFails(sc), "write", rdma.ErrProtocol, "unknown message type")
+	p.requireDisconnected(t)
+	b.checkServing(t)
+}
+
+// TestHostileCreditsNeverOwed: a header that returns more data credits
+// than the server ever spent. Returning what is owed is fine; one more is
+// a violation.
+func TestHostileCreditsNeverOwed(t *testing.T) {
+	b := newHostileBed(t)
+	p, sc := b.hostile(t)
+	// The server spends one of the raw peer's credits...
+	_, err := sc.Write([]byte("a"))
+	require.NoError(t, err)
+	m := p.waitRecv(1, 5*time.Second)[0]
+	require.Equal(t, rdma.MsgData, int(m.typ))
+	require.Equal(t, "a", string(m.data))
+	// ...gets it back, and goes on sending...
+	p.requireSent(p.send(rdma.MsgCredit, 0, 1, nil))
+	_, err = sc.Write([]byte("b"))
+	require.NoError(t, err)
+	require.Equal(t, "b", string(p.waitRecv(2, 5*time.Second)[1].data))
+	// ...but two credits back for the one spent is one never owed.
+	p.requireSent(p.send(rdma.MsgCredit, 0, 2, nil))
+	got, err := readAll(sc)
+	require.Empty(t, got)
+	requireFailed(t, err, "read", rdma.ErrProtocol, "more credits")
+	requireFailed(t, writeUntilFails(sc), "write", rdma.ErrProtocol, "more credits")
+	p.requireDisconnected(t)
+	b.checkServing(t)
+}
+
+// TestHostileOversizedMessage: a SEND larger than the server's receive
+// buffers (its hello's BufferSize). The server's NIC completes the receive
+// with an error (a length error, or on rxe a local QP operation error) and
+// its QP goes to the error state; the raw peer's NIC sees the send
+// refused. The server's Read names the status; its Writes fail on the
+// broken QP.
+func TestHostileOversizedMessage(t *testing.T) {
+	b := newHostileBed(t)
+	p, sc := b.hostile(t)
+	require.EqualValues(t, rdma.DefaultBufferSize, p.server.BufSize)
+	wc := p.waitSend(p.send(rdma.MsgData, 0, 0, make([]byte, p.server.BufSize+1)), 5*time.Second)
+	t.Logf("the raw peer's SEND of %d bytes completed with %q", p.server.BufSize+1, ibv.StatusString(wc.Status))
+	require.NotEqual(t, uint32(ibv.WCSuccess), wc.Status, "a SEND larger than the receive buffer was acknowledged")
+	got, err := readAll(sc)
+	require.Empty(t, got)
+	requireFailed(t, err, "read", syscall.ECONNRESET, "work request failed: ")
+	if !strings.Contains(err.Error(), ibv.StatusString(wcLocLenErr)) && !strings.Contains(err.Error(), ibv.StatusString(wcLocQPOpErr)) {
+		t.Fatalf("the Read error names neither %q nor %q: %v", ibv.StatusString(wcLocLenErr), ibv.StatusString(wcLocQPOpErr), err)
+	}
+	werr := writeUntilFails(sc)
+	t.Logf("read: %v; write: %v", err, werr)
+	requireFailed(t, werr, "write", syscall.ECONNRESET, "")
+	p.requireDisconnected(t)
+	b.checkServing(t)
+}
+
+// TestHostileDataAfterFin: the peer sends its fin, then more data. What
+// came before the fin is read, then io.EOF; the data after it is a
+// violation that fails the connection (its Writes).
+func TestHostileDataAfterFin(t *testing.T) {
+	b := newHostileBed(t)
+	p, sc := b.hostile(t)
+	p.requireSent(p.send(rdma.MsgData, 0, 0, []byte("before the fin")))
+	p.requireSent(p.send(rdma.MsgFin, 0, 0, nil))
+	p.requireSent(p.send(rdma.MsgData, 0, 0, []byte("after the fin")))
+	got, err := readAll(sc)
+	require.Equal(t, "before the fin", string(got))
+	require.Equal(t, io.EOF, err, "the fin ends the stream cleanly; what came after it is never read")
+	requireFailed(t, writeUntilFails(sc), "write", rdma.ErrProtocol, "after the fin")
+	p.requireDisconnected(t)
+	b.checkServing(t)
+}
+
+// TestHostileRDMAWrite: an RDMA WRITE with a guessed rkey and address.
+// The server registers its memory for local access only, so no rkey can
+// be right: the server's NIC refuses the access (the raw peer's WRITE
+// completes with a remote access error) and moves the server's QP to the
+// error state, which flushes its receives.
+func TestHostileRDMAWrite(t *testing.T) {
+	b := newHostileBed(t)
+	p, sc := b.hostile(t)
+	// The likeliest guess: the memory region registered after the raw
+	// peer's own (the server's connection's arena), at an address near
+	// the raw peer's (the same process).
+	rkey := p.mr.LKey + 0x100
+	wc := p.waitSend(p.write(p.addr(0), rkey, 64), 5*time.Second)
+	t.Logf("the raw peer's RDMA WRITE (rkey %#x) completed with %q", rkey, ibv.StatusString(wc.Status))
+	require.Equal(t, uint32(wcRemAccessErr), wc.Status, "the server's NIC must refuse a WRITE to memory it never exposed")
+	got, err := readAll(sc)
+	require.Empty(t, got)
+	werr := writeUntilFails(sc)
+	t.Logf("read: %v; write: %v", err, werr)
+	requireFailed(t, err, "read", syscall.ECONNRESET, "")
+	requireFailed(t, werr, "write", syscall.ECONNRESET, "")
+	p.requireDisconnected(t)
+	b.checkServing(t)
+}
+
+// TestHostileOverrun: more data messages than the data credits granted,
+// while the server does not read: the message beyond the grant lands in a
+// receive kept for control messages or the fin, and is a violation.
+func TestHostileOverrun(t *testing.T) {
+	b := newHostileBed(t)
+	p, sc := b.hostile(t)
+	granted := int(p.server.RecvDepth)
+	var want strings.Builder
+	for i := range granted + 1 {
+		msg := fmt.Sprintf("message %02d;", i)
+		if i < granted {
+			want.WriteString(msg)
+		}
+		p.requireSent(p.send(rdma.MsgData, 0, 0, []byte(msg)))
+	}
+	got, err := readAll(sc)
+	t.Logf("the server read %q, then: %v", got, err)
+	if !strings.HasPrefix(want.String(), string(got)) || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the server accepted %d data messages on %d data credits as if they were granted (the excess one "+
+			"landed in a receive kept for credit messages or the fin), and its Read then ended with: %v",
+			strings.Count(string(got), ";"), granted, err)
+	}
+	requireFailed(t, err, "read", rdma.ErrProtocol, "overran")
+	requireFailed(t, writeUntilFails(sc), "write", rdma.ErrProtocol, "overran")
+	p.requireDisconnected(t)
+	b.checkServing(t)
+}
+
+// TestHalfOpenFlood: a flood of connect requests that never complete the
+// handshake (no RTU) must neither pin unbounded memory nor lock out
+// legitimate clients: while it is held, a Dial connects within a second,
+// and the devices hold at most 16 connections' worth of registered memory
+// beyond the legitimate pair's.
+//
+// "Held" means the flood is stale: the listener has answered every request
+// and the requests are older than any handshake in progress (two seconds),
+// so a listener may keep a recent half-open request a little while in
+// case its RTU is on the way. What a Dial right after the flood gets is
+// logged, not required.
+func TestHalfOpenFlood(t *testing.T) {
+	needDevice(t)
+	n := 500
+	if testing.Short() {
+		n = 100
+	}
+	baseConns, baseReg := deviceTotals()
+	per, err := rdma.Options{}.RegisteredMemory()
+	require.NoError(t, err)
+	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	wg := serveEcho(ln)
+	defer func() {
+		ln.Close()
+		wg.Wait()
+		waitDeviceTotals(t, baseConns, baseReg)
+	}()
+	d := rdma.Dialer{Timeout: 10 * time.Second}
+	dial := func() (net.Conn, time.Duration, error) {
+		start := time.Now()
+		c, err := d.Dial("rdma", addr)
+		return c, time.Since(start), err
+	}
+
+	start := time.Now()
+	flood := floodHalfOpen(t, addr, n)
+	defer flood.close()
+	sent := time.Since(start)
+	c, took, err := dial()
+	if err == nil {
+		c.Close()
+	}
+	t.Logf("%v sent in %v; a Dial right after them: %v in %v", flood, sent.Round(time.Millisecond), err, took.Round(time.Millisecond))
+
+	// Until the listener has answered the flood (its connections and
+	// registered memory stop changing) and the flood is stale.
+	conns, reg := deviceTotals()
+	peak := reg
+	for stable, deadline := 0, time.Now().Add(30*time.Second); (stable < 10 || time.Since(start) < 2*time.Second) && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		c, r := deviceTotals()
+		peak = max(peak, r)
+		if c == conns && r == reg {
+			stable++
+		} else {
+			stable, conns, reg = 0, c, r
+		}
+	}
+	t.Logf("the listener holds %d connections and %d MiB registered %v after the flood began (peak %d MiB)",
+		conns-baseConns, (reg-baseReg)>>20, time.Since(start).Round(time.Millisecond), (peak-baseReg)>>20)
+
+	limit := 16 * per
+	c, took, err = dial()
+	if err != nil {
+		t.Errorf("a legitimate Dial while the flood is held failed after %v: %v", took.Round(time.Millisecond), err)
+	} else {
+		defer c.Close()
+		t.Logf("a legitimate Dial while the flood is held connected in %v", took.Round(time.Millisecond))
+		if took > time.Second {
+			t.Errorf("a legitimate Dial while the flood is held took %v, want at most 1s", took.Round(time.Millisecond))
+		}
+		roundTrip(t, c, "legitimate")
+		limit += 2 * per // the legitimate connection's two ends
+	}
+	_, reg = deviceTotals()
+	if reg-baseReg > limit {
+		t.Errorf("while %v are held the devices have %d MiB registered (%d connections' worth), want at most %d MiB: "+
+			"16 half-open connections of %d KiB each, plus the legitimate pair if it connected",
+			flood, (reg-baseReg)>>20, (reg-baseReg)/per, limit>>20, per>>10)
+	}
+}
