@@ -32,8 +32,10 @@
 // deadline passes; ErrNoDevice, ErrProtocol and ErrUnsupported as their
 // docs say; syscall.ECONNREFUSED when the listener refuses; syscall.EPIPE
 // for a Write after CloseWrite; syscall.ECONNRESET when the peer goes away
-// without closing or the connection breaks; syscall.ETIMEDOUT when Close
-// had to discard written data; syscall.EINVAL on a nil or zero Conn or
+// without closing or the connection breaks; syscall.ETIMEDOUT when the
+// peer stopped answering (no keepalive probe acknowledged, see
+// Conn.SetKeepAliveConfig, or the NIC's retransmissions ran out), and
+// when Close had to discard written data; syscall.EINVAL on a nil or zero Conn or
 // Listener. A failed C call is an *os.SyscallError naming that call (for
 // the steps of connection setup that complete asynchronously, the call
 // that started the step, as net names connect for a refused non-blocking
