@@ -138,12 +138,7 @@ func roundTrip(t *testing.T, c net.Conn, msg string) {
 	t.Helper()
 	require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
 	defer c.SetDeadline(time.Time{})
-	_, err := c.Write([]byte(msg))
-	require.NoError(t, err)
-	got := make([]byte, len(msg))
-	_, err = io.ReadFull(c, got)
-	require.NoError(t, err)
-	require.Equal(t, msg, string(got))
+	transfer(t, c, c, msg)
 }
 
 // readAll reads c until a Read fails, for at most 5 seconds, and returns
@@ -345,6 +340,15 @@ func TestHostileOverrun(t *testing.T) {
 		}
 		p.requireSent(p.send(rdma.MsgData, 0, 0, []byte(msg)))
 	}
+	// The server must not read (and so return credits) before it has
+	// handled all of them: a credit returned before the 17th arrives would
+	// make it legitimate, as far as the server can tell. The NIC completed
+	// each receive before acknowledging it, so the 17th follows the 16th
+	// in the server's completion queue.
+	require.Eventually(t, func() bool {
+		return sc.(*rdma.Conn).Stats().MessagesReceived == uint64(granted)
+	}, 5*time.Second, time.Millisecond)
+	time.Sleep(200 * time.Millisecond)
 	got, err := readAll(sc)
 	t.Logf("the server read %q, then: %v", got, err)
 	if !strings.HasPrefix(want.String(), string(got)) || errors.Is(err, os.ErrDeadlineExceeded) {

@@ -118,11 +118,16 @@ static int gv_addr(struct rdma_cm_id *id, int which, uint8_t *ip, uint16_t *port
 	return 0;
 }
 
-static int gv_connect(struct rdma_cm_id *id, const void *pd, uint8_t pdlen, int accept) {
+// gv_connect connects (or, with accept, accepts). qp_num names the QP of
+// an id that has none (0 otherwise): librdmacm completes the handshake
+// (the RTU) from rdma_get_cm_event only for ids with a QP, so such a
+// request stays half-open unless the caller calls rdma_establish.
+static int gv_connect(struct rdma_cm_id *id, const void *pd, uint8_t pdlen, int accept, uint32_t qp_num) {
 	struct rdma_conn_param p;
 	memset(&p, 0, sizeof(p));
 	p.private_data = pd;
 	p.private_data_len = pdlen;
+	p.qp_num = qp_num;
 	// SEND/RECV only: no RDMA READ/atomic resources are needed.
 	p.responder_resources = 0;
 	p.initiator_depth = 0;
@@ -174,21 +179,6 @@ static int gv_destroy_qp(struct rdma_cm_id *id) {
 		return r;
 	id->qp = NULL;
 	return 0;
-}
-
-// gv_connect_no_qp sends a connection request for an id without a QP,
-// naming qp_num as its QP. librdmacm completes the handshake (the RTU)
-// from rdma_get_cm_event only for ids with a QP: without one, the caller
-// would have to call rdma_establish, so the request stays half-open.
-static int gv_connect_no_qp(struct rdma_cm_id *id, const void *pd, uint8_t pdlen, uint32_t qp_num) {
-	struct rdma_conn_param p;
-	memset(&p, 0, sizeof(p));
-	p.private_data = pd;
-	p.private_data_len = pdlen;
-	p.retry_count = 7;
-	p.rnr_retry_count = 7;
-	p.qp_num = qp_num;
-	return rdma_connect(id, &p);
 }
 
 static int gv_set_ack_timeout(struct rdma_cm_id *id, uint8_t t) {
@@ -386,13 +376,13 @@ func (id *ID) ResolveRoute(timeoutMs int) error {
 	return nil
 }
 
-func (id *ID) connect(private []byte, accept C.int, name string) error {
+func (id *ID) connect(private []byte, accept C.int, qpNum uint32, name string) error {
 	var p unsafe.Pointer
 	if len(private) > 0 {
 		p = C.CBytes(private)
 		defer C.free(p)
 	}
-	if r, err := C.gv_connect(id.id, p, C.uint8_t(len(private)), accept); r != 0 {
+	if r, err := C.gv_connect(id.id, p, C.uint8_t(len(private)), accept, C.uint32_t(qpNum)); r != 0 {
 		return os.NewSyscallError(name, err)
 	}
 	return nil
@@ -412,10 +402,10 @@ func (id *ID) SetAckTimeout(t uint8) error {
 }
 
 // Connect sends a connection request carrying private (rdma_connect).
-func (id *ID) Connect(private []byte) error { return id.connect(private, 0, "rdma_connect") }
+func (id *ID) Connect(private []byte) error { return id.connect(private, 0, 0, "rdma_connect") }
 
 // Accept accepts a connection request, replying with private (rdma_accept).
-func (id *ID) Accept(private []byte) error { return id.connect(private, 1, "rdma_accept") }
+func (id *ID) Accept(private []byte) error { return id.connect(private, 1, 0, "rdma_accept") }
 
 // Reject refuses a connection request (rdma_reject).
 func (id *ID) Reject(private []byte) error {
@@ -464,15 +454,7 @@ func (id *ID) DestroyQP() error {
 // qp_num). The handshake then stays half-open: librdmacm sends no RTU for
 // such an id, whatever its events.
 func (id *ID) ConnectNoQP(private []byte, qpNum uint32) error {
-	var p unsafe.Pointer
-	if len(private) > 0 {
-		p = C.CBytes(private)
-		defer C.free(p)
-	}
-	if r, err := C.gv_connect_no_qp(id.id, p, C.uint8_t(len(private)), C.uint32_t(qpNum)); r != 0 {
-		return os.NewSyscallError("rdma_connect", err)
-	}
-	return nil
+	return id.connect(private, 0, qpNum, "rdma_connect")
 }
 
 // Destroy destroys the id (rdma_destroy_id). It blocks until every event of
