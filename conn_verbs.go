@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net/netip"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 
@@ -27,6 +28,8 @@ type connSys struct {
 	cqe    int       // CQ entries reserved on dev
 	lst    *Listener // while accepting
 	cmEv   chan rdmacm.Event
+
+	releaseOnce sync.Once // the verbs objects go once: by Close, or when the device goes
 }
 
 // disconnect moves the QP to the error state and tells the peer. A Conn
@@ -215,6 +218,9 @@ func eventErrno(ev rdmacm.Event, def syscall.Errno) error {
 func (c *Conn) waitCM(ctx context.Context) (rdmacm.Event, error) {
 	select {
 	case ev := <-c.cmEv:
+		if ev.Type == rdmacm.EventDeviceRemoval {
+			return ev, &deviceError{syscall.ENODEV}
+		}
 		return ev, nil
 	case <-ctx.Done():
 		return rdmacm.Event{}, ctx.Err()
@@ -250,8 +256,10 @@ func (c *Conn) cmEvent(ev rdmacm.Event) {
 		// While closing too: a disconnect ends the wait for the fin's
 		// acknowledgement.
 		switch ev.Type {
-		case rdmacm.EventDisconnected, rdmacm.EventDeviceRemoval:
+		case rdmacm.EventDisconnected:
 			c.peerDisconnected()
+		case rdmacm.EventDeviceRemoval:
+			c.deviceRemoved()
 		}
 	}
 }
@@ -273,9 +281,36 @@ func (c *Conn) peerDisconnected() {
 	signal(c.txReady)
 }
 
-// teardown releases everything in order: fin (if graceful) and its
-// acknowledgement, disconnect, flush of every work request, then QP,
-// memory, id, device and CM references.
+// deviceRemoved handles the removal of the connection's device (rdma
+// link delete, a hot-unplugged NIC): the kernel cannot finish removing it
+// while anything of it is held, and the data path would go on as if
+// nothing happened (posts succeed on rxe), so the connection fails at once
+// with ENODEV and gives its verbs objects back without waiting for Close.
+// It runs on the CM goroutine; the release waits for completions and
+// destroys the id, so it runs on a goroutine of its own.
+func (c *Conn) deviceRemoved() {
+	if c.dev != nil {
+		markRemoved(c.dev.ctx.Ptr())
+	}
+	c.mu.Lock()
+	c.life.fail(&deviceError{syscall.ENODEV})
+	c.life.set(shutPeerGone) // nothing more will come, and no fin can go
+	signal(c.rxReady)
+	signal(c.txReady)
+	c.mu.Unlock()
+	go func() {
+		// Reads and Writes in progress use the registered memory: they
+		// have been failed, so they leave soon.
+		c.writeMu.Lock()
+		c.readMu.Lock()
+		c.release()
+		c.readMu.Unlock()
+		c.writeMu.Unlock()
+	}()
+}
+
+// teardown ends the connection: the fin (if graceful) and its
+// acknowledgement, then the release of the verbs objects.
 func (c *Conn) teardown(graceful bool) error {
 	c.mu.Lock()
 	c.stopKeepAlive()
@@ -285,6 +320,24 @@ func (c *Conn) teardown(graceful bool) error {
 	if c.vqp != nil && graceful && wasEstablished && !c.life.has(shutPeerGone) {
 		lost = c.lingerDroppingLock()
 	}
+	c.mu.Unlock()
+	c.release()
+	return lost
+}
+
+// release gives everything back, once, in the order the device's removal
+// needs (the kernel waits for every object and id on it): disconnect, the
+// flush of every work request, then the QP, the memory, the device's
+// shared objects, and last the id (librdmacm may close the device's
+// context with its last id). Queued data goes with the memory.
+func (c *Conn) release() {
+	c.releaseOnce.Do(c.releaseVerbs)
+}
+
+func (c *Conn) releaseVerbs() {
+	c.mu.Lock()
+	c.stopKeepAlive()
+	c.life.phase = phaseDead
 	c.id.Disconnect()
 	if c.vqp != nil {
 		c.drainDroppingLock()
@@ -292,6 +345,10 @@ func (c *Conn) teardown(graceful bool) error {
 	// From here on a disconnect event must not touch the QP: destroying
 	// it while rdma_disconnect moves it to the error state fails (EBUSY).
 	c.life.set(shutQPGone)
+	// Nothing queued can be read once the memory is gone.
+	c.rx.n, c.tx.pendLen = 0, 0
+	mem := c.mem
+	c.mem = nil
 	c.mu.Unlock()
 
 	if c.vqp != nil {
@@ -304,16 +361,15 @@ func (c *Conn) teardown(graceful bool) error {
 		}
 	}
 	if c.ar != nil {
-		c.dev.addRegistered(-len(c.ar.mem))
+		c.dev.addRegistered(-len(mem))
 		c.ar.free()
+	}
+	if c.dev != nil {
+		c.dev.release(c.cqe)
 	}
 	// Unregister first: it waits out an event being handled, which may
 	// still use the id.
 	c.cm.unregister(c.handle)
 	c.id.Destroy()
-	if c.dev != nil {
-		c.dev.release(c.cqe)
-	}
 	c.cm.release()
-	return lost
 }

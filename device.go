@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/goverbs/rdma/internal/ibv"
+	"github.com/goverbs/rdma/internal/rdmacm"
 )
 
 // device holds what all connections on one ibv_context share: a protection
@@ -30,6 +31,11 @@ type device struct {
 var (
 	devMu   sync.Mutex
 	devices = map[unsafe.Pointer]*device{}
+	// listeners counts the listeners bound to each device's context (a
+	// wildcard listener is bound to none); removed holds the contexts
+	// whose device went away, until this process holds nothing of them.
+	listeners = map[unsafe.Pointer]int{}
+	removed   = map[unsafe.Pointer]bool{}
 )
 
 // initialCQE is the first size of a device's CQ; it grows as connections
@@ -103,6 +109,46 @@ func (d *device) release(cqe int) {
 	if d.refs == 0 {
 		delete(devices, d.ctx.Ptr())
 		d.destroy()
+		forgetRemovedLocked(d.ctx.Ptr())
+	}
+}
+
+// addListener counts a listener bound to a device's context (n = 1), or
+// one that let it go (n = -1).
+func addListener(verbs unsafe.Pointer, n int) {
+	devMu.Lock()
+	defer devMu.Unlock()
+	listeners[verbs] += n
+	if listeners[verbs] == 0 {
+		delete(listeners, verbs)
+		forgetRemovedLocked(verbs)
+	}
+}
+
+// markRemoved records that the device of a context went away (rdma_cm
+// said so); what holds it is being released.
+func markRemoved(verbs unsafe.Pointer) {
+	devMu.Lock()
+	defer devMu.Unlock()
+	removed[verbs] = true
+	forgetRemovedLocked(verbs)
+}
+
+// forgetRemovedLocked lets the kernel finish removing a device once this
+// process holds nothing of it: no connection (the device's PD, CQ and
+// channel are gone with the last one) and no listener bound to it. The
+// kernel waits until every file of the device is closed, and the context
+// (its command and event descriptors) belongs to librdmacm, which closes
+// it after a rescan has found the device missing, when no id uses it any
+// more; but not when no device is left at all: then its files are
+// released here (ibv.Context.ReleaseFiles). devMu is held.
+func forgetRemovedLocked(verbs unsafe.Pointer) {
+	if verbs == nil || !removed[verbs] || devices[verbs] != nil || listeners[verbs] > 0 {
+		return
+	}
+	delete(removed, verbs)
+	if n, err := rdmacm.Rescan(); err != nil || n == 0 {
+		ibv.ContextFrom(verbs).ReleaseFiles()
 	}
 }
 

@@ -15,12 +15,16 @@ type Listener struct {
 	addr      *Addr
 	queue     chan *Conn // established, waiting for Accept
 	closing   chan struct{}
+	gone      chan struct{} // closed when the listener can take no more (err says why)
+	err       error
 	keepAlive net.KeepAliveConfig // for accepted connections
 }
 
 func (l *Listener) ok() bool { return l != nil && l.closing != nil }
 
-// Accept waits for and returns the next established connection.
+// Accept waits for and returns the next established connection. Once the
+// listener's RDMA device is gone, it returns an error wrapping
+// ErrNoDevice (and the listener stops listening: Close it).
 func (l *Listener) Accept() (net.Conn, error) {
 	if !l.ok() {
 		return nil, &net.OpError{Op: "accept", Net: "rdma", Err: syscall.EINVAL}
@@ -33,6 +37,8 @@ func (l *Listener) Accept() (net.Conn, error) {
 		return c, nil
 	case <-l.closing:
 		return nil, &net.OpError{Op: "accept", Net: "rdma", Addr: l.addr, Err: net.ErrClosed}
+	case <-l.gone:
+		return nil, &net.OpError{Op: "accept", Net: "rdma", Addr: l.addr, Err: l.err}
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/goverbs/rdma/internal/rdmacm"
 )
@@ -19,7 +20,9 @@ type listenerSys struct {
 	id       *rdmacm.ID
 	opts     Options
 	backlog  int
-	halfOpen int // the most connections accepted by us and not yet established
+	halfOpen int            // the most connections accepted by us and not yet established
+	verbs    unsafe.Pointer // the device's context it is bound to (none for a wildcard)
+	idOnce   sync.Once      // the id goes once: by Close, or when the device goes
 
 	mu      sync.Mutex
 	closed  bool
@@ -58,6 +61,7 @@ func listen(ap netip.AddrPort, backlog int, opts Options) (*Listener, error) {
 		listenerSys: listenerSys{cm: cm, opts: opts, backlog: backlog, halfOpen: halfOpenLimit(opts, backlog), pending: map[*Conn]time.Time{}},
 		queue:       make(chan *Conn, backlog),
 		closing:     make(chan struct{}),
+		gone:        make(chan struct{}),
 	}
 	l.handle = cm.register(l)
 	fail := func(err error) (*Listener, error) {
@@ -82,14 +86,50 @@ func listen(ap netip.AddrPort, backlog int, opts Options) (*Listener, error) {
 		return fail(err)
 	}
 	l.addr = addrFrom(l.id.LocalAddr())
+	if l.verbs = l.id.Verbs(); l.verbs != nil {
+		addListener(l.verbs, 1)
+	}
 	return l, nil
 }
 
 // cmEvent runs on the CM goroutine.
 func (l *Listener) cmEvent(ev rdmacm.Event) {
-	if ev.Type == rdmacm.EventConnectRequest {
+	switch ev.Type {
+	case rdmacm.EventConnectRequest:
 		l.request(ev)
+	case rdmacm.EventDeviceRemoval:
+		l.deviceRemoved()
 	}
+}
+
+// deviceRemoved handles the removal of the device the listener is bound
+// to: Accept fails with ErrNoDevice, and the id goes at once (off the CM
+// goroutine), since the kernel cannot finish removing the device while it
+// exists. Connections keep going until their own removal events.
+func (l *Listener) deviceRemoved() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed || l.err != nil {
+		return
+	}
+	l.err = &deviceError{syscall.ENODEV}
+	close(l.gone)
+	markRemoved(l.verbs)
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		l.destroyID()
+	}()
+}
+
+// destroyID destroys the listening id, once.
+func (l *Listener) destroyID() {
+	l.idOnce.Do(func() {
+		l.id.Destroy()
+		if l.verbs != nil {
+			addListener(l.verbs, -1)
+		}
+	})
 }
 
 // request answers a connection request.
@@ -208,7 +248,7 @@ func (l *Listener) close() error {
 
 	// After unregister no request is being answered, so every teardown
 	// started for one has been added to wg.
-	l.id.Destroy()
+	l.destroyID()
 	l.cm.unregister(l.handle)
 	l.mu.Lock()
 	pending := l.pending

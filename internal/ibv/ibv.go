@@ -15,8 +15,11 @@ package ibv
 #cgo noescape gv_post_sends
 #cgo nocallback gv_post_sends
 #cgo nocallback gv_req_notify
+#define _GNU_SOURCE // dup3
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <string.h>
 #include <stdint.h>
 #include <infiniband/verbs.h>
@@ -156,6 +159,19 @@ static int gv_post_write(uintptr_t qpp, uint64_t wr_id, uint64_t addr, uint32_t 
 	return ibv_post_send(qp, &wr, &bad);
 }
 
+// gv_release_files points the context's command and event descriptors at
+// /dev/null, closing what they were open on (see Context.ReleaseFiles).
+static int gv_release_files(struct ibv_context *ctx) {
+	int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (null < 0)
+		return -1;
+	int r = 0;
+	if (dup3(null, ctx->cmd_fd, O_CLOEXEC) < 0 || dup3(null, ctx->async_fd, O_CLOEXEC) < 0)
+		r = -1;
+	close(null);
+	return r;
+}
+
 static int gv_req_notify(struct ibv_cq *cq) { return ibv_req_notify_cq(cq, 0); }
 
 // gv_drain_events reads completion events until the channel is empty and
@@ -243,6 +259,19 @@ func (c *Context) VendorID() (uint32, error) {
 		return 0, os.NewSyscallError("ibv_query_device", syscall.Errno(r))
 	}
 	return uint32(a.vendor_id), nil
+}
+
+// ReleaseFiles lets the kernel finish removing the context's device
+// while the context stays open: the device's files (its command and event
+// descriptors) are closed, and the descriptor numbers now refer to
+// /dev/null, so that whoever closes the context later closes those
+// instead. It is for a device that is gone, whose context its opener
+// (librdmacm) cannot close, once nothing of this process uses the context.
+func (c *Context) ReleaseFiles() error {
+	if r, err := C.gv_release_files(c.c); r != 0 {
+		return os.NewSyscallError("dup3", err)
+	}
+	return nil
 }
 
 // PD is a protection domain.

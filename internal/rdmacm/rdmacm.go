@@ -188,6 +188,17 @@ static int gv_set_ack_timeout(struct rdma_cm_id *id, uint8_t t) {
 static void *gv_qp(struct rdma_cm_id *id) { return id->qp; }
 static void *gv_verbs(struct rdma_cm_id *id) { return id->verbs; }
 static int gv_channel_fd(struct rdma_event_channel *ch) { return ch->fd; }
+
+// gv_rescan returns how many devices librdmacm finds now, or -1 with errno
+// (ENODEV when there is none).
+static int gv_rescan(void) {
+	int n = 0;
+	struct ibv_context **l = rdma_get_devices(&n);
+	if (!l)
+		return -1;
+	rdma_free_devices(l);
+	return n;
+}
 */
 import "C"
 
@@ -308,6 +319,19 @@ func (c *EventChannel) Interrupt() { c.fd.Close() }
 
 // Destroy releases the channel; every id on it must be destroyed first.
 func (c *EventChannel) Destroy() { C.rdma_destroy_event_channel(c.ch) }
+
+// Rescan makes librdmacm look at the host's devices again and returns how
+// many there are (rdma_get_devices). librdmacm closes the context of a
+// device that went away only once a rescan has found it missing and no id
+// uses it any more; with no device left at all it never does (it stops at
+// the error), and the caller must release the context's files itself.
+func Rescan() (int, error) {
+	n, err := C.gv_rescan()
+	if n < 0 {
+		return 0, os.NewSyscallError("rdma_get_devices", err)
+	}
+	return int(n), nil
+}
 
 // ID is an rdma_cm_id.
 type ID struct{ id *C.struct_rdma_cm_id }

@@ -1,0 +1,151 @@
+package rdma_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os/exec"
+	"regexp"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goverbs/rdma"
+)
+
+var rxeLinkRE = regexp.MustCompile(`link (\S+)/\d+ .*netdev (\S+)`)
+
+// rdmaLink runs `rdma link ARGS` with a bound: a removal that waits for
+// this process must fail the test, not hang it.
+func rdmaLink(t *testing.T, timeout time.Duration, args ...string) (time.Duration, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	start := time.Now()
+	out, err := exec.CommandContext(ctx, "rdma", append([]string{"link"}, args...)...).CombinedOutput()
+	if err != nil {
+		err = errors.Join(err, errors.New(string(out)))
+	}
+	return time.Since(start), err
+}
+
+// TestDeviceRemoval deletes the RDMA device (rdma link delete) while a
+// listener waits in Accept and connections wait in Read and Write: every
+// blocked call fails within a second with an error wrapping ErrNoDevice,
+// the library lets go of the device so that the delete completes, and
+// once the device is back (rdma link add) Listen and Dial work again in
+// the same process.
+func TestDeviceRemoval(t *testing.T) {
+	needDevice(t)
+	out, err := exec.Command("rdma", "link", "show").Output()
+	require.NoError(t, err)
+	m := rxeLinkRE.FindStringSubmatch(string(out))
+	if m == nil {
+		t.Skipf("no software RDMA link to delete and add again: %s", out)
+	}
+	dev, netdev := m[1], m[2]
+
+	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	defer ln.Close()
+	wild, err := rdma.Listen("rdma", ":0") // bound to no device: it lives on
+	require.NoError(t, err)
+	defer wild.Close()
+	accepted := make(chan net.Conn, 2)
+	go func() {
+		for range 2 {
+			c, err := ln.Accept()
+			require.NoError(t, err)
+			accepted <- c
+		}
+	}()
+	reader, err := rdma.Dial("rdma", ln.Addr().String())
+	require.NoError(t, err)
+	defer reader.Close()
+	writer, err := rdma.Dial("rdma", ln.Addr().String())
+	require.NoError(t, err)
+	defer writer.Close()
+	for range 2 {
+		c := <-accepted
+		defer c.Close()
+	}
+
+	type ending struct {
+		name string
+		err  error
+		at   time.Time
+	}
+	ended := make(chan ending, 3)
+	go func() {
+		_, err := ln.Accept()
+		ended <- ending{"Accept", err, time.Now()}
+	}()
+	go func() {
+		_, err := reader.Read(make([]byte, 1))
+		ended <- ending{"Read", err, time.Now()}
+	}()
+	go func() { // the peer never reads: the Writes block
+		buf := make([]byte, 64<<10)
+		for {
+			if _, err := writer.Write(buf); err != nil {
+				ended <- ending{"Write", err, time.Now()}
+				return
+			}
+		}
+	}()
+	time.Sleep(500 * time.Millisecond)
+
+	deleted := make(chan error, 1)
+	var took time.Duration
+	start := time.Now()
+	go func() {
+		var err error
+		took, err = rdmaLink(t, 30*time.Second, "delete", dev)
+		deleted <- err
+	}()
+	for range 3 {
+		e := <-ended
+		after := e.at.Sub(start)
+		t.Logf("%s failed %v after the delete began: %v", e.name, after.Round(time.Millisecond), e.err)
+		require.ErrorIs(t, e.err, rdma.ErrNoDevice, e.name)
+		require.ErrorIs(t, e.err, syscall.ENODEV, e.name)
+		var oe *net.OpError
+		require.ErrorAs(t, e.err, &oe)
+		require.Equal(t, "rdma", oe.Net)
+		require.Less(t, after, time.Second, e.name)
+	}
+	require.NoError(t, <-deleted, "rdma link delete completes once the library let go")
+	t.Logf("rdma link delete %s took %v", dev, took.Round(time.Millisecond))
+
+	_, err = rdma.Dial("rdma", ln.Addr().String())
+	require.ErrorIs(t, err, rdma.ErrNoDevice, "no device: %v", err)
+
+	_, err = rdmaLink(t, 30*time.Second, "add", dev, "type", "rxe", "netdev", netdev)
+	require.NoError(t, err)
+	ln2, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err, "Listen after the device came back")
+	defer ln2.Close()
+	wg := serveEcho(ln2)
+	defer wg.Wait()
+	defer ln2.Close()
+	c, err := rdma.Dial("rdma", ln2.Addr().String())
+	require.NoError(t, err, "Dial after the device came back")
+	transfer(t, c, c, "the device is back")
+	require.NoError(t, c.Close())
+
+	// The wildcard listener, which held no device, serves too.
+	go func() {
+		if c, err := wild.Accept(); err == nil {
+			io.Copy(c, c)
+			c.Close()
+		}
+	}()
+	_, port, _ := net.SplitHostPort(wild.Addr().String())
+	c, err = rdma.Dial("rdma", net.JoinHostPort(testAddr, port))
+	require.NoError(t, err, "Dial to the wildcard listener after the device came back")
+	transfer(t, c, c, "wildcard")
+	require.NoError(t, c.Close())
+}
