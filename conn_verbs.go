@@ -42,6 +42,8 @@ func (s *connSys) disconnect() {
 
 func wcStatusString(status uint32) string { return ibv.StatusString(status) }
 
+func asyncEventString(t ibv.AsyncEventType) string { return t.String() }
+
 // The QPs' local ACK timeout, how long the NIC waits for an
 // acknowledgement before it retransmits, is 4.096 µs × 2^t. With the 7
 // retries internal/rdmacm asks for, a hardware NIC gives a send up

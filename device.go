@@ -21,6 +21,10 @@ type device struct {
 	ch  *ibv.CompChannel
 	cq  *ibv.CQ
 
+	async     *ibv.AsyncChannel // the context's asynchronous events
+	events    asyncEvents       // what they do to connections
+	asyncDone chan struct{}     // closed when the reader returns
+
 	ackTimeout uint8 // for its QPs (see ackTimeoutHW)
 
 	reserved   int // CQ entries promised to connections, under devMu
@@ -91,7 +95,21 @@ func newDevice(ctx *ibv.Context) (*device, error) {
 		pd.Dealloc()
 		return nil, err
 	}
-	d := &device{poller: newPoller(cq, ch), ctx: ctx, pd: pd, ch: ch, cq: cq, ackTimeout: ackTimeoutHW}
+	async, err := ctx.OpenAsync()
+	if err != nil {
+		cq.Destroy()
+		ch.Interrupt()
+		ch.Destroy()
+		pd.Dealloc()
+		return nil, err
+	}
+	d := &device{poller: newPoller(cq, ch), ctx: ctx, pd: pd, ch: ch, cq: cq, ackTimeout: ackTimeoutHW,
+		async: async, asyncDone: make(chan struct{})}
+	d.events.p = d.poller
+	go func() {
+		defer close(d.asyncDone)
+		async.Run(d.events.handle)
+	}()
 	if v, err := ctx.VendorID(); err == nil && v == rxeVendorID {
 		d.ackTimeout = ackTimeoutRXE
 	}
@@ -171,6 +189,11 @@ func devicesStats() []DeviceStats {
 }
 
 func (d *device) destroy() {
+	// The reader goes first: its descriptor (a duplicate of the
+	// context's) would keep the device's file open.
+	d.async.Interrupt()
+	<-d.asyncDone
+	d.events.stop()
 	d.shutdown(d.ch.Interrupt)
 	d.cq.Destroy()
 	d.ch.Destroy()

@@ -35,6 +35,9 @@ type completer interface {
 	// connections whose complete reported sends, after cqMu is released,
 	// so a post does not hold up the other connections.
 	lockAndFlush()
+	// failAsync fails the connection for an asynchronous event of the
+	// device (see async.go); removed says the device is gone.
+	failAsync(err error, removed bool)
 }
 
 // poller drains one completion queue shared by many connections and hands

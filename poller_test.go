@@ -92,6 +92,21 @@ type fakeCompleter struct {
 	flushes   int
 	lockedCQ  bool // cqMu was held during a flush
 	done      chan struct{}
+	failed    []error // failAsync's errors
+	removed   bool
+}
+
+func (c *fakeCompleter) failAsync(err error, removed bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.failed = append(c.failed, err)
+	c.removed = c.removed || removed
+}
+
+func (c *fakeCompleter) failures() ([]error, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]error(nil), c.failed...), c.removed
 }
 
 func (c *fakeCompleter) complete(wc ibv.WC) bool {

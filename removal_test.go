@@ -149,3 +149,50 @@ func TestDeviceRemoval(t *testing.T) {
 	transfer(t, c, c, "wildcard")
 	require.NoError(t, c.Close())
 }
+
+// TestPortDown takes the RDMA device's network interface down: a flap
+// shorter than the grace is survived, a longer outage fails the blocked
+// Read with an error wrapping ENETDOWN (the device's asynchronous events).
+func TestPortDown(t *testing.T) {
+	needDevice(t)
+	out, err := exec.Command("rdma", "link", "show").Output()
+	require.NoError(t, err)
+	m := rxeLinkRE.FindStringSubmatch(string(out))
+	if m == nil {
+		t.Skipf("no software RDMA link whose interface can go down: %s", out)
+	}
+	netdev := m[2]
+	defer rdma.SetPortDownGrace(2 * time.Second)()
+	setLink := func(state string) {
+		out, err := exec.Command("ip", "link", "set", netdev, state).CombinedOutput()
+		require.NoError(t, err, "ip link set %s %s: %s", netdev, state, out)
+	}
+	defer setLink("up")
+
+	a, b := pair(t, nil, nil)
+	setLink("down")
+	time.Sleep(500 * time.Millisecond)
+	setLink("up")
+	time.Sleep(3 * time.Second) // past the grace: a flap must not have counted
+	transfer(t, a, b, "after a flap")
+	transfer(t, b, a, "both ways")
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.Read(make([]byte, 1))
+		done <- err
+	}()
+	setLink("down")
+	start := time.Now()
+	select {
+	case err := <-done:
+		t.Logf("the port stayed down: Read failed after %v: %v", time.Since(start).Round(time.Millisecond), err)
+		require.ErrorIs(t, err, syscall.ENETDOWN)
+		var oe *net.OpError
+		require.ErrorAs(t, err, &oe)
+		require.Equal(t, "rdma", oe.Net)
+	case <-time.After(20 * time.Second):
+		t.Fatal("a Read on a device whose port stayed down did not fail")
+	}
+	setLink("up")
+}

@@ -6,6 +6,8 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+
+	"github.com/goverbs/rdma/internal/ibv"
 )
 
 // On this build there is no verbs layer: Dial and Listen fail with an
@@ -18,6 +20,9 @@ type connSys struct{}
 func (connSys) disconnect()               {}
 func (c *Conn) teardown(bool) error       { return nil }
 func wcStatusString(status uint32) string { return fmt.Sprintf("status %d", status) }
+func (c *Conn) deviceRemoved()            {}
+
+func asyncEventString(t ibv.AsyncEventType) string { return fmt.Sprintf("event %d", int(t)) }
 
 func devicesStats() []DeviceStats { return nil }
 

@@ -172,6 +172,52 @@ static int gv_release_files(struct ibv_context *ctx) {
 	return r;
 }
 
+// gv_async is the part of an ibv_async_event the Go side needs, copied out
+// so that the event is acknowledged at once: destroying a QP or CQ waits
+// for the acknowledgement of every event about it.
+struct gv_async {
+	int type;
+	uint32_t qp_num;
+	int port;
+};
+
+// gv_get_async reads, copies and acknowledges one asynchronous event.
+// Returns 0, or -1 with errno (EAGAIN when there is none).
+static int gv_get_async(struct ibv_context *ctx, struct gv_async *out) {
+	struct ibv_async_event ev;
+	if (ibv_get_async_event(ctx, &ev))
+		return -1;
+	memset(out, 0, sizeof(*out));
+	out->type = ev.event_type;
+	switch (ev.event_type) {
+	case IBV_EVENT_QP_FATAL:
+	case IBV_EVENT_QP_REQ_ERR:
+	case IBV_EVENT_QP_ACCESS_ERR:
+	case IBV_EVENT_COMM_EST:
+	case IBV_EVENT_SQ_DRAINED:
+	case IBV_EVENT_PATH_MIG:
+	case IBV_EVENT_PATH_MIG_ERR:
+	case IBV_EVENT_QP_LAST_WQE_REACHED:
+		out->qp_num = ev.element.qp->qp_num;
+		break;
+	case IBV_EVENT_PORT_ACTIVE:
+	case IBV_EVENT_PORT_ERR:
+	case IBV_EVENT_LID_CHANGE:
+	case IBV_EVENT_PKEY_CHANGE:
+	case IBV_EVENT_SM_CHANGE:
+	case IBV_EVENT_CLIENT_REREGISTER:
+	case IBV_EVENT_GID_CHANGE:
+		out->port = ev.element.port_num;
+		break;
+	default:
+		break;
+	}
+	ibv_ack_async_event(&ev);
+	return 0;
+}
+
+static int gv_async_fd(struct ibv_context *ctx) { return ctx->async_fd; }
+
 static int gv_req_notify(struct ibv_cq *cq) { return ibv_req_notify_cq(cq, 0); }
 
 // gv_drain_events reads completion events until the channel is empty and
@@ -212,6 +258,22 @@ var (
 	_ [C.IBV_SEND_INLINE - SendInline]struct{}
 	_ [SendEmptyWrite - C.GV_EMPTY_WRITE]struct{}
 	_ [C.GV_EMPTY_WRITE - SendEmptyWrite]struct{}
+	_ [EventCQErr - C.IBV_EVENT_CQ_ERR]struct{}
+	_ [C.IBV_EVENT_CQ_ERR - EventCQErr]struct{}
+	_ [EventQPFatal - C.IBV_EVENT_QP_FATAL]struct{}
+	_ [C.IBV_EVENT_QP_FATAL - EventQPFatal]struct{}
+	_ [EventQPReqErr - C.IBV_EVENT_QP_REQ_ERR]struct{}
+	_ [C.IBV_EVENT_QP_REQ_ERR - EventQPReqErr]struct{}
+	_ [EventQPAccessErr - C.IBV_EVENT_QP_ACCESS_ERR]struct{}
+	_ [C.IBV_EVENT_QP_ACCESS_ERR - EventQPAccessErr]struct{}
+	_ [EventPathMigErr - C.IBV_EVENT_PATH_MIG_ERR]struct{}
+	_ [C.IBV_EVENT_PATH_MIG_ERR - EventPathMigErr]struct{}
+	_ [EventDeviceFatal - C.IBV_EVENT_DEVICE_FATAL]struct{}
+	_ [C.IBV_EVENT_DEVICE_FATAL - EventDeviceFatal]struct{}
+	_ [EventPortActive - C.IBV_EVENT_PORT_ACTIVE]struct{}
+	_ [C.IBV_EVENT_PORT_ACTIVE - EventPortActive]struct{}
+	_ [EventPortErr - C.IBV_EVENT_PORT_ERR]struct{}
+	_ [C.IBV_EVENT_PORT_ERR - EventPortErr]struct{}
 	_ [WCSuccess - C.IBV_WC_SUCCESS]struct{}
 	_ [C.IBV_WC_SUCCESS - WCSuccess]struct{}
 	_ [WCFlushErr - C.IBV_WC_WR_FLUSH_ERR]struct{}
@@ -259,6 +321,56 @@ func (c *Context) VendorID() (uint32, error) {
 		return 0, os.NewSyscallError("ibv_query_device", syscall.Errno(r))
 	}
 	return uint32(a.vendor_id), nil
+}
+
+// AsyncChannel reads a context's asynchronous events (QP and CQ errors,
+// port state, a fatal device error) through the netpoller.
+type AsyncChannel struct {
+	ctx *C.struct_ibv_context
+	fd  *pollfd.FD
+	ev  C.struct_gv_async
+}
+
+// OpenAsync makes the context's event descriptor nonblocking and registers
+// it with the netpoller.
+func (c *Context) OpenAsync() (*AsyncChannel, error) {
+	fd, err := pollfd.New(int(C.gv_async_fd(c.c)), "ibv_async")
+	if err != nil {
+		return nil, err
+	}
+	return &AsyncChannel{ctx: c.c, fd: fd}, nil
+}
+
+// Run parks until events arrive and passes each to handle, acknowledged,
+// until Interrupt is called; then it returns. Only one goroutine may Run.
+func (a *AsyncChannel) Run(handle func(AsyncEvent)) error {
+	var failed error
+	err := a.fd.Wait(func(uintptr) bool {
+		for {
+			r, err := C.gv_get_async(a.ctx, &a.ev)
+			if r != 0 {
+				if err == syscall.EAGAIN || err == syscall.EINTR {
+					return false
+				}
+				failed = os.NewSyscallError("ibv_get_async_event", err)
+				return true
+			}
+			handle(AsyncEvent{Type: AsyncEventType(a.ev._type), QPNum: uint32(a.ev.qp_num), Port: int(a.ev.port)})
+		}
+	})
+	if failed != nil {
+		return failed
+	}
+	return err
+}
+
+// Interrupt makes Run return and releases the registered descriptor (a
+// duplicate: the context keeps its own).
+func (a *AsyncChannel) Interrupt() { a.fd.Close() }
+
+// String names the event type (ibv_event_type_str).
+func (t AsyncEventType) String() string {
+	return C.GoString(C.ibv_event_type_str(C.enum_ibv_event_type(t)))
 }
 
 // ReleaseFiles lets the kernel finish removing the context's device

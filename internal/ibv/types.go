@@ -77,3 +77,27 @@ const (
 	// MaxRecvBatch is the most receives QP.PostRecvs takes at once.
 	MaxRecvBatch = 64
 )
+
+// AsyncEventType is an asynchronous event's type (enum ibv_event_type);
+// the ones the library acts on are named.
+type AsyncEventType int
+
+// Asynchronous events the library acts on.
+const (
+	EventCQErr       AsyncEventType = 0  // IBV_EVENT_CQ_ERR
+	EventQPFatal     AsyncEventType = 1  // IBV_EVENT_QP_FATAL
+	EventQPReqErr    AsyncEventType = 2  // IBV_EVENT_QP_REQ_ERR
+	EventQPAccessErr AsyncEventType = 3  // IBV_EVENT_QP_ACCESS_ERR
+	EventPathMigErr  AsyncEventType = 7  // IBV_EVENT_PATH_MIG_ERR
+	EventDeviceFatal AsyncEventType = 8  // IBV_EVENT_DEVICE_FATAL
+	EventPortActive  AsyncEventType = 9  // IBV_EVENT_PORT_ACTIVE
+	EventPortErr     AsyncEventType = 10 // IBV_EVENT_PORT_ERR
+)
+
+// AsyncEvent is one asynchronous event of a device, already acknowledged:
+// QPNum names the QP of a QP event, Port the port of a port event.
+type AsyncEvent struct {
+	Type  AsyncEventType
+	QPNum uint32
+	Port  int
+}
