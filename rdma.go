@@ -250,7 +250,10 @@ func (o Options) normalized() (Options, error) {
 
 // ErrNoDevice is wrapped by the error Dial and Listen return when no RDMA
 // device serves the address (127.0.0.1, say, or an interface without RDMA),
-// and when librdmacm finds no RDMA device on the host at all.
+// and when librdmacm finds no RDMA device on the host at all; and by the
+// errors of Accept, Read, Write and a Dial in progress once their device
+// has gone away (removed, or failed fatally): the library then releases
+// what it held of the device without waiting for Close.
 var ErrNoDevice = errors.New("no RDMA device serves this address")
 
 // ErrProtocol is wrapped by the error Dial returns when the listener at the

@@ -1,3 +1,5 @@
+//go:build linux && cgo
+
 package rdma_test
 
 import (
@@ -5,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"os/exec"
 	"regexp"
 	"syscall"
@@ -14,7 +17,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goverbs/rdma"
+	"github.com/goverbs/rdma/internal/rdmacm"
 )
+
+// Device tests that take the device away: cgo builds only (a dial is
+// kept waiting by an rdma_cm listener that never answers).
 
 var rxeLinkRE = regexp.MustCompile(`link (\S+)/\d+ .*netdev (\S+)`)
 
@@ -33,7 +40,8 @@ func rdmaLink(t *testing.T, timeout time.Duration, args ...string) (time.Duratio
 }
 
 // TestDeviceRemoval deletes the RDMA device (rdma link delete) while a
-// listener waits in Accept and connections wait in Read and Write: every
+// listener waits in Accept, connections wait in Read and Write, and a Dial
+// waits for a server that never answers: every
 // blocked call fails within a second with an error wrapping ErrNoDevice,
 // the library lets go of the device so that the delete completes, and
 // once the device is back (rdma link add) Listen and Dial work again in
@@ -78,10 +86,22 @@ func TestDeviceRemoval(t *testing.T) {
 		err  error
 		at   time.Time
 	}
-	ended := make(chan ending, 3)
+	ended := make(chan ending, 4)
 	go func() {
 		_, err := ln.Accept()
 		ended <- ending{"Accept", err, time.Now()}
+	}()
+	// A server that never answers keeps a Dial waiting; its own id is on
+	// the device too, and goes once the Dial has failed.
+	silentCh, err := rdmacm.NewEventChannel()
+	require.NoError(t, err)
+	silent, err := rdmacm.NewID(silentCh, 1)
+	require.NoError(t, err)
+	require.NoError(t, silent.Bind(netip.AddrPortFrom(netip.MustParseAddr(testAddr), 0)))
+	require.NoError(t, silent.Listen(8))
+	go func() {
+		_, err := rdma.Dial("rdma", silent.LocalAddr().String())
+		ended <- ending{"Dial", err, time.Now()}
 	}()
 	go func() {
 		_, err := reader.Read(make([]byte, 1))
@@ -106,7 +126,7 @@ func TestDeviceRemoval(t *testing.T) {
 		took, err = rdmaLink(t, 30*time.Second, "delete", dev)
 		deleted <- err
 	}()
-	for range 3 {
+	for range 4 {
 		e := <-ended
 		after := e.at.Sub(start)
 		t.Logf("%s failed %v after the delete began: %v", e.name, after.Round(time.Millisecond), e.err)
@@ -117,6 +137,9 @@ func TestDeviceRemoval(t *testing.T) {
 		require.Equal(t, "rdma", oe.Net)
 		require.Less(t, after, time.Second, e.name)
 	}
+	silent.Destroy()
+	silentCh.Interrupt()
+	silentCh.Destroy()
 	require.NoError(t, <-deleted, "rdma link delete completes once the library let go")
 	t.Logf("rdma link delete %s took %v", dev, took.Round(time.Millisecond))
 
