@@ -30,6 +30,10 @@ type connSys struct {
 	cmEv   chan rdmacm.Event
 
 	releaseOnce sync.Once // the verbs objects go once: by Close, or when the device goes
+	// dialing is set while dial has not returned the connection (under
+	// mu): the dialing goroutine still uses the id, so a device removal
+	// meanwhile leaves the release to dial (removedDialing).
+	dialing, removedDialing bool
 }
 
 // disconnect moves the QP to the error state and tells the peer. A Conn
@@ -128,6 +132,7 @@ func dial(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options)
 		return nil, err
 	}
 	c := newVerbsConn(cm, phaseDialing)
+	c.dialing = true
 	c.handle = cm.register(c)
 	if c.id, err = rdmacm.NewID(cm.ch, c.handle); err != nil {
 		cm.unregister(c.handle)
@@ -137,6 +142,13 @@ func dial(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options)
 	if err := c.handshake(ctx, src, dst, opts); err != nil {
 		c.teardown(false)
 		return nil, err
+	}
+	c.mu.Lock()
+	c.dialing = false
+	removed := c.removedDialing
+	c.mu.Unlock()
+	if removed {
+		c.releaseLater()
 	}
 	return c, nil
 }
@@ -221,6 +233,7 @@ func (c *Conn) waitCM(ctx context.Context) (rdmacm.Event, error) {
 	select {
 	case ev := <-c.cmEv:
 		if ev.Type == rdmacm.EventDeviceRemoval {
+			markRemoved(c.id.Verbs())
 			return ev, &deviceError{syscall.ENODEV}
 		}
 		return ev, nil
@@ -246,12 +259,24 @@ func (c *Conn) cmEvent(ev rdmacm.Event) {
 		default:
 		}
 	case phaseAccepting:
-		if ev.Type == rdmacm.EventEstablished {
+		switch ev.Type {
+		case rdmacm.EventEstablished:
 			c.mu.Lock()
-			c.life.phase = phaseEstablished
+			// Unless the listener evicted it meanwhile (its teardown
+			// has begun).
+			ok := c.life.phase == phaseAccepting
+			if ok {
+				c.life.phase = phaseEstablished
+			}
 			c.mu.Unlock()
-			c.lst.established(c)
-		} else if ev.Type != rdmacm.EventTimewaitExit {
+			if ok {
+				c.lst.established(c)
+			}
+		case rdmacm.EventTimewaitExit:
+		case rdmacm.EventDeviceRemoval:
+			markRemoved(c.id.Verbs())
+			c.lst.failed(c)
+		default:
 			c.lst.failed(c)
 		}
 	case phaseEstablished, phaseDead:
@@ -299,7 +324,18 @@ func (c *Conn) deviceRemoved() {
 	c.life.set(shutPeerGone) // nothing more will come, and no fin can go
 	signal(c.rxReady)
 	signal(c.txReady)
+	dialing := c.dialing
+	c.removedDialing = dialing
 	c.mu.Unlock()
+	if !dialing {
+		c.releaseLater()
+	}
+}
+
+// releaseLater releases the verbs objects of a connection whose device
+// went away, on a goroutine of its own (it waits for completions and
+// destroys the id).
+func (c *Conn) releaseLater() {
 	go func() {
 		// Reads and Writes in progress use the registered memory: they
 		// have been failed, so they leave soon.

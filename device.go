@@ -38,8 +38,9 @@ var (
 	// listeners counts the listeners bound to each device's context (a
 	// wildcard listener is bound to none); removed holds the contexts
 	// whose device went away, until this process holds nothing of them.
-	listeners = map[unsafe.Pointer]int{}
-	removed   = map[unsafe.Pointer]bool{}
+	listeners  = map[unsafe.Pointer]int{}
+	removed    = map[unsafe.Pointer]bool{}
+	destroying = map[unsafe.Pointer]int{} // devices out of the map, objects not yet destroyed
 )
 
 // initialCQE is the first size of a device's CQ; it grows as connections
@@ -121,14 +122,24 @@ func newDevice(ctx *ibv.Context) (*device, error) {
 // stops the poller and destroys the device's objects.
 func (d *device) release(cqe int) {
 	devMu.Lock()
-	defer devMu.Unlock()
 	d.reserved -= cqe
 	d.refs--
-	if d.refs == 0 {
-		delete(devices, d.ctx.Ptr())
-		d.destroy()
-		forgetRemovedLocked(d.ctx.Ptr())
+	if d.refs != 0 {
+		devMu.Unlock()
+		return
 	}
+	delete(devices, d.ctx.Ptr())
+	destroying[d.ctx.Ptr()]++
+	// Not under devMu: destroy waits for the asynchronous events' reader,
+	// which may be removing connections (markRemoved takes devMu).
+	devMu.Unlock()
+	d.destroy()
+	devMu.Lock()
+	if destroying[d.ctx.Ptr()]--; destroying[d.ctx.Ptr()] == 0 {
+		delete(destroying, d.ctx.Ptr())
+	}
+	forgetRemovedLocked(d.ctx.Ptr())
+	devMu.Unlock()
 }
 
 // addListener counts a listener bound to a device's context (n = 1), or
@@ -146,6 +157,9 @@ func addListener(verbs unsafe.Pointer, n int) {
 // markRemoved records that the device of a context went away (rdma_cm
 // said so); what holds it is being released.
 func markRemoved(verbs unsafe.Pointer) {
+	if verbs == nil {
+		return
+	}
 	devMu.Lock()
 	defer devMu.Unlock()
 	removed[verbs] = true
@@ -161,7 +175,7 @@ func markRemoved(verbs unsafe.Pointer) {
 // more; but not when no device is left at all: then its files are
 // released here (ibv.Context.ReleaseFiles). devMu is held.
 func forgetRemovedLocked(verbs unsafe.Pointer) {
-	if verbs == nil || !removed[verbs] || devices[verbs] != nil || listeners[verbs] > 0 {
+	if verbs == nil || !removed[verbs] || devices[verbs] != nil || destroying[verbs] > 0 || listeners[verbs] > 0 {
 		return
 	}
 	delete(removed, verbs)

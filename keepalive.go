@@ -214,11 +214,15 @@ func (c *Conn) keepAliveTick() {
 	act, next := c.ka.tick(c.heard, c.tx.probeOut())
 	switch act {
 	case kaProbe:
-		if !c.tx.draining && c.life.werr == nil {
-			c.tx.queueProbe()
-			c.st.KeepAliveProbes++
-			c.flushDroppingLock()
+		if c.tx.draining || (c.life.werr != nil && c.life.werr != errMessageCut) {
+			// Nothing can be posted (the send side failed): no probe
+			// goes, so none can go unanswered either.
+			c.ka.reset(c.heard)
+			break
 		}
+		c.tx.queueProbe()
+		c.st.KeepAliveProbes++
+		c.flushDroppingLock()
 	case kaFail:
 		c.keepAliveFailed()
 		return

@@ -153,3 +153,30 @@ func TestConnKeepAliveOff(t *testing.T) {
 	p.c.mu.Unlock()
 	require.ErrorIs(t, p.c.SetKeepAlive(true), net.ErrClosed)
 }
+
+// A connection whose send side failed (a post failed) cannot probe; it
+// must not then count the probes it could not send as unanswered and fail
+// its reads. One whose message-oriented Write was cut still probes.
+func TestConnKeepAliveNeedsASendSide(t *testing.T) {
+	cfg := net.KeepAliveConfig{Enable: true, Idle: 4 * time.Millisecond, Interval: 2 * time.Millisecond, Count: 1}
+
+	p := newFakeConn(t, 4, 64)
+	p.c.mu.Lock()
+	p.c.life.failWrite(syscall.EIO)
+	p.c.mu.Unlock()
+	require.NoError(t, p.c.SetKeepAliveConfig(cfg))
+	time.Sleep(50 * time.Millisecond)
+	require.NoError(t, p.c.SetKeepAlive(false))
+	p.c.mu.Lock()
+	require.Nil(t, p.c.life.rerr, "reads still work")
+	p.c.mu.Unlock()
+	require.Empty(t, probes(p.q.posted()))
+
+	p = newFakeConn(t, 4, 64)
+	p.c.mu.Lock()
+	p.c.life.failWrite(errMessageCut)
+	p.c.mu.Unlock()
+	require.NoError(t, p.c.SetKeepAliveConfig(cfg))
+	defer p.c.SetKeepAlive(false)
+	require.Eventually(t, func() bool { return len(probes(p.q.posted())) == 1 }, 5*time.Second, time.Millisecond)
+}

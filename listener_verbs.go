@@ -36,13 +36,15 @@ type listenerSys struct {
 // request and goes silent (a flood of them, say) would otherwise pin that
 // memory until the CM gives up, minutes later, and fill the backlog.
 // So at most halfOpenMemory of them are kept, or minHalfOpen connections'
-// worth if that is more (never more than the backlog); a request that finds
+// worth if that is more (never more than the backlog: a burst of dials,
+// an HTTP client opening 20 connections at once, must fit while the CM
+// goroutine works through their requests one by one); a request that finds
 // them all taken evicts the oldest one if it is older than halfOpenGrace
 // (a handshake that has not finished by then is not coming), and is
 // refused otherwise.
 const (
 	halfOpenMemory = 32 << 20
-	minHalfOpen    = 16
+	minHalfOpen    = 32
 	halfOpenGrace  = time.Second
 )
 
@@ -66,7 +68,7 @@ func listen(ap netip.AddrPort, backlog int, opts Options) (*Listener, error) {
 	l.handle = cm.register(l)
 	fail := func(err error) (*Listener, error) {
 		if l.id != nil {
-			l.id.Destroy()
+			l.destroyID()
 		}
 		cm.unregister(l.handle)
 		cm.release()
@@ -82,13 +84,16 @@ func listen(ap netip.AddrPort, backlog int, opts Options) (*Listener, error) {
 		// Bound, but to an interface without RDMA.
 		return fail(&deviceError{syscall.ENODEV})
 	}
+	l.mu.Lock()
+	l.verbs = l.id.Verbs()
+	l.mu.Unlock()
+	if l.verbs != nil {
+		addListener(l.verbs, 1)
+	}
 	if err := l.id.Listen(backlog); err != nil {
 		return fail(err)
 	}
 	l.addr = addrFrom(l.id.LocalAddr())
-	if l.verbs = l.id.Verbs(); l.verbs != nil {
-		addListener(l.verbs, 1)
-	}
 	return l, nil
 }
 
