@@ -344,24 +344,16 @@ func (c *Context) OpenAsync() (*AsyncChannel, error) {
 // Run parks until events arrive and passes each to handle, acknowledged,
 // until Interrupt is called; then it returns. Only one goroutine may Run.
 func (a *AsyncChannel) Run(handle func(AsyncEvent)) error {
-	var failed error
-	err := a.fd.Wait(func(uintptr) bool {
-		for {
-			r, err := C.gv_get_async(a.ctx, &a.ev)
-			if r != 0 {
-				if err == syscall.EAGAIN || err == syscall.EINTR {
-					return false
-				}
-				failed = os.NewSyscallError("ibv_get_async_event", err)
-				return true
+	return a.fd.Drain(func() error {
+		if r, err := C.gv_get_async(a.ctx, &a.ev); r != 0 {
+			if err == syscall.EAGAIN || err == syscall.EINTR {
+				return err
 			}
-			handle(AsyncEvent{Type: AsyncEventType(a.ev._type), QPNum: uint32(a.ev.qp_num), Port: int(a.ev.port)})
+			return os.NewSyscallError("ibv_get_async_event", err)
 		}
+		handle(AsyncEvent{Type: AsyncEventType(a.ev._type), QPNum: uint32(a.ev.qp_num), Port: int(a.ev.port)})
+		return nil
 	})
-	if failed != nil {
-		return failed
-	}
-	return err
 }
 
 // Interrupt makes Run return and releases the registered descriptor (a

@@ -56,6 +56,31 @@ func (p *FD) Wait(drain func(fd uintptr) bool) error {
 	return p.rc.Read(drain)
 }
 
+// Drain reads a queue of events behind the descriptor until Close: next
+// takes one event off it and returns nil, or EAGAIN (or EINTR) when the
+// queue is empty, which parks until the descriptor is readable again; any
+// other error of next ends Drain with that error. After Close, Drain
+// returns os.ErrClosed.
+func (p *FD) Drain(next func() error) error {
+	var failed error
+	err := p.Wait(func(uintptr) bool {
+		for {
+			switch err := next(); err {
+			case nil:
+			case syscall.EAGAIN, syscall.EINTR:
+				return false
+			default:
+				failed = err
+				return true
+			}
+		}
+	})
+	if failed != nil {
+		return failed
+	}
+	return err
+}
+
 // Close wakes a parked Wait (which then returns an error) and releases the
 // duplicate descriptor.
 func (p *FD) Close() error { return p.f.Close() }

@@ -279,24 +279,16 @@ func NewEventChannel() (*EventChannel, error) {
 // Run parks until events arrive and passes each to handle, acknowledged,
 // until Interrupt is called; then it returns. Only one goroutine may Run.
 func (c *EventChannel) Run(handle func(Event)) error {
-	var failed error
-	err := c.fd.Wait(func(uintptr) bool {
-		for {
-			r, err := C.gv_get_event(c.ch, &c.ev)
-			if r != 0 {
-				if err == syscall.EAGAIN || err == syscall.EINTR {
-					return false
-				}
-				failed = os.NewSyscallError("rdma_get_cm_event", err)
-				return true
+	return c.fd.Drain(func() error {
+		if r, err := C.gv_get_event(c.ch, &c.ev); r != 0 {
+			if err == syscall.EAGAIN || err == syscall.EINTR {
+				return err
 			}
-			handle(c.copyEvent())
+			return os.NewSyscallError("rdma_get_cm_event", err)
 		}
+		handle(c.copyEvent())
+		return nil
 	})
-	if failed != nil {
-		return failed
-	}
-	return err
 }
 
 func (c *EventChannel) copyEvent() Event {
