@@ -45,10 +45,10 @@ endif
 	CGO_ENABLED=0 $(GO) test -count=1 ./...
 	$(MAKE) fuzz FUZZTIME=$(FUZZTIME)
 
-# Every parser of peer-supplied bytes is fuzzed (fuzz_test.go): FUZZTIME
+# Every parser of peer-supplied bytes is fuzzed (fuzz_test.go, reject_test.go): FUZZTIME
 # each within make test; longer by hand (make fuzz FUZZTIME=10m).
 FUZZTIME    ?= 10s
-FUZZ_TARGETS = FuzzParseHello FuzzConnCompletions
+FUZZ_TARGETS = FuzzParseHello FuzzParseReject FuzzConnCompletions
 fuzz:
 	@for f in $(FUZZ_TARGETS); do \
 		echo "fuzz $$f for $(FUZZTIME)"; \

@@ -32,7 +32,8 @@ func useEveryExport(c *rdma.Conn, l *rdma.Listener) []error {
 	add(err)
 	_, err = d.DialContext(context.Background(), "tcp", "192.0.2.1:1")
 	add(err)
-	lc := rdma.ListenConfig{Backlog: 1, KeepAlive: time.Second, KeepAliveConfig: net.KeepAliveConfig{}}
+	lc := rdma.ListenConfig{Backlog: 1, KeepAlive: time.Second, KeepAliveConfig: net.KeepAliveConfig{},
+		Refused: func(net.Addr, error) {}}
 	_, err = lc.Listen(context.Background(), "rdma", "192.0.2.1:0")
 	add(err)
 	a, err := rdma.ResolveAddr("rdma", "192.0.2.1:1")
@@ -64,9 +65,12 @@ func useEveryExport(c *rdma.Conn, l *rdma.Listener) []error {
 	_, err = l.Accept()
 	add(err)
 	_ = l.Addr()
+	_ = l.Stats().Refused[rdma.RefusedBacklog]
 	add(l.Close())
 
-	_ = []error{rdma.ErrNoDevice, rdma.ErrProtocol, rdma.ErrUnsupported}
+	_ = []error{rdma.ErrNoDevice, rdma.ErrProtocol, rdma.ErrUnsupported, &rdma.RefusedError{Reason: rdma.RefusedShutdown}}
+	_ = []rdma.RefuseReason{rdma.RefusedUnknown, rdma.RefusedLockedMemory, rdma.RefusedResources, rdma.RefusedProtocol}
+	_ = rdma.RefusedBacklog.String()
 	_ = []int{rdma.DefaultBufferSize, rdma.DefaultSendDepth, rdma.DefaultRecvDepth}
 	_ = rdma.DefaultSpinTime + 0*time.Second
 	_ = rdma.DefaultKeepAliveIdle + rdma.DefaultKeepAliveInterval + rdma.DefaultKeepAliveCount*time.Second

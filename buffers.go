@@ -3,7 +3,9 @@
 package rdma
 
 import (
+	"errors"
 	"os"
+	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -23,11 +25,15 @@ type arena struct {
 func newArena(pd *ibv.PD, size int) (*arena, error) {
 	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
 	if err != nil {
-		return nil, os.NewSyscallError("mmap", err)
+		return nil, &mmapError{need: size, err: os.NewSyscallError("mmap", err)}
 	}
 	mr, err := pd.RegMR(mem)
 	if err != nil {
 		unix.Munmap(mem)
+		var lim unix.Rlimit
+		if errors.Is(err, syscall.ENOMEM) && unix.Getrlimit(unix.RLIMIT_MEMLOCK, &lim) == nil && lim.Cur != unix.RLIM_INFINITY {
+			return nil, &memlockError{need: size, limit: lim.Cur, err: err}
+		}
 		return nil, err
 	}
 	return &arena{mem: mem, mr: mr, base: addrOf(mem)}, nil

@@ -117,7 +117,8 @@ func TestListenerCloseUnblocksAccept(t *testing.T) {
 // refused, and the queued ones are closed with the listener.
 func TestBacklog(t *testing.T) {
 	needDevice(t)
-	lc := rdma.ListenConfig{Backlog: 2}
+	hooked := make(chan error, 1)
+	lc := rdma.ListenConfig{Backlog: 2, Refused: func(_ net.Addr, err error) { hooked <- err }}
 	ln, err := lc.Listen(context.Background(), "rdma", net.JoinHostPort(testAddr, "0"))
 	require.NoError(t, err)
 	var conns []net.Conn
@@ -133,6 +134,18 @@ func TestBacklog(t *testing.T) {
 	}
 	_, err = rdma.Dial("rdma", ln.Addr().String())
 	require.ErrorIs(t, err, syscall.ECONNREFUSED)
+	require.ErrorIs(t, err, syscall.EAGAIN, "a full backlog: try again")
+	var re *rdma.RefusedError
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, rdma.RefusedBacklog, re.Reason)
+	require.ErrorContains(t, err, "backlog is full")
+	herr := <-hooked
+	requireOpError(t, herr, "accept")
+	require.ErrorAs(t, herr, &re)
+	require.Equal(t, rdma.RefusedBacklog, re.Reason)
+	st := ln.(*rdma.Listener).Stats()
+	require.Equal(t, uint64(2), st.Accepted)
+	require.Equal(t, uint64(1), st.Refused[rdma.RefusedBacklog])
 	require.NoError(t, ln.Close())
 	// The queued connections were closed by the listener: their peers
 	// see the end of the stream.

@@ -115,7 +115,7 @@ func (l *cmLoop) run() {
 			// The listener is going away: refuse and drop the new id. Its
 			// only event has been acknowledged, so destroying it here
 			// cannot wait on this goroutine.
-			ev.ID.Reject(nil)
+			ev.ID.Reject(marshalReject(RefusedShutdown))
 			ev.ID.Destroy()
 		}
 	})

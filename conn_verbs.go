@@ -196,7 +196,7 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 	switch ev.Type {
 	case rdmacm.EventEstablished:
 	case rdmacm.EventRejected:
-		return os.NewSyscallError("rdma_connect", syscall.ECONNREFUSED)
+		return os.NewSyscallError("rdma_connect", &RefusedError{parseReject(ev.PrivateData)})
 	case rdmacm.EventUnreachable:
 		return os.NewSyscallError("rdma_connect", eventErrno(ev, syscall.EHOSTUNREACH))
 	default:

@@ -26,6 +26,7 @@ type device struct {
 	asyncDone chan struct{}     // closed when the reader returns
 
 	ackTimeout uint8 // for its QPs (see ackTimeoutHW)
+	maxCQE     int   // the most entries its CQ may have
 
 	reserved   int // CQ entries promised to connections, under devMu
 	refs       int // under devMu
@@ -51,32 +52,51 @@ const initialCQE = 8192
 // reference and cqe more CQ entries reserved, setting it up on first use.
 func acquireDevice(verbs unsafe.Pointer, cqe int) (*device, error) {
 	devMu.Lock()
-	defer devMu.Unlock()
 	d := devices[verbs]
 	if d == nil {
 		var err error
 		if d, err = newDevice(ibv.ContextFrom(verbs)); err != nil {
+			devMu.Unlock()
 			return nil, err
 		}
 		devices[verbs] = d
 	}
+	err := d.reserve(cqe)
+	if err == nil {
+		d.refs++
+		devMu.Unlock()
+		return d, nil
+	}
+	if d.refs > 0 {
+		devMu.Unlock()
+		return nil, err
+	}
+	// A device set up for this connection alone: it goes again, outside
+	// devMu (see release).
+	delete(devices, verbs)
+	devMu.Unlock()
+	d.destroy()
+	return nil, err
+}
+
+// reserve promises cqe more entries of the shared CQ, growing it (to
+// twice its size, but never past the device's max_cqe) when they do not
+// fit; devMu is held.
+func (d *device) reserve(cqe int) error {
 	need := d.reserved + cqe
+	if need > d.maxCQE {
+		return &cqLimitError{need: need, max: d.maxCQE, perConn: cqe, conns: d.refs}
+	}
 	if need > d.cq.Cap {
-		grow := max(need, 2*d.cq.Cap)
 		d.cqMu.Lock()
-		err := d.cq.Resize(grow)
+		err := d.cq.Resize(min(max(need, 2*d.cq.Cap), d.maxCQE))
 		d.cqMu.Unlock()
 		if err != nil {
-			if d.refs == 0 {
-				d.destroy()
-				delete(devices, verbs)
-			}
-			return nil, err
+			return err
 		}
 	}
 	d.reserved = need
-	d.refs++
-	return d, nil
+	return nil
 }
 
 func newDevice(ctx *ibv.Context) (*device, error) {
@@ -111,8 +131,12 @@ func newDevice(ctx *ibv.Context) (*device, error) {
 		defer close(d.asyncDone)
 		async.Run(d.events.handle)
 	}()
-	if v, err := ctx.VendorID(); err == nil && v == rxeVendorID {
-		d.ackTimeout = ackTimeoutRXE
+	d.maxCQE = max(initialCQE, cq.Cap)
+	if a, err := ctx.Query(); err == nil {
+		if a.VendorID == rxeVendorID {
+			d.ackTimeout = ackTimeoutRXE
+		}
+		d.maxCQE = max(a.MaxCQE, cq.Cap)
 	}
 	go d.run()
 	return d, nil

@@ -2,6 +2,7 @@ package rdma
 
 import (
 	"net"
+	"sync"
 	"syscall"
 )
 
@@ -18,6 +19,42 @@ type Listener struct {
 	gone      chan struct{} // closed when the listener can take no more (err says why)
 	err       error
 	keepAlive net.KeepAliveConfig // for accepted connections
+	onRefuse  func(net.Addr, error)
+
+	statsMu sync.Mutex
+	st      ListenerStats
+}
+
+// Stats returns the listener's counters: connections accepted, requests
+// refused by reason, handshakes evicted, and those in progress. On a nil or
+// zero Listener it returns zeros.
+func (l *Listener) Stats() ListenerStats {
+	if !l.ok() {
+		return ListenerStats{}
+	}
+	l.statsMu.Lock()
+	s := l.st
+	l.statsMu.Unlock()
+	s.HalfOpen = l.halfOpenNow()
+	return s
+}
+
+func (l *Listener) count(f func(*ListenerStats)) {
+	l.statsMu.Lock()
+	f(&l.st)
+	l.statsMu.Unlock()
+}
+
+// refused counts a refused request and reports it to the Refused hook.
+func (l *Listener) refused(remote *Addr, reason RefuseReason, cause error) {
+	l.count(func(s *ListenerStats) { s.Refused[reason]++ })
+	if l.onRefuse != nil {
+		err := error(&RefusedError{Reason: reason})
+		if cause != nil {
+			err = &refusedCause{RefusedError{reason}, cause}
+		}
+		l.onRefuse(remote, &net.OpError{Op: "accept", Net: "rdma", Source: l.addr, Addr: remote, Err: err})
+	}
 }
 
 func (l *Listener) ok() bool { return l != nil && l.closing != nil }

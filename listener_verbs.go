@@ -54,13 +54,14 @@ func halfOpenLimit(opts Options, backlog int) int {
 	return min(backlog, max(minHalfOpen, halfOpenMemory/newLayout(opts).size()))
 }
 
-func listen(ap netip.AddrPort, backlog int, opts Options) (*Listener, error) {
+func listen(ap netip.AddrPort, backlog int, opts Options, onRefuse func(net.Addr, error)) (*Listener, error) {
 	cm, err := acquireCM()
 	if err != nil {
 		return nil, err
 	}
 	l := &Listener{
 		listenerSys: listenerSys{cm: cm, opts: opts, backlog: backlog, halfOpen: halfOpenLimit(opts, backlog), pending: map[*Conn]time.Time{}},
+		onRefuse:    onRefuse,
 		queue:       make(chan *Conn, backlog),
 		closing:     make(chan struct{}),
 		gone:        make(chan struct{}),
@@ -140,25 +141,39 @@ func (l *Listener) destroyID() {
 // request answers a connection request.
 func (l *Listener) request(ev rdmacm.Event) {
 	id := ev.ID
+	// A refusal says why, in the reject's private data, and is counted
+	// and reported. The request was acknowledged already, so the new id
+	// can be destroyed here.
+	refuse := func(reason RefuseReason, cause error) {
+		id.Reject(marshalReject(reason))
+		id.Destroy()
+		l.refused(addrFrom(id.PeerAddr()), reason, cause)
+	}
 	peer, err := parseHello(ev.PrivateData)
+	if err != nil {
+		// A foreign peer (say, a perftest client): refuse it and keep
+		// serving.
+		refuse(RefusedProtocol, err)
+		return
+	}
 	l.mu.Lock()
-	refuse := err != nil || l.closed || len(l.pending)+len(l.queue) >= l.backlog
-	if !refuse && len(l.pending) >= l.halfOpen {
-		refuse = !l.evictOldest(time.Now().Add(-halfOpenGrace))
+	reason := RefusedUnknown
+	switch {
+	case l.closed:
+		reason = RefusedShutdown
+	case len(l.pending)+len(l.queue) >= l.backlog:
+		reason = RefusedBacklog
+	case len(l.pending) >= l.halfOpen && !l.evictOldest(time.Now().Add(-halfOpenGrace)):
+		reason = RefusedBacklog
 	}
 	l.mu.Unlock()
-	if refuse {
-		// A foreign peer (say, a perftest client) or no room: refuse it
-		// and keep serving. The request was acknowledged already, so the
-		// new id can be destroyed here.
-		id.Reject(nil)
-		id.Destroy()
+	if reason != RefusedUnknown {
+		refuse(reason, nil)
 		return
 	}
 	cm, err := acquireCM()
 	if err != nil {
-		id.Reject(nil)
-		id.Destroy()
+		refuse(RefusedResources, err)
 		return
 	}
 	c := newVerbsConn(cm, phaseAccepting)
@@ -167,16 +182,19 @@ func (l *Listener) request(ev rdmacm.Event) {
 	c.handle = cm.register(c)
 	id.SetHandle(c.handle)
 	if err := c.setup(l.opts); err != nil {
-		id.Reject(nil)
+		reason := refuseReasonOf(err)
+		id.Reject(marshalReject(reason))
 		l.teardownLater(c)
+		l.refused(addrFrom(id.PeerAddr()), reason, err)
 		return
 	}
 	c.start(peer)
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		id.Reject(nil)
+		id.Reject(marshalReject(RefusedShutdown))
 		l.teardownLater(c)
+		l.refused(c.raddr, RefusedShutdown, nil)
 		return
 	}
 	l.pending[c] = time.Now()
@@ -204,7 +222,15 @@ func (l *Listener) evictOldest(cutoff time.Time) bool {
 	}
 	delete(l.pending, oldest)
 	l.teardownLater(oldest)
+	l.count(func(s *ListenerStats) { s.Evicted++ })
 	return true
+}
+
+// halfOpenNow is how many handshakes are in progress.
+func (l *Listener) halfOpenNow() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.pending)
 }
 
 // teardownLater tears c down off the CM goroutine: the teardown waits for
@@ -227,6 +253,7 @@ func (l *Listener) established(c *Conn) {
 	}
 	delete(l.pending, c)
 	l.queue <- c // room is reserved: pending+queued never exceed the backlog
+	l.count(func(s *ListenerStats) { s.Accepted++ })
 }
 
 // failed drops a connection whose handshake failed. The teardown starts

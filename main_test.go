@@ -43,6 +43,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("RDMA_TEST_ROLE") == "agent" {
 		os.Exit(runAgent())
 	}
+	if role := os.Getenv("RDMA_TEST_MEMLOCK_ROLE"); role != "" {
+		os.Exit(runMemlockChild(role))
+	}
 	var before map[string]int
 	if testAddr != "" {
 		// librdmacm opens each device once per process and keeps it open

@@ -30,7 +30,8 @@
 // everything it wrote has been read). What it wraps can be tested with
 // errors.Is: net.ErrClosed after Close; os.ErrDeadlineExceeded when a
 // deadline passes; ErrNoDevice, ErrProtocol and ErrUnsupported as their
-// docs say; syscall.ECONNREFUSED when the listener refuses; syscall.EPIPE
+// docs say; syscall.ECONNREFUSED when the listener refuses (a
+// *RefusedError says why: see RefuseReason); syscall.EPIPE
 // for a Write after CloseWrite; syscall.ECONNRESET when the peer goes away
 // without closing or the connection breaks; syscall.ETIMEDOUT when the
 // peer stopped answering (no keepalive probe acknowledged, see
@@ -261,7 +262,8 @@ var ErrNoDevice = errors.New("no RDMA device serves this address")
 // and by Read and Write errors once the peer broke the protocol (a message
 // of an unknown type, more messages or credits than granted). A listener
 // of this package refuses a dialer of another protocol version (the
-// dialer's error wraps syscall.ECONNREFUSED).
+// dialer's error, a *RefusedError, wraps syscall.ECONNREFUSED and
+// ErrProtocol).
 var ErrProtocol = errors.New("peer does not speak this package's protocol")
 
 // ErrUnsupported is wrapped by the error of every Dial and Listen with valid
@@ -400,6 +402,15 @@ type ListenConfig struct {
 	// accepted connections, as the Dialer's fields of those names do.
 	KeepAlive       time.Duration
 	KeepAliveConfig net.KeepAliveConfig
+	// Refused, if not nil, is called for every connection request the
+	// listener refuses, with the dialer's address and a *net.OpError
+	// (Op "accept") whose chain holds a *RefusedError (the reason the
+	// dialer was told) and, when the listener's own setup failed, the
+	// error that says what to do (the locked-memory limit to raise, say).
+	// It runs on the goroutine that answers every connection request of
+	// the process: it must return quickly (log, count) and must not call
+	// the listener. Listener.Stats counts the refusals either way.
+	Refused func(remote net.Addr, err error)
 	Options
 }
 
@@ -436,7 +447,7 @@ func (lc *ListenConfig) listen(ctx context.Context, network, address string) (*L
 	if err != nil {
 		return nil, opErr(nil, err)
 	}
-	l, err := listen(ap, backlog, opts)
+	l, err := listen(ap, backlog, opts, lc.Refused)
 	if err != nil {
 		return nil, opErr(addrFrom(ap), err)
 	}

@@ -5,6 +5,7 @@ package rdma
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 
 	"github.com/goverbs/rdma/internal/ibv"
@@ -34,4 +35,8 @@ func dial(context.Context, netip.Addr, netip.AddrPort, Options) (*Conn, error) {
 	return nil, ErrUnsupported
 }
 
-func listen(netip.AddrPort, int, Options) (*Listener, error) { return nil, ErrUnsupported }
+func listen(netip.AddrPort, int, Options, func(net.Addr, error)) (*Listener, error) {
+	return nil, ErrUnsupported
+}
+
+func (l *Listener) halfOpenNow() int { return 0 }

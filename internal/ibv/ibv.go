@@ -314,13 +314,19 @@ func (c *Context) Ptr() unsafe.Pointer { return unsafe.Pointer(c.c) }
 // Name is the device name (e.g. "rxe0").
 func (c *Context) Name() string { return C.GoString(C.ibv_get_device_name(c.c.device)) }
 
-// VendorID is the device's IEEE vendor id (ibv_query_device).
-func (c *Context) VendorID() (uint32, error) {
+// DeviceAttr is what the library needs of a device's attributes.
+type DeviceAttr struct {
+	VendorID uint32 // IEEE vendor id
+	MaxCQE   int    // the most entries a CQ may have
+}
+
+// Query returns the device's attributes (ibv_query_device).
+func (c *Context) Query() (DeviceAttr, error) {
 	var a C.struct_ibv_device_attr
 	if r := C.ibv_query_device(c.c, &a); r != 0 {
-		return 0, os.NewSyscallError("ibv_query_device", syscall.Errno(r))
+		return DeviceAttr{}, os.NewSyscallError("ibv_query_device", syscall.Errno(r))
 	}
-	return uint32(a.vendor_id), nil
+	return DeviceAttr{VendorID: uint32(a.vendor_id), MaxCQE: int(a.max_cqe)}, nil
 }
 
 // AsyncChannel reads a context's asynchronous events (QP and CQ errors,

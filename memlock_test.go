@@ -1,0 +1,125 @@
+package rdma_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goverbs/rdma"
+)
+
+// The locked-memory limit, as an unprivileged service meets it: the test
+// runs one side as user nobody (no CAP_IPC_LOCK) with RLIMIT_MEMLOCK at
+// 256 KiB, less than one connection registers with the default Options.
+
+const memlockLimit = 256 << 10
+
+// lowMemlock returns a command that runs this test binary as a child in
+// role, unprivileged and with the low limit.
+func lowMemlock(t *testing.T, role string, env ...string) *exec.Cmd {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to start a child as another user")
+	}
+	for _, tool := range []string{"setpriv", "prlimit"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("no %s (util-linux)", tool)
+		}
+	}
+	self, err := os.Executable()
+	require.NoError(t, err)
+	cmd := exec.Command("prlimit", fmt.Sprintf("--memlock=%d:%d", memlockLimit, memlockLimit),
+		"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", self)
+	cmd.Env = append(os.Environ(), append(env, "RDMA_TEST_MEMLOCK_ROLE="+role)...)
+	return cmd
+}
+
+// runMemlockChild is the unprivileged side: "server" listens and prints
+// what its Refused hook hears; "client" dials and prints its error.
+func runMemlockChild(role string) int {
+	switch role {
+	case "server":
+		lc := rdma.ListenConfig{Refused: func(remote net.Addr, err error) {
+			fmt.Printf("refused %v: %v\n", errors.Is(err, syscall.ENOMEM), err)
+		}}
+		ln, err := lc.Listen(context.Background(), "rdma", net.JoinHostPort(testAddr, "0"))
+		if err != nil {
+			fmt.Println("error", err)
+			return 1
+		}
+		fmt.Println("listening", ln.Addr())
+		time.Sleep(20 * time.Second) // the parent kills it sooner
+		return 0
+	case "client":
+		_, err := rdma.Dial("rdma", os.Getenv("RDMA_TEST_MEMLOCK_ADDR"))
+		fmt.Printf("enomem=%v\n%v\n", errors.Is(err, syscall.ENOMEM), err)
+		return 0
+	}
+	return 2
+}
+
+// TestMemlockServer: a server whose limit is too low refuses with that
+// reason, the dialer's error says so (and wraps ECONNREFUSED and ENOMEM),
+// and the server's Refused hook gets the error that names the limit, its
+// value, the need and the knobs.
+func TestMemlockServer(t *testing.T) {
+	needDevice(t)
+	cmd := lowMemlock(t, "server")
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	defer func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}()
+	lines := bufio.NewScanner(out)
+	require.True(t, lines.Scan(), "the child's first line")
+	first := lines.Text()
+	require.True(t, strings.HasPrefix(first, "listening "), "child: %s", first)
+	addr := strings.TrimPrefix(first, "listening ")
+
+	_, err = (&rdma.Dialer{Timeout: 30 * time.Second}).Dial("rdma", addr)
+	t.Logf("the dialer's error: %v", err)
+	requireOpError(t, err, "dial")
+	require.ErrorIs(t, err, syscall.ECONNREFUSED)
+	require.ErrorIs(t, err, syscall.ENOMEM)
+	var re *rdma.RefusedError
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, rdma.RefusedLockedMemory, re.Reason)
+	require.ErrorContains(t, err, "locked memory")
+
+	require.True(t, lines.Scan(), "the server's hook reports the refusal")
+	hook := lines.Text()
+	t.Logf("the server's hook: %s", hook)
+	for _, want := range []string{"refused true:", "RLIMIT_MEMLOCK 256 KiB", "registering 2368 KiB", "ulimit -l", "LimitMEMLOCK", "Options.BufferSize"} {
+		require.Contains(t, hook, want)
+	}
+}
+
+// TestMemlockClient: a dialer whose limit is too low gets an error that
+// names the limit, its value, what the connection needed and the knobs.
+func TestMemlockClient(t *testing.T) {
+	needDevice(t)
+	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	defer ln.Close()
+	out, err := lowMemlock(t, "client", "RDMA_TEST_MEMLOCK_ADDR="+ln.Addr().String()).Output()
+	require.NoError(t, err)
+	msg := string(out)
+	t.Logf("the dialer's error: %s", msg)
+	require.True(t, strings.HasPrefix(msg, "enomem=true\n"), msg)
+	for _, want := range []string{"dial rdma", "ibv_reg_mr", "RLIMIT_MEMLOCK 256 KiB", "registering 2368 KiB", "ulimit -l", "LimitMEMLOCK", "Options.BufferSize"} {
+		require.Contains(t, msg, want)
+	}
+}

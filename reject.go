@@ -1,0 +1,145 @@
+package rdma
+
+import (
+	"encoding/binary"
+	"errors"
+	"net"
+	"syscall"
+)
+
+// Refusals that say why. A listener that cannot take a connection rejects
+// the request with a reason in the reject's private data (wire protocol:
+// the magic, the version, the reason; 8 bytes), so that the dialer's error
+// tells what happened on the server instead of a bare "connection
+// refused", and the listener counts it (ListenerStats) and reports it
+// (ListenConfig.Refused).
+
+// RefuseReason is why a listener refused a connection request.
+type RefuseReason uint8
+
+// Reasons a listener refuses a connection request.
+const (
+	RefusedUnknown      RefuseReason = iota // the server gave no reason (not this package, or an older version)
+	RefusedLockedMemory                     // registering the connection's buffers exceeded the server's locked-memory limit
+	RefusedResources                        // the server ran out of another resource (memory, QPs, completion queue entries)
+	RefusedBacklog                          // the backlog, or the room for handshakes in progress, is full
+	RefusedShutdown                         // the listener is closing
+	RefusedProtocol                         // the dialer does not speak this package's protocol, or another version of it
+	numRefuseReasons
+)
+
+func (r RefuseReason) String() string {
+	switch r {
+	case RefusedLockedMemory:
+		return "the server is out of locked memory (its RLIMIT_MEMLOCK: ulimit -l / LimitMEMLOCK)"
+	case RefusedResources:
+		return "the server is out of resources"
+	case RefusedBacklog:
+		return "the server's backlog is full"
+	case RefusedShutdown:
+		return "the server is shutting down"
+	case RefusedProtocol:
+		return "the server does not speak this dialer's protocol version"
+	}
+	return "no reason given"
+}
+
+// errno is what a refusal of this reason wraps besides ECONNREFUSED, for
+// errors.Is.
+func (r RefuseReason) errno() error {
+	switch r {
+	case RefusedLockedMemory, RefusedResources:
+		return syscall.ENOMEM
+	case RefusedBacklog:
+		return syscall.EAGAIN
+	case RefusedShutdown:
+		return syscall.ESHUTDOWN
+	case RefusedProtocol:
+		return ErrProtocol
+	}
+	return nil
+}
+
+const rejectLen = 8
+
+// marshalReject is the reject's private data.
+func marshalReject(r RefuseReason) []byte {
+	b := make([]byte, rejectLen)
+	binary.BigEndian.PutUint32(b, helloMagic)
+	b[4] = helloVersion
+	b[5] = byte(r)
+	return b
+}
+
+// parseReject reads the reason out of a reject's private data; anything
+// else (a foreign server, padding only) is RefusedUnknown.
+func parseReject(b []byte) RefuseReason {
+	if len(b) < rejectLen || binary.BigEndian.Uint32(b) != helloMagic {
+		return RefusedUnknown
+	}
+	if r := RefuseReason(b[5]); r < numRefuseReasons {
+		return r
+	}
+	return RefusedUnknown
+}
+
+// RefusedError is the error a Dial returns (inside *net.OpError) when the
+// listener refused the connection. It wraps syscall.ECONNREFUSED, and
+// besides, by reason: syscall.ENOMEM (locked memory, resources),
+// syscall.EAGAIN (backlog), syscall.ESHUTDOWN (shutting down), ErrProtocol
+// (protocol version).
+type RefusedError struct {
+	Reason RefuseReason
+}
+
+func (e *RefusedError) Error() string {
+	if e.Reason == RefusedUnknown {
+		return "connection refused"
+	}
+	return "connection refused: " + e.Reason.String()
+}
+
+// Unwrap returns ECONNREFUSED and the reason's own error.
+func (e *RefusedError) Unwrap() []error {
+	if err := e.Reason.errno(); err != nil {
+		return []error{syscall.ECONNREFUSED, err}
+	}
+	return []error{syscall.ECONNREFUSED}
+}
+
+// refuseReasonOf classifies why setting up an accepted connection failed.
+func refuseReasonOf(err error) RefuseReason {
+	var me *memlockError
+	switch {
+	case errors.As(err, &me):
+		return RefusedLockedMemory
+	case errors.Is(err, net.ErrClosed):
+		return RefusedShutdown
+	}
+	return RefusedResources
+}
+
+// ListenerStats are a listener's counters since it started.
+type ListenerStats struct {
+	Accepted uint64 // connections established and queued for Accept
+	// Refused counts the connection requests refused, by reason
+	// (RefusedLockedMemory, RefusedBacklog, ...).
+	Refused [numRefuseReasons]uint64
+	// Evicted counts handshakes given up to make room for new requests
+	// (their dialer never confirmed the connection).
+	Evicted uint64
+	// HalfOpen is how many handshakes are in progress now.
+	HalfOpen int
+}
+
+// refusedCause is what the Refused hook gets when the listener's own setup
+// failed: the reason the dialer was told, and the error that says what to
+// do about it on this side.
+type refusedCause struct {
+	RefusedError
+	cause error
+}
+
+func (e *refusedCause) Error() string { return e.RefusedError.Error() + ": " + e.cause.Error() }
+
+func (e *refusedCause) Unwrap() []error { return append(e.RefusedError.Unwrap(), e.cause) }
