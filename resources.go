@@ -50,7 +50,7 @@ type cqLimitError struct {
 
 func (e *cqLimitError) Error() string {
 	return fmt.Sprintf("the device's completion queue would need %d entries, more than its maximum of %d (max_cqe): "+
-		"%d connections use it and each takes %d with these Options (RecvDepth + SendDepth + 11); "+
+		"%d connections of this process use it and each takes %d with these Options (RecvDepth + SendDepth + 11); "+
 		"lower SendDepth and RecvDepth, or spread the connections over more devices",
 		e.need, e.max, e.conns, e.perConn)
 }
