@@ -65,7 +65,8 @@ vmtest: deps
 	mkdir -p $(OUT)
 	$(GO) test -c -o $(OUT)/rdma.test .
 	$(GO) test -race -c -o $(OUT)/rdma.race.test .
-	$(VM) --timeout $(VMTIMEOUT) -- sh -c '$(OUT)/rdma.test -test.v -test.count=1 -test.timeout 20m && \
+	$(GO) test -c -o $(OUT)/rdmaperf.test ./cmd/rdmaperf
+	$(VM) --timeout $(VMTIMEOUT) -- sh -c '$(OUT)/rdma.test -test.v -test.count=1 -test.timeout 20m && $(OUT)/rdmaperf.test -test.v -test.count=1 && \
 		echo "=== the same tests under the race detector (-short)" && \
 		$(OUT)/rdma.race.test -test.v -test.count=1 -test.short -test.timeout 20m'
 	@echo "=== two hosts: the same binary on a pair of VMs (testbed/vm.sh --pair), the peer killed last"

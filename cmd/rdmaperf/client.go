@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -26,6 +27,34 @@ type run struct {
 	warmup   int // latency round trips not measured
 	copyLen  int64
 	plain    bool // copy: hide ReadFrom and WriteTo
+	reverse  bool // bw, rate: the server sends, the client receives (-R)
+	// interval, when positive, is how often a bw or rate test calls report
+	// with what moved since the previous call (-i).
+	interval time.Duration
+	report   func(Interval)
+}
+
+// Interval is what moved during one interval of a bw or rate test: the
+// bytes the client's Writes accepted, or, reverse, the bytes it received.
+// Start and End are seconds since the test's clock started.
+type Interval struct {
+	Start float64 `json:"start"`
+	End   float64 `json:"end"`
+	Bytes int64   `json:"bytes"`
+	MBs   float64 `json:"mb_s"`
+	MsgS  float64 `json:"msg_s"`
+}
+
+func (iv Interval) String() string {
+	return fmt.Sprintf("[%6.2f-%6.2f s] %10.2f MB/s %12.0f msg/s", iv.Start, iv.End, iv.MBs, iv.MsgS)
+}
+
+// counter is one connection's byte count, read by the interval reporter
+// while the connection's goroutine adds to it; padded to a cache line of
+// its own so connections do not slow each other down.
+type counter struct {
+	n atomic.Int64
+	_ [56]byte
 }
 
 // open dials, sends the header and waits for the server's ready byte.
@@ -121,11 +150,16 @@ func percentile(sorted []time.Duration, p int) time.Duration {
 	return sorted[max(i-1, 0)]
 }
 
-// stream writes size-byte messages one way over r.conns connections at
-// once and reports the total throughput and message rate. The clock runs
-// from the first write until every sink has confirmed receipt of all
-// bytes, so queued but undelivered data does not count.
+// stream moves size-byte messages one way over r.conns connections at
+// once and reports the total throughput and message rate: the client
+// writes and the server's sink counts, or, reverse, the server writes and
+// the client counts. The clock runs from the start until the receiving
+// side has all the bytes, so data queued but undelivered does not count.
 func (r *run) stream() (map[string]float64, error) {
+	h := header{kind: kindSink, size: r.size}
+	if r.reverse {
+		h = header{kind: kindSource, size: r.size, count: uint64(r.count)}
+	}
 	conns := make([]net.Conn, 0, r.conns)
 	defer func() {
 		for _, c := range conns {
@@ -135,8 +169,11 @@ func (r *run) stream() (map[string]float64, error) {
 	// All connections are set up before the clock starts: rdma_cm
 	// connection setup is far slower than the transfers measured.
 	for range r.conns {
-		c, err := r.open(header{kind: kindSink, size: r.size})
+		c, err := r.open(h)
 		if err != nil {
+			if r.reverse {
+				err = fmt.Errorf("%w (a server older than -R closes the connection here)", err)
+			}
 			return nil, err
 		}
 		conns = append(conns, c)
@@ -144,66 +181,181 @@ func (r *run) stream() (map[string]float64, error) {
 	var (
 		wg     sync.WaitGroup
 		mu     sync.Mutex
-		writes int
 		errs   []error
+		counts = make([]*counter, len(conns))
 	)
+	for i := range counts {
+		counts[i] = new(counter)
+	}
 	cpu0 := cpuTime()
 	start := time.Now()
 	deadline := start.Add(r.duration)
-	for _, c := range conns {
+	stopReports := r.reportIntervals(start, counts)
+	for i, c := range conns {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			n, err := r.send(c, deadline)
-			mu.Lock()
-			defer mu.Unlock()
-			writes += n
+			var err error
+			if r.reverse {
+				err = r.receive(c, deadline, counts[i])
+			} else {
+				err = r.send(c, deadline, counts[i])
+			}
 			if err != nil {
+				mu.Lock()
 				errs = append(errs, err)
+				mu.Unlock()
 			}
 		}()
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
 	cpu := cpuTime() - cpu0
+	stopReports()
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	bytes := float64(writes) * float64(r.size)
+	var bytes int64
+	for _, n := range counts {
+		bytes += n.n.Load()
+	}
+	writes := float64(bytes) / float64(r.size)
 	return map[string]float64{
-		"mb_s":    bytes / elapsed.Seconds() / 1e6,
-		"msg_s":   float64(writes) / elapsed.Seconds(),
-		"count":   float64(writes),
+		"mb_s":    float64(bytes) / elapsed.Seconds() / 1e6,
+		"msg_s":   writes / elapsed.Seconds(),
+		"count":   writes,
 		"seconds": elapsed.Seconds(),
 		"cpu_s":   cpu,
 	}, nil
 }
 
+// reportIntervals calls r.report every r.interval, from its own goroutine,
+// with what the counters gained since the previous call, until the
+// returned stop is called; stop reports the last, partial interval if
+// anything moved in it, and returns once the goroutine is done.
+func (r *run) reportIntervals(start time.Time, counts []*counter) (stop func()) {
+	if r.interval <= 0 || r.report == nil {
+		return func() {}
+	}
+	quit := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(r.interval)
+		defer tick.Stop()
+		from, before := start, int64(0)
+		emit := func(last bool) {
+			// The ticker's own time would be late whenever this
+			// goroutine is: the interval is measured, not assumed.
+			now := time.Now()
+			var total int64
+			for _, n := range counts {
+				total += n.n.Load()
+			}
+			if last && total == before {
+				return
+			}
+			secs := now.Sub(from).Seconds()
+			delta := total - before
+			r.report(Interval{
+				Start: from.Sub(start).Seconds(),
+				End:   now.Sub(start).Seconds(),
+				Bytes: delta,
+				MBs:   float64(delta) / secs / 1e6,
+				MsgS:  float64(delta) / float64(r.size) / secs,
+			})
+			from, before = now, total
+		}
+		for {
+			select {
+			case <-tick.C:
+				emit(false)
+			case <-quit:
+				emit(true)
+				return
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
+	}
+}
+
 // send is one connection's share of a stream test: write, close the
 // writing side, and wait for the sink's byte count.
-func (r *run) send(c net.Conn, deadline time.Time) (int, error) {
+func (r *run) send(c net.Conn, deadline time.Time, sent *counter) error {
 	msg := make([]byte, r.size)
 	n := 0
 	for ; r.more(n, deadline); n++ {
 		if _, err := c.Write(msg); err != nil {
-			return n, err
+			return err
 		}
+		sent.n.Add(int64(r.size))
 	}
 	cw, ok := c.(interface{ CloseWrite() error })
 	if !ok {
-		return n, fmt.Errorf("%T cannot close its writing side", c)
+		return fmt.Errorf("%T cannot close its writing side", c)
 	}
 	if err := cw.CloseWrite(); err != nil {
-		return n, err
+		return err
 	}
 	var reply [countLen]byte
 	if _, err := io.ReadFull(c, reply[:]); err != nil {
-		return n, fmt.Errorf("waiting for the sink's count: %w", err)
+		return fmt.Errorf("waiting for the sink's count: %w", err)
 	}
 	if got, sent := binary.BigEndian.Uint64(reply[:]), uint64(n)*uint64(r.size); got != sent {
-		return n, fmt.Errorf("sink received %d bytes, %d were sent", got, sent)
+		return fmt.Errorf("sink received %d bytes, %d were sent", got, sent)
 	}
-	return n, nil
+	return nil
+}
+
+// receive is one connection's share of a reverse stream test: tell the
+// server to start, read until it half-closes, and, running for a
+// duration, half-close at the deadline to tell it to stop (what is in
+// flight then still arrives and counts).
+func (r *run) receive(c net.Conn, deadline time.Time, got *counter) error {
+	cw, ok := c.(interface{ CloseWrite() error })
+	if !ok {
+		return fmt.Errorf("%T cannot close its writing side", c)
+	}
+	if _, err := c.Write([]byte{startByte}); err != nil {
+		return err
+	}
+	stopErr := make(chan error, 1)
+	if r.count == 0 {
+		t := time.AfterFunc(time.Until(deadline), func() {
+			err := cw.CloseWrite()
+			if err != nil {
+				c.Close() // the server would never stop: end the Read below
+			}
+			stopErr <- err
+		})
+		defer t.Stop()
+	}
+	// Large enough for many TCP segments, or many rdma messages, per read.
+	buf := make([]byte, 1<<20)
+	for {
+		n, err := c.Read(buf)
+		got.n.Add(int64(n))
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			select {
+			case e := <-stopErr:
+				if e != nil {
+					return fmt.Errorf("telling the server to stop: %w", e)
+				}
+			default:
+			}
+			return err
+		}
+	}
+	if want := uint64(r.count) * uint64(r.size); r.count > 0 && uint64(got.n.Load()) != want {
+		return fmt.Errorf("received %d bytes, the server was to send %d", got.n.Load(), want)
+	}
+	return nil
 }
 
 // idle opens a connection, checks that it works, and reports the CPU time

@@ -1,19 +1,29 @@
 // Command rdmaperf measures github.com/goverbs/rdma connections the way
 // iperf measures TCP: a server on one host, a client on another.
 //
-//	rdmaperf -s [-addr host:port]                      # server
-//	rdmaperf -c host:port -test lat -size 64 -n 10000  # ping-pong latency
-//	rdmaperf -c host:port -test bw -size 65536 -duration 10s
-//	rdmaperf -c host:port -test rate -conns 8          # 64 B message rate
-//	rdmaperf -c host:port -idle 5s                     # CPU used while idle
-//	rdmaperf -local -addr 10.77.0.1:0 -test lat        # both ends in one process
-//	rdmaperf -render results.json                      # bench JSON to markdown
+//	rdmaperf -s [-addr host:port]                  # server, on port 5301 unless told
+//	rdmaperf -c host -test lat -l 64 -n 10000      # ping-pong latency
+//	rdmaperf -c host -test bw -t 10 -P 4           # one-way throughput, client to server
+//	rdmaperf -c host -test bw -R                   # reverse: the server sends
+//	rdmaperf -c host -test rate -P 8               # 64 B message rate
+//	rdmaperf -c host:port -idle 5s                 # CPU used while idle
+//	rdmaperf -local -addr 10.77.0.1:0 -test lat    # both ends in one process
+//	rdmaperf -render results.json                  # bench JSON to markdown
+//
+// iperf3's flags work as its users type them: -c host without a port
+// connects to 5301, the server's default; -t SECONDS (or a duration such as
+// 500ms) is -duration, -P is -conns, -l is -size, -J is -json; -R reverses
+// a bw or rate test (the server writes, the client counts what arrives);
+// -i SECONDS prints what moved in each interval of a bw or rate test
+// (default 1; 0: none), measured at the client: the bytes its Writes
+// accepted, or, reverse, the bytes it received. With -json the intervals
+// go into the result object instead.
 //
 // -net tcp runs the same tests over Go's TCP on the same addresses, for
 // comparison. Latency is reported as half the round trip (p50, p99 and
 // average, in µs), as ib_send_lat does; throughput in MB/s (1 MB = 1e6
-// bytes); message rate in messages/s summed over the connections. -json
-// prints one JSON object per test instead of a sentence.
+// bytes) of one direction; message rate in messages/s summed over the
+// connections. -json prints one JSON object per test instead of a sentence.
 //
 // The client tells the server what to do with a small header at the start
 // of each connection, so one server serves every test.
@@ -25,9 +35,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -44,151 +56,253 @@ type Result struct {
 	Conns    int                `json:"conns,omitempty"`
 	Metrics  map[string]float64 `json:"metrics,omitempty"`
 	Error    string             `json:"error,omitempty"`
+	// Intervals are a bw or rate test's progress reports (-i), with -json.
+	Intervals []Interval `json:"intervals,omitempty"`
 	// Stats are the client connections' counters summed (-stats, rdma).
 	Stats *rdma.ConnStats `json:"stats,omitempty"`
 	Round int             `json:"round,omitempty"` // set by bench/run.sh, which repeats every test
 }
 
-func main() {
-	log.SetFlags(0)
-	log.SetPrefix("rdmaperf: ")
-	var (
-		server   = flag.Bool("s", false, "run a server")
-		connect  = flag.String("c", "", "run a client against the server at `host[:port]` (default port 5301, the server's)")
-		local    = flag.Bool("local", false, "run a server and a client in this process (listening on -addr)")
-		render   = flag.String("render", "", "print the bench results `file` (JSON) as a markdown table and exit")
-		addr     = flag.String("addr", "", "listen `address` (default :5301 for -s; $RDMA_TEST_ADDR:0 for -local)")
-		netw     = flag.String("net", "rdma", "transport: rdma (this library) or tcp (Go's net, for comparison)")
-		test     = flag.String("test", "lat", "client test: lat (ping-pong latency), bw (one-way throughput), rate (message rate) or copy (io.Copy of a file to the connection, and to io.Discard at the server)")
-		copyLen  = flag.Int64("bytes", 1<<30, "copy: the file's size in bytes")
-		plain    = flag.Bool("plain", false, "copy: hide the connection's ReadFrom and WriteTo, so io.Copy goes through its own buffers")
-		size     = flag.Int("size", 0, "message (write) size in bytes (default 64 for lat and rate, 65536 for bw)")
-		count    = flag.Int("n", 0, "round trips (lat) or writes per connection (bw, rate); 0: run for -duration")
-		duration = flag.Duration("duration", 5*time.Second, "how long to run when -n is 0")
-		conns    = flag.Int("conns", 1, "parallel connections (bw, rate)")
-		warmup   = flag.Int("warmup", 100, "unmeasured round trips before a latency test")
-		idle     = flag.Duration("idle", 0, "instead of -test: hold one connection idle this long and report the CPU time used")
-		asJSON   = flag.Bool("json", false, "print each result as a JSON object")
-		verbose  = flag.Bool("v", false, "server: log every connection and error")
-		stats    = flag.Bool("stats", false, "rdma client: print the connections' counters (Conn.Stats) summed, and the devices' totals")
-		bufSize  = flag.Int("buffer", 0, "rdma: per-connection buffer size in bytes (0: library default)")
-		sdepth   = flag.Int("sdepth", 0, "rdma: send buffers per connection (0: library default)")
-		rdepth   = flag.Int("rdepth", 0, "rdma: receive buffers per connection (0: library default)")
-		poll     = flag.String("poll", "adaptive", "rdma: how a waiting Read/Write learns of completions: adaptive (spin, then park), busy (spin) or event (park)")
-		spin     = flag.Duration("spin", 0, "rdma: with -poll adaptive, how long a waiting Read/Write polls before it parks (0: library default, 50µs, longer while recent waits were short)")
-	)
-	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), "usage: rdmaperf -s [-addr host:port] | -c host[:port] [options] | -local [-addr ip:port] [options] | -render results.json\n")
-		flag.PrintDefaults()
-	}
-	// iperf3's names for the same settings, for its users' fingers.
-	flag.DurationVar(duration, "t", *duration, "alias of -duration (iperf3)")
-	flag.IntVar(conns, "P", *conns, "alias of -conns (iperf3)")
-	flag.IntVar(size, "l", *size, "alias of -size (iperf3)")
-	flag.BoolVar(asJSON, "J", *asJSON, "alias of -json (iperf3)")
-	flag.Parse()
-	if flag.NArg() > 0 {
-		flag.Usage()
-		os.Exit(2)
-	}
-	if *render != "" {
-		if err := renderFile(os.Stdout, *render); err != nil {
-			log.Fatal(err)
-		}
-		return
-	}
+// config is the command line, parsed and checked.
+type config struct {
+	server, local bool
+	connect       string // -c as given
+	target        string // -c with the default port added
+	render, addr  string
+	netw, test    string
+	workload      string // what runs: -test, or idle with -idle
+	copyLen       int64
+	plain         bool
+	size, count   int
+	conns, warmup int
+	duration      time.Duration
+	interval      time.Duration
+	idle          time.Duration
+	reverse       bool
+	asJSON        bool
+	verbose       bool
+	stats         bool
+	bufSize       int
+	sdepth        int
+	rdepth        int
+	poll          rdma.PollMode
+	spin          time.Duration
+}
 
+// seconds is a flag of a duration given as iperf3 does, in seconds ("10",
+// "0.5"), or as Go does ("500ms").
+type seconds struct{ d *time.Duration }
+
+func (s seconds) String() string {
+	if s.d == nil {
+		return ""
+	}
+	return s.d.String()
+}
+
+func (s seconds) Set(v string) error {
+	if f, err := strconv.ParseFloat(v, 64); err == nil {
+		*s.d = time.Duration(f * float64(time.Second))
+		return nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return errors.New("want seconds (10, 0.5) or a duration (500ms)")
+	}
+	*s.d = d
+	return nil
+}
+
+// errUsage is a command line that parsed but makes no sense; the message
+// has said why.
+var errUsage = errors.New("usage")
+
+// parseArgs parses and checks the command line (without the program name).
+// Errors of flag syntax are flag's (flag.ErrHelp for -h), already printed
+// to out with the usage; others say what is wrong.
+func parseArgs(args []string, out io.Writer) (*config, error) {
+	cfg := &config{duration: 5 * time.Second, interval: time.Second}
+	fs := flag.NewFlagSet("rdmaperf", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.BoolVar(&cfg.server, "s", false, "run a server")
+	fs.StringVar(&cfg.connect, "c", "", "run a client against the server at `host[:port]` (default port "+defaultPort+", the server's)")
+	fs.BoolVar(&cfg.local, "local", false, "run a server and a client in this process (listening on -addr)")
+	fs.StringVar(&cfg.render, "render", "", "print the bench results `file` (JSON) as a markdown table and exit")
+	fs.StringVar(&cfg.addr, "addr", "", "listen `address` (default :"+defaultPort+" for -s; $RDMA_TEST_ADDR:0 for -local)")
+	fs.StringVar(&cfg.netw, "net", "rdma", "transport: rdma (this library) or tcp (Go's net, for comparison)")
+	fs.StringVar(&cfg.test, "test", "lat", "client test: lat (ping-pong latency), bw (one-way throughput), rate (message rate) or copy (io.Copy of a file to the connection, and to io.Discard at the server)")
+	fs.Int64Var(&cfg.copyLen, "bytes", 1<<30, "copy: the file's size in bytes")
+	fs.BoolVar(&cfg.plain, "plain", false, "copy: hide the connection's ReadFrom and WriteTo, so io.Copy goes through its own buffers")
+	fs.IntVar(&cfg.size, "size", 0, "message (write) size in bytes (default 64 for lat and rate, 65536 for bw)")
+	fs.IntVar(&cfg.count, "n", 0, "round trips (lat) or writes per connection (bw, rate); 0: run for -duration")
+	fs.Var(seconds{&cfg.duration}, "duration", "how long to run when -n is 0: `seconds` or a duration (500ms)")
+	fs.IntVar(&cfg.conns, "conns", 1, "parallel connections (bw, rate)")
+	fs.BoolVar(&cfg.reverse, "R", false, "bw, rate: reverse, the server sends and the client receives (iperf3)")
+	fs.Var(seconds{&cfg.interval}, "i", "bw, rate: `seconds` between progress reports of what moved (iperf3; 0: none)")
+	fs.IntVar(&cfg.warmup, "warmup", 100, "unmeasured round trips before a latency test")
+	fs.DurationVar(&cfg.idle, "idle", 0, "instead of -test: hold one connection idle this long and report the CPU time used")
+	fs.BoolVar(&cfg.asJSON, "json", false, "print each result as a JSON object")
+	fs.BoolVar(&cfg.verbose, "v", false, "server: log every connection and error")
+	fs.BoolVar(&cfg.stats, "stats", false, "rdma client: print the connections' counters (Conn.Stats) summed, and the devices' totals")
+	fs.IntVar(&cfg.bufSize, "buffer", 0, "rdma: per-connection buffer size in bytes (0: library default)")
+	fs.IntVar(&cfg.sdepth, "sdepth", 0, "rdma: send buffers per connection (0: library default)")
+	fs.IntVar(&cfg.rdepth, "rdepth", 0, "rdma: receive buffers per connection (0: library default)")
+	poll := fs.String("poll", "adaptive", "rdma: how a waiting Read/Write learns of completions: adaptive (spin, then park), busy (spin) or event (park)")
+	fs.DurationVar(&cfg.spin, "spin", 0, "rdma: with -poll adaptive, how long a waiting Read/Write polls before it parks (0: library default, 50µs, longer while recent waits were short)")
+	// iperf3's names for the same settings, for its users' fingers.
+	fs.Var(seconds{&cfg.duration}, "t", "alias of -duration (iperf3): `seconds`")
+	fs.IntVar(&cfg.conns, "P", cfg.conns, "alias of -conns (iperf3)")
+	fs.IntVar(&cfg.size, "l", cfg.size, "alias of -size (iperf3)")
+	fs.BoolVar(&cfg.asJSON, "J", cfg.asJSON, "alias of -json (iperf3)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: rdmaperf -s [-addr host:port] | -c host[:port] [options] | -local [-addr ip:port] [options] | -render results.json\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	bad := func(format string, a ...any) (*config, error) {
+		fmt.Fprintf(out, "rdmaperf: "+format+"\n", a...)
+		return nil, errUsage
+	}
+	if fs.NArg() > 0 {
+		return bad("unexpected argument %q", fs.Arg(0))
+	}
+	if cfg.render != "" {
+		return cfg, nil
+	}
 	modes := 0
-	for _, on := range []bool{*server, *connect != "", *local} {
+	for _, on := range []bool{cfg.server, cfg.connect != "", cfg.local} {
 		if on {
 			modes++
 		}
 	}
 	if modes != 1 {
-		log.Print("need one of -s, -c, -local or -render")
-		flag.Usage()
+		return bad("need one of -s, -c, -local or -render (-h for help)")
+	}
+	var err error
+	if cfg.poll, err = rdma.ParsePollMode(*poll); err != nil {
+		return bad("%v", err)
+	}
+	if cfg.server {
+		return cfg, nil
+	}
+	cfg.target = withDefaultPort(cfg.connect)
+	cfg.workload = cfg.test
+	if cfg.idle > 0 {
+		cfg.workload = "idle"
+	}
+	if cfg.size == 0 {
+		cfg.size = 64
+		if cfg.workload == "bw" {
+			cfg.size = 64 << 10
+		}
+	}
+	switch {
+	case cfg.size < 1 || cfg.size > maxMsgSize:
+		return bad("-size %d outside [1, %d]", cfg.size, maxMsgSize)
+	case cfg.conns < 1:
+		return bad("-conns must be at least 1")
+	case cfg.count < 0 || cfg.warmup < 0:
+		return bad("-n and -warmup must not be negative")
+	case cfg.count == 0 && cfg.duration <= 0:
+		return bad("need -n or a positive -duration")
+	case cfg.interval < 0:
+		return bad("-i must not be negative")
+	case cfg.reverse && cfg.workload != "bw" && cfg.workload != "rate":
+		return bad("-R reverses -test bw or rate, not %s", cfg.workload)
+	}
+	return cfg, nil
+}
+
+func main() {
+	log.SetFlags(0)
+	log.SetPrefix("rdmaperf: ")
+	cfg, err := parseArgs(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
 		os.Exit(2)
 	}
-	pm, err := rdma.ParsePollMode(*poll)
-	if err != nil {
-		log.Fatal(err)
+	if cfg.render != "" {
+		if err := renderFile(os.Stdout, cfg.render); err != nil {
+			log.Fatal(err)
+		}
+		return
 	}
-	opts := rdma.Options{BufferSize: *bufSize, SendDepth: *sdepth, RecvDepth: *rdepth, Poll: pm, SpinTime: *spin}
-	tr, err := newTransport(*netw, opts)
+	opts := rdma.Options{BufferSize: cfg.bufSize, SendDepth: cfg.sdepth, RecvDepth: cfg.rdepth, Poll: cfg.poll, SpinTime: cfg.spin}
+	tr, err := newTransport(cfg.netw, opts)
 	if err != nil {
 		log.Fatal(err)
 	}
 
-	if *server {
-		if *addr == "" {
-			*addr = ":" + defaultPort
+	if cfg.server {
+		addr := cfg.addr
+		if addr == "" {
+			addr = ":" + defaultPort
 		}
-		ln, err := tr.listen(*addr)
+		ln, err := tr.listen(addr)
 		if err != nil {
 			log.Fatal(err)
 		}
 		log.Printf("%s server listening on %s", tr.name, ln.Addr())
-		log.Fatal(serve(ln, *verbose))
+		log.Fatal(serve(ln, cfg.verbose))
 	}
 
-	target := withDefaultPort(*connect)
-	if *local {
-		if *addr == "" {
+	target := cfg.target
+	if cfg.local {
+		addr := cfg.addr
+		if addr == "" {
 			a := os.Getenv("RDMA_TEST_ADDR")
 			if a == "" {
 				log.Fatal("-local needs -addr (an address of an RDMA interface, port 0 for any)")
 			}
-			*addr = net.JoinHostPort(a, "0")
+			addr = net.JoinHostPort(a, "0")
 		}
-		ln, err := tr.listen(*addr)
+		ln, err := tr.listen(addr)
 		if err != nil {
 			log.Fatal(err)
 		}
 		defer ln.Close()
 		go func() {
-			if err := serve(ln, *verbose); err != nil {
+			if err := serve(ln, cfg.verbose); err != nil {
 				log.Fatal(err)
 			}
 		}()
 		target = ln.Addr().String()
 	}
 
-	workload := *test
-	if *idle > 0 {
-		workload = "idle"
-	}
-	if *size == 0 {
-		*size = 64
-		if workload == "bw" {
-			*size = 64 << 10
-		}
-	}
-	switch {
-	case *size < 1 || *size > maxMsgSize:
-		log.Fatalf("-size %d outside [1, %d]", *size, maxMsgSize)
-	case *conns < 1:
-		log.Fatal("-conns must be at least 1")
-	case *count < 0 || *warmup < 0:
-		log.Fatal("-n and -warmup must not be negative")
-	case *count == 0 && *duration <= 0:
-		log.Fatal("need -n or a positive -duration")
-	}
+	workload := cfg.workload
+	res := Result{Impl: "rdmaperf/" + tr.name, Workload: workload, Size: cfg.size, Conns: cfg.conns}
 	r := &run{
-		copyLen:  *copyLen,
-		plain:    *plain,
+		copyLen:  cfg.copyLen,
+		plain:    cfg.plain,
 		dial:     func() (net.Conn, error) { return tr.dial(target) },
-		size:     *size,
-		count:    *count,
-		duration: *duration,
-		conns:    *conns,
-		warmup:   *warmup,
+		size:     cfg.size,
+		count:    cfg.count,
+		duration: cfg.duration,
+		conns:    cfg.conns,
+		warmup:   cfg.warmup,
+		reverse:  cfg.reverse,
+		interval: cfg.interval,
+		// Called from one goroutine, and never after stream returns.
+		report: func(iv Interval) {
+			if cfg.asJSON {
+				res.Intervals = append(res.Intervals, iv)
+			} else {
+				fmt.Println(iv)
+			}
+		},
 	}
-	res := Result{Impl: "rdmaperf/" + tr.name, Workload: workload, Size: *size, Conns: *conns}
-	if tr.name == "rdma" && pm != rdma.PollAdaptive {
-		res.Impl += " " + pm.String()
+	if tr.name == "rdma" && cfg.poll != rdma.PollAdaptive {
+		res.Impl += " " + cfg.poll.String()
 	}
-	if workload == "copy" && *plain {
+	if workload == "copy" && cfg.plain {
 		res.Impl += " plain"
+	}
+	if cfg.reverse {
+		res.Impl += " reverse"
 	}
 	switch workload {
 	case "lat":
@@ -198,9 +312,9 @@ func main() {
 		res.Metrics, err = r.stream()
 	case "idle":
 		res.Conns = 1
-		res.Metrics, err = r.idle(*idle)
+		res.Metrics, err = r.idle(cfg.idle)
 	case "copy":
-		res.Conns, res.Size = 1, int(min(*copyLen, maxMsgSize))
+		res.Conns, res.Size = 1, int(min(cfg.copyLen, maxMsgSize))
 		res.Metrics, err = r.copyFile()
 	default:
 		log.Fatalf("unknown -test %q (lat, bw, rate or copy)", workload)
@@ -216,11 +330,11 @@ func main() {
 		}
 		res.Metrics["reg_kib"] = float64(mem) / 1024
 	}
-	if *stats && tr.name == "rdma" {
+	if cfg.stats && tr.name == "rdma" {
 		s := tr.stats()
 		res.Stats = &s
 	}
-	if *asJSON {
+	if cfg.asJSON {
 		b, _ := json.Marshal(res)
 		fmt.Println(string(b))
 	} else {

@@ -1,12 +1,29 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"net"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
+
+// TestMain makes the test binary the command itself when asked to, so the
+// command-line tests run rdmaperf as users do: as processes with flags.
+func TestMain(m *testing.M) {
+	if os.Getenv("RDMAPERF_TEST_MAIN") == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
 
 // startTCP runs a server on loopback TCP: the client and server logic is
 // the same for both transports, and TCP needs no RDMA device.
@@ -71,10 +88,28 @@ func TestHeaderRejectsStrangers(t *testing.T) {
 	if _, err := readHeader(strings.NewReader("GET / HTTP/1.1\r\n")); err == nil {
 		t.Error("an HTTP request was taken for a header")
 	}
-	h := header{kind: kindSink, size: 65536}
-	got, err := readHeader(bytes.NewReader(h.marshal()))
-	if err != nil || got != h {
-		t.Errorf("round trip: got %+v, %v; want %+v", got, err, h)
+	for _, h := range []header{
+		{kind: kindSink, size: 65536},
+		{kind: kindSource, size: 64, count: 1 << 40},
+		{kind: kindSource, size: 1000},
+	} {
+		b := h.marshal()
+		want := headerLen
+		if h.kind == kindSource {
+			want += countExt // the write count follows
+		}
+		if len(b) != want {
+			t.Errorf("%+v marshals to %d bytes, want %d", h, len(b), want)
+		}
+		got, err := readHeader(bytes.NewReader(b))
+		if err != nil || got != h {
+			t.Errorf("round trip: got %+v, %v; want %+v", got, err, h)
+		}
+	}
+	// A source header cut short is an error, not a count of zero.
+	b := header{kind: kindSource, size: 64, count: 5}.marshal()
+	if _, err := readHeader(bytes.NewReader(b[:headerLen+3])); err == nil {
+		t.Error("a source header without its whole count was accepted")
 	}
 }
 
@@ -145,6 +180,271 @@ func TestWithDefaultPort(t *testing.T) {
 	} {
 		if got := withDefaultPort(in); got != want {
 			t.Errorf("withDefaultPort(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestParseArgs(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want func(*config) bool
+	}{
+		{[]string{"-c", "10.77.0.1", "-t", "1"}, func(c *config) bool {
+			return c.target == "10.77.0.1:5301" && c.duration == time.Second && c.workload == "lat" && c.interval == time.Second && !c.reverse
+		}},
+		{[]string{"-c", "h:7", "-test", "bw", "-t", "2.5", "-P", "4", "-l", "1000", "-J", "-R", "-i", "0.5"}, func(c *config) bool {
+			return c.target == "h:7" && c.duration == 2500*time.Millisecond && c.conns == 4 && c.size == 1000 &&
+				c.asJSON && c.reverse && c.interval == 500*time.Millisecond
+		}},
+		// The long names, and Go durations where iperf3 has seconds.
+		{[]string{"-c", "h", "-test", "rate", "-duration", "300ms", "-conns", "2", "-size", "32", "-json", "-i", "250ms"}, func(c *config) bool {
+			return c.duration == 300*time.Millisecond && c.conns == 2 && c.size == 32 && c.asJSON && c.interval == 250*time.Millisecond && c.workload == "rate"
+		}},
+		{[]string{"-c", "h", "-test", "bw", "-i", "0"}, func(c *config) bool { return c.interval == 0 && c.size == 64<<10 }},
+		{[]string{"-c", "h", "-test", "rate", "-R"}, func(c *config) bool { return c.reverse && c.size == 64 }},
+		{[]string{"-local", "-addr", "10.77.0.1:0", "-test", "bw", "-R", "-n", "10"}, func(c *config) bool { return c.local && c.reverse && c.count == 10 }},
+		{[]string{"-s"}, func(c *config) bool { return c.server && c.addr == "" }},
+		{[]string{"-render", "x.json"}, func(c *config) bool { return c.render == "x.json" }},
+	} {
+		var out strings.Builder
+		c, err := parseArgs(tc.args, &out)
+		if err != nil || !tc.want(c) {
+			t.Errorf("%q: got %+v, %v (%s)", tc.args, c, err, out.String())
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"-c", "h", "-R"}, "-R reverses -test bw or rate, not lat"},
+		{[]string{"-c", "h", "-test", "copy", "-R"}, "not copy"},
+		{[]string{"-c", "h", "-R", "-idle", "1s"}, "not idle"},
+		{[]string{"-c", "h", "-test", "bw", "-i", "-1"}, "-i must not be negative"},
+		{[]string{"-c", "h", "-t", "ten"}, "want seconds"},
+		{[]string{"-c", "h", "-t", "0"}, "positive -duration"},
+		{[]string{"-s", "-c", "h"}, "need one of"},
+		{[]string{}, "need one of"},
+		{[]string{"-c", "h", "extra"}, `unexpected argument "extra"`},
+		{[]string{"-c", "h", "-P", "0"}, "-conns must be at least 1"},
+	} {
+		var out strings.Builder
+		if c, err := parseArgs(tc.args, &out); err == nil {
+			t.Errorf("%q accepted: %+v", tc.args, c)
+		} else if !strings.Contains(out.String(), tc.says) {
+			t.Errorf("%q: the complaint %q does not say %q", tc.args, out.String(), tc.says)
+		}
+	}
+}
+
+func TestStreamReverse(t *testing.T) {
+	r := &run{dial: startTCP(t), size: 1000, count: 200, conns: 3, reverse: true}
+	m, err := r.stream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// With a count, the client checks that it received exactly what the
+	// server was to send.
+	if m["count"] != 600 || m["mb_s"] <= 0 || m["msg_s"] <= 0 {
+		t.Errorf("implausible reverse stream figures %v", m)
+	}
+}
+
+// collect returns a report function that keeps the intervals, and a way to
+// read them.
+func collect() (func(Interval), func() []Interval) {
+	var mu sync.Mutex
+	var ivs []Interval
+	return func(iv Interval) {
+			mu.Lock()
+			defer mu.Unlock()
+			ivs = append(ivs, iv)
+		}, func() []Interval {
+			mu.Lock()
+			defer mu.Unlock()
+			return ivs
+		}
+}
+
+func TestStreamIntervals(t *testing.T) {
+	for _, reverse := range []bool{false, true} {
+		report, got := collect()
+		r := &run{dial: startTCP(t), size: 4096, duration: 250 * time.Millisecond, conns: 2,
+			reverse: reverse, interval: 50 * time.Millisecond, report: report}
+		m, err := r.stream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ivs := got()
+		if len(ivs) < 3 {
+			t.Fatalf("reverse %v: %d intervals in 250 ms at 50 ms: %v", reverse, len(ivs), ivs)
+		}
+		// The intervals tile the test and add up to what it moved.
+		var sum int64
+		for i, iv := range ivs {
+			sum += iv.Bytes
+			if iv.End <= iv.Start || (i > 0 && iv.Start != ivs[i-1].End) || iv.MBs < 0 {
+				t.Errorf("reverse %v: interval %d is %+v after %+v", reverse, i, iv, ivs[max(i-1, 0)])
+			}
+		}
+		if ivs[0].Start != 0 || float64(sum) != m["count"]*4096 {
+			t.Errorf("reverse %v: intervals from %v sum to %d bytes, the test moved %v", reverse, ivs[0].Start, sum, m["count"]*4096)
+		}
+		if !strings.HasPrefix(ivs[0].String(), "[  0.00-  0.0") || !strings.Contains(ivs[0].String(), " MB/s ") {
+			t.Errorf("interval line %q", ivs[0])
+		}
+	}
+}
+
+// command runs this test binary as rdmaperf with args.
+func command(ctx context.Context, t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, exe, args...)
+	cmd.Env = append(os.Environ(), "RDMAPERF_TEST_MAIN=1")
+	return cmd
+}
+
+// startServer runs rdmaperf -s with args and returns the address it
+// listens on, once it does; the server is killed when the test ends.
+func startServer(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := command(context.Background(), t, append([]string{"-s", "-v"}, args...)...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var log strings.Builder
+	logDone := make(chan struct{})
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		<-logDone
+		if t.Failed() {
+			t.Logf("server log:\n%s", log.String())
+		}
+	})
+	listening := make(chan string, 1)
+	go func() {
+		defer close(logDone)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			log.WriteString(sc.Text() + "\n")
+			if _, a, ok := strings.Cut(sc.Text(), " server listening on "); ok {
+				listening <- a
+			}
+		}
+		close(listening)
+	}()
+	select {
+	case a, ok := <-listening:
+		if !ok {
+			t.Fatal("the server ended before it listened")
+		}
+		return a
+	case <-time.After(30 * time.Second):
+		t.Fatal("the server did not listen within 30 s")
+	}
+	return ""
+}
+
+var (
+	intervalLine = regexp.MustCompile(`(?m)^\[ *[0-9.]+- *[0-9.]+ s\] +([0-9.]+) MB/s +[0-9]+ msg/s$`)
+	summaryLine  = regexp.MustCompile(`(?m)^rdmaperf/(\w+)( reverse)? bw 65536 B: ([0-9.]+) MB/s`)
+	statsLine    = regexp.MustCompile(`(?m)^client stats: \{BytesWritten:(\d+) BytesRead:(\d+) `)
+)
+
+// client runs rdmaperf -test bw with args, checks that it printed interval
+// lines and a summary with data moved (reverse or not), and returns its
+// output.
+func client(t *testing.T, reverse bool, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := command(ctx, t, append([]string{"-test", "bw"}, args...)...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	b, err := cmd.Output()
+	out := string(b)
+	t.Logf("rdmaperf %s:\n%s%s", strings.Join(args, " "), out, stderr.String())
+	if err != nil {
+		t.Fatalf("rdmaperf %s: %v", strings.Join(args, " "), err)
+	}
+	ivs := intervalLine.FindAllStringSubmatch(out, -1)
+	moved := false
+	for _, iv := range ivs {
+		v, _ := strconv.ParseFloat(iv[1], 64)
+		moved = moved || v > 0
+	}
+	if len(ivs) == 0 || !moved {
+		t.Errorf("no interval line with data moving in the output")
+	}
+	m := summaryLine.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no summary line in the output")
+	}
+	if v, _ := strconv.ParseFloat(m[3], 64); v <= 0 || (m[2] != "") != reverse {
+		t.Errorf("summary %q: want MB/s above 0, reverse %v", m[0], reverse)
+	}
+	return out
+}
+
+// TestCommandTCP runs the command as users do, over TCP, so the host
+// covers what TestCommandDevice does in the VM.
+func TestCommandTCP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: runs the command as processes")
+	}
+	addr := startServer(t, "-net", "tcp", "-addr", "127.0.0.1:0")
+	for _, reverse := range []bool{false, true} {
+		args := []string{"-c", addr, "-net", "tcp", "-t", "0.5", "-i", "0.2"}
+		if reverse {
+			args = append(args, "-R")
+		}
+		out := client(t, reverse, args...)
+		if n := len(intervalLine.FindAllString(out, -1)); n < 2 {
+			t.Errorf("%d interval lines in 0.5 s at 0.2 s", n)
+		}
+	}
+}
+
+// TestCommandDevice runs rdmaperf -c HOST -t 1 (no port: the default one)
+// against rdmaperf -s, forward and with -R, and checks from the client
+// connections' counters that the data went the right way.
+func TestCommandDevice(t *testing.T) {
+	host := os.Getenv("RDMA_TEST_ADDR")
+	if host == "" {
+		t.Skip("no RDMA device: set RDMA_TEST_ADDR to an RDMA interface's IP (make test runs this in the VM)")
+	}
+	if a := startServer(t); !strings.HasSuffix(a, ":"+defaultPort) {
+		t.Fatalf("the server listens on %s, not the default port %s", a, defaultPort)
+	}
+	for _, reverse := range []bool{false, true} {
+		args := []string{"-c", host, "-t", "1", "-stats"}
+		if reverse {
+			args = append(args, "-R")
+		}
+		out := client(t, reverse, args...)
+		m := statsLine.FindStringSubmatch(out)
+		if m == nil {
+			t.Fatal("no client stats in the output")
+		}
+		written, _ := strconv.ParseUint(m[1], 10, 64)
+		read, _ := strconv.ParseUint(m[2], 10, 64)
+		// Besides the data, the client writes the header (and, reverse,
+		// the start byte) and reads the ready byte (and, forward, the
+		// sink's count): a few dozen bytes at most.
+		data, control := written, read
+		if reverse {
+			data, control = read, written
+		}
+		if data < 64<<10 || control > 64 {
+			t.Errorf("reverse %v: the client wrote %d bytes and read %d", reverse, written, read)
 		}
 	}
 }

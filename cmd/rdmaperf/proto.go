@@ -11,13 +11,22 @@ import (
 // iperf's does. The server answers with one byte once it is ready: the
 // client starts its clock only then, which keeps connection setup (slow
 // under rdma_cm) out of the measurement.
+//
+// Reverse tests (-R) added kindSource without a new version: its header is
+// followed by 8 more bytes, the number of writes the server makes (0: until
+// the client half-closes), and after the ready byte the server waits for
+// the client's start byte before it sends. An older server refuses the
+// unknown kind (it closes the connection), and an older client never asks
+// for it, so both pairs of versions go on working for every other test.
 
 const (
 	magic      = "rprf"
 	version    = 1
 	headerLen  = 12
 	readyByte  = 'k'
-	countLen   = 8 // the sink's reply: bytes received, big-endian
+	startByte  = 'g' // reverse: the client's clock has started, send
+	countExt   = 8   // kindSource: the writes to make, big-endian, after the header
+	countLen   = 8   // the sink's reply: bytes received, big-endian
 	maxMsgSize = 1 << 30
 )
 
@@ -30,6 +39,7 @@ const (
 	kindIdle                      // like echo; a separate kind so logs tell them apart
 	kindCopy                      // io.Copy(io.Discard, conn) to EOF, then report the byte count
 	kindCopyPlain                 // the same, hiding the connection's WriteTo
+	kindSource                    // reverse: write size-byte messages to the client
 )
 
 func (k kind) String() string {
@@ -44,21 +54,27 @@ func (k kind) String() string {
 		return "copy"
 	case kindCopyPlain:
 		return "copy (plain)"
+	case kindSource:
+		return "source"
 	}
 	return fmt.Sprintf("kind(%d)", byte(k))
 }
 
 type header struct {
-	kind kind
-	size int // message size for echo and idle; write size (informative) for sink
+	kind  kind
+	size  int    // message size for echo, idle and source; write size (informative) for sink
+	count uint64 // source: writes to make; 0: until the client half-closes
 }
 
 func (h header) marshal() []byte {
-	b := make([]byte, headerLen)
+	b := make([]byte, headerLen, headerLen+countExt)
 	copy(b, magic)
 	b[4] = version
 	b[5] = byte(h.kind)
 	binary.BigEndian.PutUint32(b[8:], uint32(h.size))
+	if h.kind == kindSource {
+		b = binary.BigEndian.AppendUint64(b, h.count)
+	}
 	return b
 }
 
@@ -72,10 +88,17 @@ func readHeader(r io.Reader) (header, error) {
 	}
 	h := header{kind: kind(b[5]), size: int(binary.BigEndian.Uint32(b[8:]))}
 	switch {
-	case h.kind < kindEcho || h.kind > kindCopyPlain:
+	case h.kind < kindEcho || h.kind > kindSource:
 		return h, fmt.Errorf("unknown test kind %d", h.kind)
 	case h.size < 1 || h.size > maxMsgSize:
 		return h, fmt.Errorf("message size %d outside [1, %d]", h.size, maxMsgSize)
+	}
+	if h.kind == kindSource {
+		var c [countExt]byte
+		if _, err := io.ReadFull(r, c[:]); err != nil {
+			return h, fmt.Errorf("reading the write count: %w", err)
+		}
+		h.count = binary.BigEndian.Uint64(c[:])
 	}
 	return h, nil
 }

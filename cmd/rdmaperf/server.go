@@ -3,9 +3,11 @@ package main
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"net"
+	"sync/atomic"
 )
 
 // serve accepts connections until the listener is closed. Each connection
@@ -45,6 +47,8 @@ func handle(c net.Conn, verbose bool) error {
 		return sink(c)
 	case kindCopy, kindCopyPlain:
 		return copySink(c, h.kind == kindCopyPlain)
+	case kindSource:
+		return source(c, h.size, h.count)
 	default:
 		return echo(c, h.size)
 	}
@@ -107,4 +111,47 @@ func copySink(c net.Conn, plain bool) error {
 	binary.BigEndian.PutUint64(reply[:], uint64(n))
 	_, err = c.Write(reply[:])
 	return err
+}
+
+// source is the server's side of a reverse test (-R): once the client says
+// start, write size-byte messages, count of them or, with count 0, until
+// the client half-closes, then half-close. The client counts what arrives.
+func source(c net.Conn, size int, count uint64) error {
+	var b [1]byte
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		return fmt.Errorf("waiting for the start: %w", err)
+	}
+	if b[0] != startByte {
+		return fmt.Errorf("unexpected byte %#x instead of the start", b[0])
+	}
+	// A reader waits for the client's half-close (its stop) while the
+	// writer sends; it ends at the latest when handle closes c.
+	var stop atomic.Bool
+	stopped := make(chan error, 1)
+	go func() {
+		_, err := c.Read(b[:])
+		if err == nil {
+			err = errors.New("data from the client during a reverse test")
+		} else if err == io.EOF {
+			err = nil
+		}
+		stop.Store(true)
+		stopped <- err
+	}()
+	msg := make([]byte, size)
+	for i := uint64(0); (count == 0 || i < count) && !stop.Load(); i++ {
+		if _, err := c.Write(msg); err != nil {
+			return err
+		}
+	}
+	cw, ok := c.(interface{ CloseWrite() error })
+	if !ok {
+		return fmt.Errorf("%T cannot close its writing side", c)
+	}
+	if err := cw.CloseWrite(); err != nil {
+		return err
+	}
+	// Done when the client is: with a count it closes once it has read
+	// everything (without one, its half-close came already).
+	return <-stopped
 }
