@@ -15,7 +15,7 @@ VM          := testbed/vm.sh
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 VMTIMEOUT   ?= 1500
 
-.PHONY: all deps check unit fuzz verbs-note vmtest test demo bench microbench clean
+.PHONY: all deps check unit fuzz verbs-note vmtest test info demo bench microbench clean
 
 all: test
 
@@ -66,7 +66,8 @@ vmtest: deps
 	$(GO) test -c -o $(OUT)/rdma.test .
 	$(GO) test -race -c -o $(OUT)/rdma.race.test .
 	$(GO) test -c -o $(OUT)/rdmaperf.test ./cmd/rdmaperf
-	$(VM) --timeout $(VMTIMEOUT) -- sh -c '$(OUT)/rdma.test -test.v -test.count=1 -test.timeout 20m && $(OUT)/rdmaperf.test -test.v -test.count=1 && \
+	$(GO) test -c -o $(OUT)/rdmainfo.test ./cmd/rdmainfo
+	$(VM) --timeout $(VMTIMEOUT) -- sh -c '$(OUT)/rdma.test -test.v -test.count=1 -test.timeout 20m && $(OUT)/rdmaperf.test -test.v -test.count=1 && $(OUT)/rdmainfo.test -test.v -test.count=1 && \
 		echo "=== the same tests under the race detector (-short)" && \
 		$(OUT)/rdma.race.test -test.v -test.count=1 -test.short -test.timeout 20m'
 	@echo "=== two hosts: the same binary on a pair of VMs (testbed/vm.sh --pair), the peer killed last"
@@ -74,6 +75,12 @@ vmtest: deps
 		$(OUT)/rdma.test -test.v -test.count=1 -test.run TwoHostPeerKilled -test.timeout 5m'
 
 test: deps check unit vmtest
+
+# What the test bed's machine has: devices, ports, GIDs, memlock, what fits.
+info: deps
+	mkdir -p $(OUT)
+	$(GO) build -o $(OUT)/rdmainfo ./cmd/rdmainfo
+	$(VM) --timeout 300 -- $(OUT)/rdmainfo
 
 demo: deps
 	mkdir -p $(OUT)

@@ -19,7 +19,7 @@ type memlockError struct {
 
 func (e *memlockError) Error() string {
 	return fmt.Sprintf("%v: registering %d KiB for this connection's buffers exceeds the locked-memory limit "+
-		"(RLIMIT_MEMLOCK %d KiB, shared by every registration of the user): raise it (ulimit -l unlimited, "+
+		"(RLIMIT_MEMLOCK %d KiB, shared by every registration of the process): raise it (ulimit -l unlimited, "+
 		"or LimitMEMLOCK=infinity for a systemd service) or register less per connection "+
 		"(Options.BufferSize, SendDepth and RecvDepth; Options.RegisteredMemory says how much)",
 		e.err, e.need>>10, e.limit>>10)
