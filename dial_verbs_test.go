@@ -3,6 +3,7 @@
 package rdma_test
 
 import (
+	"net"
 	"net/netip"
 	"os"
 	"testing"
@@ -44,4 +45,54 @@ func TestDialServerNeverAnswers(t *testing.T) {
 	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
 	require.Less(t, took, 10*time.Second)
 	t.Logf("a dial to a server that never answers gave up after %v: %v", took.Round(time.Millisecond), err)
+}
+
+// TestRefusedProtocolVersion: a dialer of another protocol version is
+// refused with that reason in the reject (what a dialer of this package
+// reports as a *RefusedError wrapping ErrProtocol), and the listener
+// counts it.
+func TestRefusedProtocolVersion(t *testing.T) {
+	needDevice(t)
+	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	defer ln.Close()
+
+	ch, err := rdmacm.NewEventChannel()
+	require.NoError(t, err)
+	events := make(chan rdmacm.Event, 8)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ch.Run(func(ev rdmacm.Event) { events <- ev })
+	}()
+	defer func() {
+		ch.Interrupt()
+		<-done
+		ch.Destroy()
+	}()
+	id, err := rdmacm.NewID(ch, 1)
+	require.NoError(t, err)
+	defer id.Destroy()
+	next := func(want rdmacm.EventType) rdmacm.Event {
+		t.Helper()
+		select {
+		case ev := <-events:
+			require.Equal(t, want, ev.Type, "%v", ev)
+			return ev
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no %v", want)
+		}
+		return rdmacm.Event{}
+	}
+	dst := netip.MustParseAddrPort(ln.Addr().String())
+	require.NoError(t, id.ResolveAddr(netip.Addr{}, dst, 5000))
+	next(rdmacm.EventAddrResolved)
+	require.NoError(t, id.ResolveRoute(5000))
+	next(rdmacm.EventRouteResolved)
+	hello := rdma.MarshalHello(rdma.WireHello{RecvDepth: 16, CtrlDepth: rdma.CtrlDepth, BufSize: 4096})
+	hello[4] = 2 // an older version of the protocol
+	require.NoError(t, id.ConnectNoQP(hello, 1))
+	ev := next(rdmacm.EventRejected)
+	require.Equal(t, rdma.RefusedProtocol, rdma.ParseReject(ev.PrivateData))
+	require.Equal(t, uint64(1), ln.Stats().Refused[rdma.RefusedProtocol])
 }

@@ -17,3 +17,6 @@ func SetDefaultDialTimeout(d time.Duration) (restore func()) {
 	defaultDialTimeout = d
 	return func() { defaultDialTimeout = old }
 }
+
+// ParseReject reads the reason out of a reject's private data.
+func ParseReject(b []byte) RefuseReason { return parseReject(b) }
