@@ -4,8 +4,9 @@
 #
 #   bench/bench.sh
 #
-# Environment: GO (go), BENCH_ROUNDS (5), BENCH_SECONDS (2), BENCH_GO_MODE (local): passed on to
-# run.sh.
+# Environment: GO (go), BENCH_ROUNDS (5), BENCH_SECONDS (2), BENCH_GO_MODE (pinned: two processes,
+# as iperf users run rdmaperf and as the C peers run; local: both ends in one process): passed on
+# to run.sh.
 # The VM's whole output is kept in .testbed-out/bench.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +20,7 @@ mkdir -p "$out"
 # vm.sh gives the job a clean environment: settings go in through env(1).
 log=$out/bench.log
 rc=0
-testbed/vm.sh --timeout 1200 -- env BENCH_ROUNDS="${BENCH_ROUNDS:-5}" BENCH_SECONDS="${BENCH_SECONDS:-2}" BENCH_GO_MODE="${BENCH_GO_MODE:-local}" \
+testbed/vm.sh --timeout 1200 -- env BENCH_ROUNDS="${BENCH_ROUNDS:-5}" BENCH_SECONDS="${BENCH_SECONDS:-2}" BENCH_GO_MODE="${BENCH_GO_MODE:-pinned}" \
 	bench/run.sh "" "$out/rdmaperf" | tee "$log" || rc=$?
 # run.sh reports failed measurements in the JSON and exits 0; anything else is the test bed's
 # or run.sh's own failure, but whatever JSON came out is still worth keeping.
