@@ -32,9 +32,13 @@ type ledger struct {
 
 // newLedger returns the ledger of a side with recvDepth data receives,
 // all granted to the peer by the handshake: credits are reported in
-// batches of a quarter of them.
+// batches of a quarter of them, but never one by one: with a batch of one,
+// a Read that consumed a request would send a credit message of its own
+// just before the reply that could carry the credit (doubling the round
+// trip of request-response traffic at RecvDepth 4 to 7). A reader that is
+// about to wait returns whatever it has anyway.
 func newLedger(recvDepth int) ledger {
-	return ledger{batch: max(1, recvDepth/4), peerCredits: recvDepth, peerCtrl: ctrlDepth}
+	return ledger{batch: max(2, recvDepth/4), peerCredits: recvDepth, peerCtrl: ctrlDepth}
 }
 
 // arrived accounts for a message of type typ from the peer against what

@@ -19,8 +19,9 @@ func TestLedgerOpen(t *testing.T) {
 		batch, holdAt, ctrl      int
 	}{
 		{"defaults", 16, 16, ctrlDepth, 4, holdDepth, ctrlDepth},
-		{"small window holds at one", 2, 2, ctrlDepth, 1, 1, ctrlDepth},
-		{"three receives", 3, 3, 1, 1, 1, 1},
+		{"small window holds at one", 2, 2, ctrlDepth, 2, 1, ctrlDepth},
+		{"three receives", 3, 3, 1, 2, 1, 1},
+		{"a request is never reported on its own", 4, 4, ctrlDepth, 2, holdDepth, ctrlDepth},
 		{"peer grants more control credits than we use", 64, 64, 200, 16, holdDepth, ctrlDepth},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -78,8 +78,12 @@ func TestConnStatsCreditWaits(t *testing.T) {
 	require.Positive(t, s.Parks, "PollEvent parks")
 	require.Zero(t, s.Spins)
 
-	// Reads: a credit message goes when the reader consumed a batch.
+	// Reads: a credit message goes when the reader consumed a batch (two
+	// messages: one alone waits for a reply to carry its credit).
 	p.deliver(header{typ: msgData}, []byte("a"))
+	p.c.Read(make([]byte, 8))
+	require.Zero(t, p.c.Stats().CreditMessagesSent)
+	p.deliver(header{typ: msgData}, []byte("b"))
 	p.c.Read(make([]byte, 8))
 	require.Equal(t, uint64(1), p.c.Stats().CreditMessagesSent)
 }
