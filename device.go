@@ -71,11 +71,8 @@ func acquireDevice(verbs unsafe.Pointer, cqe int) (*device, error) {
 		devMu.Unlock()
 		return nil, err
 	}
-	// A device set up for this connection alone: it goes again, outside
-	// devMu (see release).
-	delete(devices, verbs)
-	devMu.Unlock()
-	d.destroy()
+	// A device set up for this connection alone goes again.
+	d.retireUnlocking()
 	return nil, err
 }
 
@@ -152,17 +149,26 @@ func (d *device) release(cqe int) {
 		devMu.Unlock()
 		return
 	}
-	delete(devices, d.ctx.Ptr())
-	destroying[d.ctx.Ptr()]++
-	// Not under devMu: destroy waits for the asynchronous events' reader,
-	// which may be removing connections (markRemoved takes devMu).
+	d.retireUnlocking()
+}
+
+// retireUnlocking takes a device nobody uses out of the map and destroys
+// it; it is entered with devMu held and releases it. The destruction runs
+// without devMu: it waits for the asynchronous events' reader, which may be
+// failing connections (markRemoved takes devMu); meanwhile the context
+// counts as in use (destroying), so a removed device is forgotten only
+// once its objects are gone.
+func (d *device) retireUnlocking() {
+	verbs := d.ctx.Ptr()
+	delete(devices, verbs)
+	destroying[verbs]++
 	devMu.Unlock()
 	d.destroy()
 	devMu.Lock()
-	if destroying[d.ctx.Ptr()]--; destroying[d.ctx.Ptr()] == 0 {
-		delete(destroying, d.ctx.Ptr())
+	if destroying[verbs]--; destroying[verbs] == 0 {
+		delete(destroying, verbs)
 	}
-	forgetRemovedLocked(d.ctx.Ptr())
+	forgetRemovedLocked(verbs)
 	devMu.Unlock()
 }
 

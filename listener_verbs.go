@@ -144,10 +144,11 @@ func (l *Listener) request(ev rdmacm.Event) {
 	// A refusal says why, in the reject's private data, and is counted
 	// and reported. The request was acknowledged already, so the new id
 	// can be destroyed here.
+	remote := addrFrom(id.PeerAddr())
 	refuse := func(reason RefuseReason, cause error) {
 		id.Reject(marshalReject(reason))
 		id.Destroy()
-		l.refused(addrFrom(id.PeerAddr()), reason, cause)
+		l.refused(remote, reason, cause)
 	}
 	peer, err := parseHello(ev.PrivateData)
 	if err != nil {
@@ -181,20 +182,21 @@ func (l *Listener) request(ev rdmacm.Event) {
 	c.id = id
 	c.handle = cm.register(c)
 	id.SetHandle(c.handle)
-	if err := c.setup(l.opts); err != nil {
-		reason := refuseReasonOf(err)
+	// From here on the connection's teardown destroys the id.
+	refuseConn := func(reason RefuseReason, cause error) {
 		id.Reject(marshalReject(reason))
 		l.teardownLater(c)
-		l.refused(addrFrom(id.PeerAddr()), reason, err)
+		l.refused(remote, reason, cause)
+	}
+	if err := c.setup(l.opts); err != nil {
+		refuseConn(refuseReasonOf(err), err)
 		return
 	}
 	c.start(peer)
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		id.Reject(marshalReject(RefusedShutdown))
-		l.teardownLater(c)
-		l.refused(c.raddr, RefusedShutdown, nil)
+		refuseConn(RefusedShutdown, nil)
 		return
 	}
 	l.pending[c] = time.Now()
