@@ -41,6 +41,8 @@ func useEveryExport(c *rdma.Conn, l *rdma.Listener) []error {
 	_, _, _ = a.Network(), a.String(), a.AddrPort()
 	_, err = rdma.Options{}.RegisteredMemory()
 	add(err)
+	_, err = rdma.Options{}.CompletionQueueEntries()
+	add(err)
 	_, err = rdma.ParsePollMode(rdma.PollBusy.String())
 	add(err)
 

@@ -81,7 +81,7 @@ func (c *Conn) setup(opts Options) error {
 		return &deviceError{syscall.ENODEV}
 	}
 	c.lay = newLayout(opts)
-	c.cqe = c.lay.recvSlots + c.lay.sendSlots + c.lay.ctrlSlots + 1
+	c.cqe = c.lay.cqEntries()
 	dev, err := acquireDevice(verbs, c.cqe)
 	if err != nil {
 		return err

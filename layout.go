@@ -26,6 +26,11 @@ func newLayout(o Options) layout {
 	}
 }
 
+// cqEntries is what a connection reserves on its device's shared CQ: one
+// entry per receive, send buffer and control message it may have
+// outstanding, and one for the teardown's drain marker.
+func (l layout) cqEntries() int { return l.recvSlots + l.sendSlots + l.ctrlSlots + 1 }
+
 func (l layout) recvOff(i int) int { return i * l.bufSize }
 func (l layout) sendOff(i int) int { return (l.recvSlots + i) * l.bufSize }
 

@@ -220,6 +220,21 @@ func (o Options) RegisteredMemory() (int, error) {
 	return newLayout(o).size(), nil
 }
 
+// CompletionQueueEntries returns how many entries of its device's shared
+// completion queue a connection with these options reserves: one per
+// receive and send it may have outstanding (RecvDepth + SendDepth + 10)
+// and one for its teardown. A device's queue holds at most its max_cqe
+// entries (cmd/rdmainfo reports it), which bounds the connections one
+// process can have on a device; it returns an error for options Dial and
+// Listen would refuse.
+func (o Options) CompletionQueueEntries() (int, error) {
+	o, err := o.normalized()
+	if err != nil {
+		return 0, err
+	}
+	return newLayout(o).cqEntries(), nil
+}
+
 func (o Options) normalized() (Options, error) {
 	if o.BufferSize == 0 {
 		o.BufferSize = DefaultBufferSize

@@ -120,13 +120,6 @@ func (l *Limit) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// The library's per-connection reservations (proto.go, layout.go): control
-// messages in flight each way, and the receive kept for the peer's fin.
-const (
-	ctrlDepth = 4
-	finSlots  = 1
-)
-
 // perConnection fills in the defaults of o and says what one connection
 // end with these Options takes; it fails for Options Dial and Listen would
 // refuse.
@@ -145,18 +138,10 @@ func perConnection(o rdma.Options) (OptionsInfo, error) {
 	if info.RecvDepth == 0 {
 		info.RecvDepth = rdma.DefaultRecvDepth
 	}
-	info.CQEntries = cqEntries(info.SendDepth, info.RecvDepth)
+	if info.CQEntries, err = o.CompletionQueueEntries(); err != nil {
+		return OptionsInfo{}, err
+	}
 	return info, nil
-}
-
-// cqEntries is what a connection end reserves on its device's shared CQ,
-// as conn_verbs.go's setup computes it: its receives (RecvDepth plus the
-// control and fin receives), its sends, its control sends, and one more.
-func cqEntries(sendDepth, recvDepth int) int {
-	recvSlots := recvDepth + ctrlDepth + finSlots
-	sendSlots := sendDepth
-	ctrlSlots := ctrlDepth + finSlots
-	return recvSlots + sendSlots + ctrlSlots + 1
 }
 
 // memlockFit is how many connection ends registering perConn bytes each fit
