@@ -145,10 +145,12 @@ func (l *Listener) request(ev rdmacm.Event) {
 	// and reported. The request was acknowledged already, so the new id
 	// can be destroyed here.
 	remote := addrFrom(id.PeerAddr())
+	// It is counted before the reject goes out, so that a dialer that
+	// has seen its refusal finds it in the listener's Stats.
 	refuse := func(reason RefuseReason, cause error) {
+		l.refused(remote, reason, cause)
 		id.Reject(marshalReject(reason))
 		id.Destroy()
-		l.refused(remote, reason, cause)
 	}
 	peer, err := parseHello(ev.PrivateData)
 	if err != nil {
@@ -184,9 +186,9 @@ func (l *Listener) request(ev rdmacm.Event) {
 	id.SetHandle(c.handle)
 	// From here on the connection's teardown destroys the id.
 	refuseConn := func(reason RefuseReason, cause error) {
+		l.refused(remote, reason, cause)
 		id.Reject(marshalReject(reason))
 		l.teardownLater(c)
-		l.refused(remote, reason, cause)
 	}
 	if err := c.setup(l.opts); err != nil {
 		refuseConn(refuseReasonOf(err), err)

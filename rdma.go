@@ -424,7 +424,9 @@ type ListenConfig struct {
 	// error that says what to do (the locked-memory limit to raise, say).
 	// It runs on the goroutine that answers every connection request of
 	// the process: it must return quickly (log, count) and must not call
-	// the listener. Listener.Stats counts the refusals either way.
+	// the listener. Listener.Stats counts the refusals either way. Both
+	// happen before the reject is sent, so a dialer that has been refused
+	// finds its refusal counted.
 	Refused func(remote net.Addr, err error)
 	Options
 }
