@@ -32,7 +32,7 @@ func (e *asyncError) Unwrap() error { return e.err }
 // asyncEvents applies a device's asynchronous events to the connections
 // its poller dispatches to.
 type asyncEvents struct {
-	p *poller
+	conns connIndex
 
 	mu      sync.Mutex
 	down    *time.Timer // running while the port is down
@@ -44,17 +44,17 @@ func (a *asyncEvents) handle(ev ibv.AsyncEvent) {
 	name := asyncEventString(ev.Type)
 	switch ev.Type {
 	case ibv.EventQPFatal, ibv.EventQPReqErr, ibv.EventQPAccessErr, ibv.EventPathMigErr:
-		if c := a.p.conn(ev.QPNum); c != nil {
+		if c := a.conns.conn(ev.QPNum); c != nil {
 			c.failAsync(&asyncError{name, syscall.ECONNRESET}, false)
 		}
 	case ibv.EventCQErr:
 		// The shared CQ overflowed or broke: no connection of the device
 		// can trust its completions any more.
-		for _, c := range a.p.all() {
+		for _, c := range a.conns.all() {
 			c.failAsync(&asyncError{name, syscall.EIO}, false)
 		}
 	case ibv.EventDeviceFatal:
-		for _, c := range a.p.all() {
+		for _, c := range a.conns.all() {
 			c.failAsync(&deviceError{syscall.ENODEV}, true)
 		}
 	case ibv.EventPortErr:
@@ -84,7 +84,7 @@ func (a *asyncEvents) portStayedDown() {
 		return
 	}
 	err := &asyncError{"port down for " + portDownGrace.String(), syscall.ENETDOWN}
-	for _, c := range a.p.all() {
+	for _, c := range a.conns.all() {
 		c.failAsync(err, false)
 	}
 }
@@ -98,6 +98,13 @@ func (a *asyncEvents) stop() {
 		a.down.Stop()
 		a.down = nil
 	}
+}
+
+// connIndex finds the connections of a device: its pollers' (a device
+// has one per CQ), or a single poller's in tests.
+type connIndex interface {
+	conn(qpNum uint32) completer
+	all() []completer
 }
 
 // conn returns the completer of a QP, if any.

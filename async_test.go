@@ -17,7 +17,7 @@ func newAsyncBed() (*asyncEvents, *fakeCompleter, *fakeCompleter) {
 	a, b := &fakeCompleter{p: p}, &fakeCompleter{p: p}
 	p.add(1, a)
 	p.add(2, b)
-	return &asyncEvents{p: p}, a, b
+	return &asyncEvents{conns: p}, a, b
 }
 
 func TestAsyncQPEventFailsItsConnection(t *testing.T) {

@@ -22,6 +22,7 @@ type connSys struct {
 	handle uintptr
 	id     *rdmacm.ID
 	dev    *device
+	cqs    *cqShard // the device's CQ its QP uses
 	vqp    *ibv.QP
 	ar     *arena
 	lay    layout
@@ -82,26 +83,26 @@ func (c *Conn) setup(opts Options) error {
 	}
 	c.lay = newLayout(opts)
 	c.cqe = c.lay.cqEntries()
-	dev, err := acquireDevice(verbs, c.cqe)
+	dev, cqs, err := acquireDevice(verbs, c.cqe)
 	if err != nil {
 		return err
 	}
-	c.dev = dev
-	if c.ar, err = newArena(dev.pd, c.lay.size()); err != nil {
+	c.dev, c.cqs = dev, cqs
+	if c.ar, err = dev.pool.get(dev.pd, c.lay.size()); err != nil {
 		return err
 	}
 	dev.addRegistered(len(c.ar.mem))
 	// Two send queue entries more than buffers: the keepalive probe and
 	// the drain marker of the teardown.
-	qp, inline, err := c.id.CreateQP(dev.pd.Ptr(), dev.cq.Ptr(), c.lay.sendSlots+c.lay.ctrlSlots+2, c.lay.recvSlots, 256)
+	qp, inline, err := c.id.CreateQP(dev.pd.Ptr(), cqs.cq.Ptr(), c.lay.sendSlots+c.lay.ctrlSlots+2, c.lay.recvSlots, 256)
 	if err != nil {
 		return err
 	}
 	c.vqp = ibv.QPFrom(qp)
-	dev.add(c.vqp.Num, c)
+	cqs.add(c.vqp.Num, c)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.initDataPath(c.vqp, c.ar.mem, c.lay, c.ar.base, c.ar.mr.LKey, inline, opts, dev)
+	return c.initDataPath(c.vqp, c.ar.mem, c.lay, c.ar.base, c.ar.mr.LKey, inline, opts, cqs)
 }
 
 // start records the peer's geometry once the handshake is done.
@@ -390,7 +391,7 @@ func (c *Conn) releaseVerbs() {
 	c.mu.Unlock()
 
 	if c.vqp != nil {
-		c.dev.remove(c.vqp.Num)
+		c.cqs.remove(c.vqp.Num)
 		// The kernel refuses (EBUSY) to destroy a QP another verb is
 		// using at that moment; nothing of ours should be, but a bounded
 		// retry beats leaking the QP and, with it, the device.
@@ -400,10 +401,10 @@ func (c *Conn) releaseVerbs() {
 	}
 	if c.ar != nil {
 		c.dev.addRegistered(-len(mem))
-		c.ar.free()
+		c.dev.pool.put(c.ar)
 	}
 	if c.dev != nil {
-		c.dev.release(c.cqe)
+		c.dev.release(c.cqs, c.cqe)
 	}
 	// Unregister first: it waits out an event being handled, which may
 	// still use the id.

@@ -4,6 +4,7 @@ package rdma
 
 import (
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/goverbs/rdma/internal/ibv"
@@ -11,27 +12,39 @@ import (
 )
 
 // device holds what all connections on one ibv_context share: a protection
-// domain, one completion queue with its completion channel, and the poller
-// that drains the queue and hands completions to connections. It exists
-// while connections use it.
+// domain, completion queues (each with its completion channel and the
+// poller that drains it and hands completions to connections: see
+// cqplace.go), and the registered memory of closed connections kept for
+// the next ones. It exists
+// while connections use it, and lingers for deviceLinger after the last
+// one: setting it up (a CQ of thousands of entries, a goroutine) and
+// registering a connection's memory take most of a Dial's time, and a
+// client that dials, asks and hangs up, or a server that serves such
+// clients, would otherwise pay for them on every connection.
 type device struct {
-	*poller
 	ctx *ibv.Context
 	pd  *ibv.PD
-	ch  *ibv.CompChannel
-	cq  *ibv.CQ
+	cqs []*cqShard // under devMu; only ever appended to while the device lives
 
 	async     *ibv.AsyncChannel // the context's asynchronous events
 	events    asyncEvents       // what they do to connections
 	asyncDone chan struct{}     // closed when the reader returns
 
 	ackTimeout uint8 // for its QPs (see ackTimeoutHW)
-	maxCQE     int   // the most entries its CQ may have
+	maxCQE     int   // the most entries a CQ may have
 
-	reserved   int // CQ entries promised to connections, under devMu
-	refs       int // under devMu
-	registered int // bytes connections registered, under devMu
+	refs       int         // under devMu
+	registered int         // bytes connections registered, under devMu
+	idle       *time.Timer // while it lingers with no reference, under devMu
+
+	pool arenaPool
 }
+
+// deviceLinger is how long a device stays set up after its last
+// connection is gone. Short enough that a process that stops using RDMA
+// gives everything back at once for any practical purpose (and goleak's
+// default patience covers it); long enough for dial-and-hang-up loops.
+var deviceLinger = 500 * time.Millisecond
 
 var (
 	devMu   sync.Mutex
@@ -44,56 +57,95 @@ var (
 	destroying = map[unsafe.Pointer]int{} // devices out of the map, objects not yet destroyed
 )
 
-// initialCQE is the first size of a device's CQ; it grows as connections
-// are added.
+// cqShard is one of a device's completion queues and what drains it.
+type cqShard struct {
+	*poller
+	ch       *ibv.CompChannel
+	cq       *ibv.CQ
+	reserved int // entries promised to its connections, under devMu
+}
+
+// initialCQE is the first size of a CQ; it grows as connections are
+// added.
 const initialCQE = 8192
 
 // acquireDevice returns the device for an ibv_context with one more
-// reference and cqe more CQ entries reserved, setting it up on first use.
-func acquireDevice(verbs unsafe.Pointer, cqe int) (*device, error) {
+// reference, and the CQ on which cqe entries were reserved for the
+// connection, setting either up on first use.
+func acquireDevice(verbs unsafe.Pointer, cqe int) (*device, *cqShard, error) {
 	devMu.Lock()
 	d := devices[verbs]
 	if d == nil {
 		var err error
 		if d, err = newDevice(ibv.ContextFrom(verbs)); err != nil {
 			devMu.Unlock()
-			return nil, err
+			return nil, nil, err
 		}
 		devices[verbs] = d
+	} else if d.idle != nil {
+		d.idle.Stop()
+		d.idle = nil
 	}
-	err := d.reserve(cqe)
+	s, err := d.reserve(cqe)
 	if err == nil {
 		d.refs++
 		devMu.Unlock()
-		return d, nil
+		return d, s, nil
 	}
 	if d.refs > 0 {
 		devMu.Unlock()
-		return nil, err
+		return nil, nil, err
 	}
 	// A device set up for this connection alone goes again.
 	d.retireUnlocking()
-	return nil, err
+	return nil, nil, err
 }
 
-// reserve promises cqe more entries of the shared CQ, growing it (to
-// twice its size, but never past the device's max_cqe) when they do not
-// fit; devMu is held.
-func (d *device) reserve(cqe int) error {
-	need := d.reserved + cqe
-	if need > d.maxCQE {
-		return &cqLimitError{need: need, max: d.maxCQE, perConn: cqe, conns: d.refs}
+// reserve promises cqe entries of one of the device's CQs, growing one or
+// creating one as placeCQ decides; devMu is held.
+func (d *device) reserve(cqe int) (*cqShard, error) {
+	loads := make([]cqLoad, len(d.cqs))
+	for i, s := range d.cqs {
+		loads[i] = cqLoad{cap: s.cq.Cap, reserved: s.reserved}
 	}
-	if need > d.cq.Cap {
-		d.cqMu.Lock()
-		err := d.cq.Resize(min(max(need, 2*d.cq.Cap), d.maxCQE))
-		d.cqMu.Unlock()
+	p, err := placeCQ(loads, cqe, d.maxCQE, initialCQE)
+	if err != nil {
+		return nil, err
+	}
+	var s *cqShard
+	if p.index < 0 {
+		if s, err = d.newCQ(p.size); err != nil {
+			return nil, err
+		}
+	} else if s = d.cqs[p.index]; p.size > s.cq.Cap {
+		s.cqMu.Lock()
+		err := s.cq.Resize(p.size)
+		s.cqMu.Unlock()
 		if err != nil {
-			return err
+			return nil, err
 		}
 	}
-	d.reserved = need
-	return nil
+	s.reserved += cqe
+	return s, nil
+}
+
+// newCQ adds a CQ of size entries, with its channel and poller goroutine;
+// devMu is held.
+func (d *device) newCQ(size int) (*cqShard, error) {
+	ch, err := d.ctx.CreateCompChannel()
+	if err != nil {
+		return nil, err
+	}
+	cq, err := d.ctx.CreateCQ(size, ch)
+	if err != nil {
+		ch.Interrupt()
+		ch.Destroy()
+		return nil, err
+	}
+	s := &cqShard{poller: newPoller(cq, ch), ch: ch, cq: cq}
+	d.cqs = append(d.cqs, s)
+	go s.run()
+	return s, nil
 }
 
 func newDevice(ctx *ibv.Context) (*device, error) {
@@ -101,55 +153,101 @@ func newDevice(ctx *ibv.Context) (*device, error) {
 	if err != nil {
 		return nil, err
 	}
-	ch, err := ctx.CreateCompChannel()
-	if err != nil {
-		pd.Dealloc()
-		return nil, err
-	}
-	cq, err := ctx.CreateCQ(initialCQE, ch)
-	if err != nil {
-		ch.Interrupt()
-		ch.Destroy()
-		pd.Dealloc()
-		return nil, err
-	}
 	async, err := ctx.OpenAsync()
 	if err != nil {
-		cq.Destroy()
-		ch.Interrupt()
-		ch.Destroy()
 		pd.Dealloc()
 		return nil, err
 	}
-	d := &device{poller: newPoller(cq, ch), ctx: ctx, pd: pd, ch: ch, cq: cq, ackTimeout: ackTimeoutHW,
+	d := &device{ctx: ctx, pd: pd, ackTimeout: ackTimeoutHW, maxCQE: initialCQE,
 		async: async, asyncDone: make(chan struct{})}
-	d.events.p = d.poller
+	d.events.conns = d
 	go func() {
 		defer close(d.asyncDone)
 		async.Run(d.events.handle)
 	}()
-	d.maxCQE = max(initialCQE, cq.Cap)
 	if a, err := ctx.Query(); err == nil {
 		if a.VendorID == rxeVendorID {
 			d.ackTimeout = ackTimeoutRXE
 		}
-		d.maxCQE = max(a.MaxCQE, cq.Cap)
+		d.maxCQE = a.MaxCQE
 	}
-	go d.run()
 	return d, nil
 }
 
-// release returns cqe reserved entries and a reference; the last reference
-// stops the poller and destroys the device's objects.
-func (d *device) release(cqe int) {
+// conn returns the completer of a QP of the device, if any.
+func (d *device) conn(qpNum uint32) completer {
+	for _, s := range d.shards() {
+		if c := s.conn(qpNum); c != nil {
+			return c
+		}
+	}
+	return nil
+}
+
+// all returns the completers of every QP of the device.
+func (d *device) all() []completer {
+	var cs []completer
+	for _, s := range d.shards() {
+		cs = append(cs, s.all()...)
+	}
+	return cs
+}
+
+func (d *device) shards() []*cqShard {
 	devMu.Lock()
-	d.reserved -= cqe
+	defer devMu.Unlock()
+	return d.cqs
+}
+
+// release returns cqe reserved entries and a reference. After the last
+// reference the device lingers (deviceLinger), then its poller stops and
+// its objects are destroyed; a removed device goes at once.
+func (d *device) release(s *cqShard, cqe int) {
+	devMu.Lock()
+	s.reserved -= cqe
 	d.refs--
 	if d.refs != 0 {
 		devMu.Unlock()
 		return
 	}
-	d.retireUnlocking()
+	if removed[d.ctx.Ptr()] {
+		d.retireUnlocking()
+		return
+	}
+	var t *time.Timer
+	t = time.AfterFunc(deviceLinger, func() {
+		devMu.Lock()
+		if d.idle != t {
+			// Acquired again meanwhile (or retired).
+			devMu.Unlock()
+			return
+		}
+		d.idle = nil
+		d.retireUnlocking()
+	})
+	d.idle = t
+	devMu.Unlock()
+}
+
+// releaseIdleDevices retires at once every device that only lingers.
+func releaseIdleDevices() {
+	for {
+		devMu.Lock()
+		var idle *device
+		for _, d := range devices {
+			if d.refs == 0 {
+				idle = d
+				break
+			}
+		}
+		if idle == nil {
+			devMu.Unlock()
+			return
+		}
+		idle.idle.Stop()
+		idle.idle = nil
+		idle.retireUnlocking()
+	}
 }
 
 // retireUnlocking takes a device nobody uses out of the map and destroys
@@ -193,6 +291,24 @@ func markRemoved(verbs unsafe.Pointer) {
 	devMu.Lock()
 	defer devMu.Unlock()
 	removed[verbs] = true
+	if d := devices[verbs]; d != nil && d.refs == 0 {
+		// Only lingering: it goes now, since the kernel waits for it. Not
+		// on this goroutine, which may be the one its destruction waits
+		// for (the device's asynchronous events).
+		if d.idle != nil {
+			d.idle.Stop()
+			d.idle = nil
+		}
+		go func() {
+			devMu.Lock()
+			if devices[verbs] != d || d.refs != 0 {
+				devMu.Unlock()
+				return
+			}
+			d.retireUnlocking()
+		}()
+		return
+	}
 	forgetRemovedLocked(verbs)
 }
 
@@ -227,7 +343,11 @@ func devicesStats() []DeviceStats {
 	defer devMu.Unlock()
 	var s []DeviceStats
 	for _, d := range devices {
-		s = append(s, DeviceStats{Name: d.ctx.Name(), Connections: d.refs, CQEntries: d.cq.Cap, RegisteredBytes: d.registered})
+		st := DeviceStats{Name: d.ctx.Name(), Connections: d.refs, CompletionQueues: len(d.cqs), RegisteredBytes: d.registered, PooledBytes: d.pool.size()}
+		for _, q := range d.cqs {
+			st.CQEntries += q.cq.Cap
+		}
+		s = append(s, st)
 	}
 	return s
 }
@@ -238,8 +358,11 @@ func (d *device) destroy() {
 	d.async.Interrupt()
 	<-d.asyncDone
 	d.events.stop()
-	d.shutdown(d.ch.Interrupt)
-	d.cq.Destroy()
-	d.ch.Destroy()
+	for _, s := range d.cqs {
+		s.shutdown(s.ch.Interrupt)
+		s.cq.Destroy()
+		s.ch.Destroy()
+	}
+	d.pool.drop()
 	d.pd.Dealloc()
 }

@@ -20,3 +20,16 @@ func SetDefaultDialTimeout(d time.Duration) (restore func()) {
 
 // ParseReject reads the reason out of a reject's private data.
 func ParseReject(b []byte) RefuseReason { return parseReject(b) }
+
+// ReleaseIdleDevices gives back at once what devices without connections
+// keep for a while (their CQ, poller goroutine and pooled memory), so that
+// a test can check that nothing else is left.
+func ReleaseIdleDevices() { releaseIdleDevices() }
+
+// SetDeviceLinger changes how long a device without connections stays set
+// up, for a test, and returns what restores it.
+func SetDeviceLinger(d time.Duration) (restore func()) {
+	old := deviceLinger
+	deviceLinger = d
+	return func() { deviceLinger = old }
+}

@@ -24,10 +24,11 @@ type listenerSys struct {
 	verbs    unsafe.Pointer // the device's context it is bound to (none for a wildcard)
 	idOnce   sync.Once      // the id goes once: by Close, or when the device goes
 
-	mu      sync.Mutex
-	closed  bool
-	pending map[*Conn]time.Time // accepted by us, not yet established: since when
-	wg      sync.WaitGroup      // teardowns started from the CM goroutine
+	mu        sync.Mutex
+	closed    bool
+	pending   map[*Conn]time.Time // accepted by us, not yet established: since when
+	settingUp int                 // requests whose connection is being set up
+	wg        sync.WaitGroup      // setups and teardowns started from the CM goroutine
 }
 
 // Half-open connections (accepted by us, the dialer's confirmation not yet
@@ -37,8 +38,8 @@ type listenerSys struct {
 // memory until the CM gives up, minutes later, and fill the backlog.
 // So at most halfOpenMemory of them are kept, or minHalfOpen connections'
 // worth if that is more (never more than the backlog: a burst of dials,
-// an HTTP client opening 20 connections at once, must fit while the CM
-// goroutine works through their requests one by one); a request that finds
+// an HTTP client opening 20 connections at once, must fit while their
+// setups run); a request that finds
 // them all taken evicts the oldest one if it is older than halfOpenGrace
 // (a handshake that has not finished by then is not coming), and is
 // refused otherwise.
@@ -91,10 +92,12 @@ func listen(ap netip.AddrPort, backlog int, opts Options, onRefuse func(net.Addr
 	if l.verbs != nil {
 		addListener(l.verbs, 1)
 	}
+	// The address is known once bound, and must be set before requests
+	// come in: their refusals name it.
+	l.addr = addrFrom(l.id.LocalAddr())
 	if err := l.id.Listen(backlog); err != nil {
 		return fail(err)
 	}
-	l.addr = addrFrom(l.id.LocalAddr())
 	return l, nil
 }
 
@@ -164,9 +167,9 @@ func (l *Listener) request(ev rdmacm.Event) {
 	switch {
 	case l.closed:
 		reason = RefusedShutdown
-	case len(l.pending)+len(l.queue) >= l.backlog:
+	case l.settingUp+len(l.pending)+len(l.queue) >= l.backlog:
 		reason = RefusedBacklog
-	case len(l.pending) >= l.halfOpen && !l.evictOldest(time.Now().Add(-halfOpenGrace)):
+	case l.settingUp+len(l.pending) >= l.halfOpen && !l.evictOldest(time.Now().Add(-halfOpenGrace)):
 		reason = RefusedBacklog
 	}
 	l.mu.Unlock()
@@ -184,28 +187,53 @@ func (l *Listener) request(ev rdmacm.Event) {
 	c.id = id
 	c.handle = cm.register(c)
 	id.SetHandle(c.handle)
-	// From here on the connection's teardown destroys the id.
-	refuseConn := func(reason RefuseReason, cause error) {
-		l.refused(remote, reason, cause)
-		id.Reject(marshalReject(reason))
-		l.teardownLater(c)
-	}
-	if err := c.setup(l.opts); err != nil {
-		refuseConn(refuseReasonOf(err), err)
-		return
-	}
-	c.start(peer)
+	// The connection's memory, QP and receives are set up on a goroutine
+	// of its own: that takes milliseconds (more when the memory is not
+	// pooled yet), and on this goroutine it would serialize every dialer
+	// of the process behind it. Until then the new id has no event of its
+	// own to deliver but a failure, which finds it not pending and is
+	// left to the failing accept.
 	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		refuseConn(RefusedShutdown, nil)
+	l.settingUp++
+	l.wg.Add(1)
+	l.mu.Unlock()
+	go func() {
+		defer l.wg.Done()
+		l.accept(c, peer, remote)
+	}()
+}
+
+// accept sets up the data path of a requested connection and accepts it,
+// or refuses it with the reason its setup failed.
+func (l *Listener) accept(c *Conn, peer hello, remote *Addr) {
+	// From here on the connection's teardown destroys the id.
+	refuse := func(reason RefuseReason, cause error) {
+		l.refused(remote, reason, cause)
+		c.id.Reject(marshalReject(reason))
+		c.teardown(false)
+	}
+	err := c.setup(l.opts)
+	if err == nil {
+		c.start(peer)
+	}
+	l.mu.Lock()
+	l.settingUp--
+	closed := l.closed
+	if err == nil && !closed {
+		l.pending[c] = time.Now()
+	}
+	l.mu.Unlock()
+	switch {
+	case err != nil:
+		refuse(refuseReasonOf(err), err)
+		return
+	case closed:
+		refuse(RefusedShutdown, nil)
 		return
 	}
-	l.pending[c] = time.Now()
-	l.mu.Unlock()
-	err = id.SetAckTimeout(c.dev.ackTimeout)
+	err = c.id.SetAckTimeout(c.dev.ackTimeout)
 	if err == nil {
-		err = id.Accept(c.hello().marshal())
+		err = c.id.Accept(c.hello().marshal())
 	}
 	if err != nil {
 		l.failed(c)
@@ -234,7 +262,7 @@ func (l *Listener) evictOldest(cutoff time.Time) bool {
 func (l *Listener) halfOpenNow() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.pending)
+	return l.settingUp + len(l.pending)
 }
 
 // teardownLater tears c down off the CM goroutine: the teardown waits for

@@ -56,6 +56,7 @@ func TestMain(m *testing.M) {
 		before = resources()
 	}
 	code := m.Run()
+	rdma.ReleaseIdleDevices()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)

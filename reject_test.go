@@ -65,8 +65,8 @@ func TestResourceErrorsSayWhatToDo(t *testing.T) {
 	require.Contains(t, mm.Error(), "4096 KiB")
 	require.ErrorIs(t, mm, syscall.ENOMEM)
 
-	cq := &cqLimitError{need: 32790, max: 32767, perConn: 43, conns: 762}
-	for _, want := range []string{"32790", "32767 (max_cqe)", "762 connections", "takes 43", "SendDepth and RecvDepth"} {
+	cq := &cqLimitError{need: 32790, max: 32767}
+	for _, want := range []string{"takes 32790", "32767 per completion queue (max_cqe)", "SendDepth and RecvDepth"} {
 		require.Contains(t, cq.Error(), want)
 	}
 	require.ErrorIs(t, cq, syscall.ENOSPC)

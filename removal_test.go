@@ -244,3 +244,59 @@ func TestPortDown(t *testing.T) {
 	}
 	setLink("up")
 }
+
+// TestDeviceRemovalWhileIdle deletes the device while the process holds
+// it only for reuse (its connections closed, the device lingering with
+// their memory pooled) and a listener is bound to it: the library lets go
+// at once, not when the linger would have ended.
+func TestDeviceRemovalWhileIdle(t *testing.T) {
+	needDevice(t)
+	out, err := exec.Command("rdma", "link", "show").Output()
+	require.NoError(t, err)
+	m := rxeLinkRE.FindStringSubmatch(string(out))
+	if m == nil {
+		t.Skipf("no software RDMA link to delete and add again: %s", out)
+	}
+	dev, netdev := m[1], m[2]
+
+	// Lingering for a minute, the device would outlast the delete's
+	// bound of 30 s unless the removal ends the linger.
+	defer rdma.SetDeviceLinger(time.Minute)()
+	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	defer ln.Close()
+	accepted := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			err = c.Close()
+		}
+		accepted <- err
+	}()
+	c, err := rdma.Dial("rdma", ln.Addr().String())
+	require.NoError(t, err)
+	require.NoError(t, <-accepted)
+	require.NoError(t, c.Close())
+	d := waitDevice(t, "closed", func(d rdma.DeviceStats, listed bool) bool { return listed && d.Connections == 0 })
+	require.Positive(t, d.PooledBytes)
+
+	took, err := rdmaLink(t, 30*time.Second, "delete", dev)
+	require.NoError(t, err, "rdma link delete completes while the device lingers")
+	t.Logf("rdma link delete %s took %v", dev, took.Round(time.Millisecond))
+	_, err = ln.Accept()
+	require.ErrorIs(t, err, rdma.ErrNoDevice)
+	_, listed := deviceStat()
+	require.False(t, listed, "the device is gone")
+	_, err = rdmaLink(t, 30*time.Second, "add", dev, "type", "rxe", "netdev", netdev)
+	require.NoError(t, err)
+	ln2, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err, "Listen after the device came back")
+	defer ln2.Close()
+	wg := serveEcho(ln2)
+	defer wg.Wait()
+	defer ln2.Close()
+	c, err = rdma.Dial("rdma", ln2.Addr().String())
+	require.NoError(t, err, "Dial after the device came back")
+	transfer(t, c, c, "the device is back")
+	require.NoError(t, c.Close())
+}

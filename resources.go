@@ -40,19 +40,17 @@ func (e *mmapError) Error() string {
 
 func (e *mmapError) Unwrap() error { return e.err }
 
-// cqLimitError: the device's shared completion queue cannot grow enough
-// for one more connection.
+// cqLimitError: one connection needs more CQ entries than a completion
+// queue of the device may have (more connections get more CQs, but one
+// connection's QP completes on one CQ).
 type cqLimitError struct {
-	need, max int // entries the CQ would need, and its maximum (max_cqe)
-	perConn   int // entries this connection takes
-	conns     int // connections the device already serves
+	need, max int // entries the connection would need, and a CQ's maximum (max_cqe)
 }
 
 func (e *cqLimitError) Error() string {
-	return fmt.Sprintf("the device's completion queue would need %d entries, more than its maximum of %d (max_cqe): "+
-		"%d connections of this process use it and each takes %d with these Options (RecvDepth + SendDepth + 11); "+
-		"lower SendDepth and RecvDepth, or spread the connections over more devices",
-		e.need, e.max, e.conns, e.perConn)
+	return fmt.Sprintf("a connection with these Options takes %d completion queue entries (RecvDepth + SendDepth + 11), "+
+		"more than the device's maximum of %d per completion queue (max_cqe): lower SendDepth and RecvDepth",
+		e.need, e.max)
 }
 
 func (e *cqLimitError) Unwrap() error { return syscall.ENOSPC }

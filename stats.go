@@ -49,14 +49,20 @@ func (c *Conn) Stats() ConnStats {
 // DeviceStats are the totals of one RDMA device that connections of this
 // process use.
 type DeviceStats struct {
-	Name            string // the device, e.g. "rxe0" or "mlx5_0"
-	Connections     int    // connections using it, including those being set up or torn down
-	CQEntries       int    // the size of its shared completion queue
-	RegisteredBytes int    // memory registered by those connections
+	Name        string // the device, e.g. "rxe0" or "mlx5_0"
+	Connections int    // connections using it, including those being set up or torn down
+	CQEntries   int    // the size of its completion queues, together
+	// CompletionQueues is how many CQs its connections share: one until
+	// it reaches the device's max_cqe, then as many as needed.
+	CompletionQueues int
+	RegisteredBytes  int // memory registered by those connections
+	// PooledBytes is registered memory of closed connections, kept for
+	// the next ones while the device is in use (at most 32 MiB).
+	PooledBytes int
 }
 
 // Devices returns the totals of every device in use by this process; none
-// when no connection or listener holds one.
+// when no connection has used one for half a second.
 func Devices() []DeviceStats { return devicesStats() }
 
 // countWait records how a Read's or Write's wait ended; mu is held.

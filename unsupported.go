@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"time"
 
 	"github.com/goverbs/rdma/internal/ibv"
 )
@@ -26,6 +27,10 @@ func (c *Conn) deviceRemoved()            {}
 func asyncEventString(t ibv.AsyncEventType) string { return fmt.Sprintf("event %d", int(t)) }
 
 func devicesStats() []DeviceStats { return nil }
+
+func releaseIdleDevices() {}
+
+var deviceLinger time.Duration
 
 type listenerSys struct{}
 

@@ -17,11 +17,12 @@
 // Each connection end (a dialed connection, or one accepted by a listener)
 // registers Options.RegisteredMemory bytes, counted against RLIMIT_MEMLOCK
 // unless the process has CAP_IPC_LOCK; and it reserves RecvDepth +
-// SendDepth + 11 entries of its device's completion queue (receives with 5
-// reserved for credits and the fin, sends, 5 control sends, 1 spare), which
-// one process shares per device and which cannot grow past the device's
-// max_cqe; each also takes one of the device's max_qp queue pairs. Both
-// figures are per process.
+// SendDepth + 11 entries of a completion queue of its device (receives with
+// 5 reserved for credits and the fin, sends, 5 control sends, 1 spare):
+// one process's connections share CQs of at most max_cqe entries, as many
+// as needed up to the device's max_cq; each also takes one of the device's
+// max_qp queue pairs and one of its max_mr memory regions. Both figures are
+// per process.
 //
 // The exit status is 0 when some port is ACTIVE, 1 when no device has an
 // active port (or none could be listed), 2 for a bad command line.
@@ -38,9 +39,9 @@
 //	      "vendor_part_id": 0,
 //	      "node_guid": "3cf9:ebff:fe8b:de84",
 //	      "firmware": "0.0.0",
-//	      "max_qp": 1048560, "max_qp_wr": 1048576, "max_cqe": 32767,
+//	      "max_qp": 1048560, "max_qp_wr": 1048576, "max_cq": 16384, "max_cqe": 32767,
 //	      "max_mr": 524287, "max_mr_size": 18446744073709551615,
-//	      "connections": 762,         // connection ends of one process that fit: min(max_cqe / cq_entries, max_qp)
+//	      "connections": 262144,      // connection ends of one process that fit: min(max_cq × ⌊max_cqe / cq_entries⌋, max_qp, max_mr)
 //	      "ports": [
 //	        {
 //	          "port": 1,

@@ -106,8 +106,8 @@ func device(d ibv.DeviceInfo, cqEntries int) Device {
 	out.VendorID, out.VendorPartID = d.VendorID, d.VendorPartID
 	out.NodeGUID = formatGUID(d.NodeGUID)
 	out.Firmware = d.FWVersion
-	out.MaxQP, out.MaxQPWR, out.MaxCQE, out.MaxMR, out.MaxMRSize = d.MaxQP, d.MaxQPWR, d.MaxCQE, d.MaxMR, d.MaxMRSize
-	out.Connections = deviceFit(d.MaxCQE, d.MaxQP, cqEntries)
+	out.MaxQP, out.MaxQPWR, out.MaxCQ, out.MaxCQE, out.MaxMR, out.MaxMRSize = d.MaxQP, d.MaxQPWR, d.MaxCQ, d.MaxCQE, d.MaxMR, d.MaxMRSize
+	out.Connections, _ = deviceFit(out, cqEntries)
 	for _, p := range d.Ports {
 		out.Ports = append(out.Ports, port(p))
 	}

@@ -119,12 +119,14 @@ func TestDeviceJSON(t *testing.T) {
 	require.Regexp(t, `^[0-9a-f]{4}(:[0-9a-f]{4}){3}$`, d.NodeGUID)
 	require.Positive(t, d.MaxCQE)
 	require.Positive(t, d.MaxQP)
+	require.Positive(t, d.MaxCQ)
+	require.Positive(t, d.MaxMR)
 
 	require.Equal(t, OptionsInfo{BufferSize: 4096, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 45 * 4096, CQEntries: 51}, r.Options)
 	mem, err := testOpts.RegisteredMemory()
 	require.NoError(t, err)
 	require.Equal(t, mem, r.Options.RegisteredBytes)
-	require.Equal(t, min(d.MaxCQE/51, d.MaxQP), d.Connections)
+	require.Equal(t, min(d.MaxCQ*(d.MaxCQE/51), d.MaxQP, d.MaxMR), d.Connections)
 
 	// The test bed runs as root with ulimit -l unlimited.
 	if os.Geteuid() == 0 {

@@ -33,6 +33,7 @@ type Device struct {
 	Firmware     string `json:"firmware"`
 	MaxQP        int    `json:"max_qp"`
 	MaxQPWR      int    `json:"max_qp_wr"`
+	MaxCQ        int    `json:"max_cq"`
 	MaxCQE       int    `json:"max_cqe"`
 	MaxMR        int    `json:"max_mr"`
 	MaxMRSize    uint64 `json:"max_mr_size"`
@@ -157,13 +158,23 @@ func memlockFit(soft Limit, capIPCLock bool, perConn int) Limit {
 	return Limit{N: soft.N / uint64(perConn)}
 }
 
-// deviceFit is how many connection ends of one process a device holds:
-// their CQ entries within max_cqe, one QP each within max_qp.
-func deviceFit(maxCQE, maxQP, cqEntries int) int {
-	if cqEntries <= 0 {
-		return 0
+// deviceFit is how many connection ends of one process a device holds, and
+// the device limit that binds: each takes CQ entries (a process's
+// connections share CQs of at most max_cqe entries each, and the device
+// has at most max_cq of them), one QP of max_qp and one memory region of
+// max_mr.
+func deviceFit(d Device, cqEntries int) (int, string) {
+	if cqEntries <= 0 || cqEntries > d.MaxCQE {
+		return 0, "max_cqe"
 	}
-	return max(0, min(maxCQE/cqEntries, maxQP))
+	n, bound := d.MaxCQ*(d.MaxCQE/cqEntries), "max_cq × max_cqe"
+	if d.MaxQP < n {
+		n, bound = d.MaxQP, "max_qp"
+	}
+	if d.MaxMR < n {
+		n, bound = d.MaxMR, "max_mr"
+	}
+	return max(0, n), bound
 }
 
 // Names of the IB encodings of a port's physical state, width and speed
@@ -271,8 +282,8 @@ func (r *Report) writeText(w io.Writer) error {
 		if d.Firmware != "" {
 			fmt.Fprintf(tw, ", firmware %s", d.Firmware)
 		}
-		fmt.Fprintf(tw, "\n  max_qp %d, max_qp_wr %d, max_cqe %d, max_mr %d, max_mr_size %s\n",
-			d.MaxQP, d.MaxQPWR, d.MaxCQE, d.MaxMR, bytesIEC(d.MaxMRSize))
+		fmt.Fprintf(tw, "\n  max_qp %d, max_qp_wr %d, max_cq %d, max_cqe %d, max_mr %d, max_mr_size %s\n",
+			d.MaxQP, d.MaxQPWR, d.MaxCQ, d.MaxCQE, d.MaxMR, bytesIEC(d.MaxMRSize))
 		for _, p := range d.Ports {
 			if p.Error != "" {
 				fmt.Fprintf(tw, "  port %d: %s\n", p.Port, p.Error)
@@ -312,10 +323,7 @@ func (r *Report) writeText(w io.Writer) error {
 	fits := []string{m.Connections.String() + " within memlock"}
 	for _, d := range r.Devices {
 		if d.Error == "" {
-			bound := "max_cqe"
-			if d.MaxQP < d.MaxCQE/max(o.CQEntries, 1) {
-				bound = "max_qp"
-			}
+			_, bound := deviceFit(d, o.CQEntries)
 			fits = append(fits, fmt.Sprintf("%d within %s's %s", d.Connections, d.Name, bound))
 		}
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -65,10 +66,19 @@ func TestMemlockFit(t *testing.T) {
 }
 
 func TestDeviceFit(t *testing.T) {
-	require.Equal(t, 762, deviceFit(32767, 1<<20, 43)) // rxe, the defaults
-	require.Equal(t, 100, deviceFit(32767, 100, 43))   // max_qp binds
-	require.Equal(t, 0, deviceFit(40, 100, 43))
-	require.Equal(t, 0, deviceFit(100, 100, 0))
+	rxe := Device{MaxCQ: 16384, MaxCQE: 32767, MaxQP: 1048560, MaxMR: 262144}
+	fit := func(d Device, cqe int) string {
+		n, bound := deviceFit(d, cqe)
+		return fmt.Sprintf("%d %s", n, bound)
+	}
+	require.Equal(t, "262144 max_mr", fit(rxe, 43)) // rxe, the defaults
+	few := rxe
+	few.MaxCQ = 2
+	require.Equal(t, "1524 max_cq × max_cqe", fit(few, 43))
+	few.MaxQP = 100
+	require.Equal(t, "100 max_qp", fit(few, 43))
+	require.Equal(t, "0 max_cqe", fit(Device{MaxCQ: 4, MaxCQE: 40, MaxQP: 100, MaxMR: 100}, 43))
+	require.Equal(t, "0 max_cqe", fit(rxe, 0))
 }
 
 func TestLimitJSON(t *testing.T) {
@@ -121,8 +131,8 @@ func testReport(soft Limit, capIPCLock bool) *Report {
 	return &Report{
 		Devices: []Device{{
 			Name: "rxe0", NodeType: "InfiniBand channel adapter", VendorID: 0xffffff, NodeGUID: "5054:00ff:fe12:3456",
-			MaxQP: 1048560, MaxQPWR: 1048576, MaxCQE: 32767, MaxMR: 262144, MaxMRSize: 1<<64 - 1,
-			Connections: deviceFit(32767, 1048560, per.CQEntries),
+			MaxQP: 1048560, MaxQPWR: 1048576, MaxCQ: 16384, MaxCQE: 32767, MaxMR: 262144, MaxMRSize: 1<<64 - 1,
+			Connections: 262144,
 			Ports: []Port{{
 				Port: 1, State: "ACTIVE", PhysState: "LINK_UP", LinkLayer: "Ethernet", ActiveMTU: 1024, MaxMTU: 4096,
 				ActiveWidth: "1X", ActiveSpeed: "2.5 Gbps",
@@ -145,10 +155,11 @@ func TestText(t *testing.T) {
 		fit     string
 		advised bool
 	}{
-		{"root", unlimited, true, "unlimited within memlock, 762 within rxe0's max_cqe", false},
-		{"8 MiB", Limit{N: 8 << 20}, false, "3 within memlock, 762 within rxe0's max_cqe", true},
+		{"root", unlimited, true, "unlimited within memlock, 262144 within rxe0's max_mr", false},
+		{"8 MiB", Limit{N: 8 << 20}, false, "3 within memlock, 262144 within rxe0's max_mr", true},
 		{"8 MiB with CAP_IPC_LOCK", Limit{N: 8 << 20}, true, "unlimited within memlock", false},
-		{"enough", Limit{N: 64 << 30}, false, "28339 within memlock", false},
+		{"enough", Limit{N: 1 << 40}, false, "453438 within memlock", false},
+		{"less than the device holds", Limit{N: 64 << 30}, false, "28339 within memlock", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var b bytes.Buffer
