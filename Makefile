@@ -1,6 +1,7 @@
 # make test: formatting and static checks, host unit tests and fuzzing, then
-# the device tests inside a Soft-RoCE VM (testbed/vm.sh), then the two-host
-# tests on a pair of them (testbed/vm.sh --pair). make demo: the echo example in
+# the device tests inside a Soft-RoCE VM (testbed/vm.sh), the scale test in a
+# VM with more memory, then the two-host tests on a pair of them
+# (testbed/vm.sh --pair). make demo: the echo example in
 # the VM. make bench: the benchmark table. Those install what they need on a
 # Debian machine (as root). make check and make unit need neither root nor
 # the VM: without the verbs headers they check the portable build only.
@@ -70,6 +71,8 @@ vmtest: deps
 	$(VM) --timeout $(VMTIMEOUT) -- sh -c '$(OUT)/rdma.test -test.v -test.count=1 -test.timeout 20m && $(OUT)/rdmaperf.test -test.v -test.count=1 && $(OUT)/rdmainfo.test -test.v -test.count=1 && \
 		echo "=== the same tests under the race detector (-short)" && \
 		$(OUT)/rdma.race.test -test.v -test.count=1 -test.short -test.timeout 20m'
+	@echo "=== scale: 5,000 connection pairs at once (or as many as the VM's memory holds) in a VM of 8 GiB"
+	$(VM) --mem 8192 --timeout $(VMTIMEOUT) -- env RDMA_TEST_SCALE_PAIRS=5000 $(OUT)/rdma.test -test.v -test.count=1 -test.run '^TestScale$$' -test.timeout 15m
 	@echo "=== two hosts: the same binary on a pair of VMs (testbed/vm.sh --pair), the peer killed last"
 	$(VM) --pair --timeout $(VMTIMEOUT) -- sh -c '$(OUT)/rdma.test -test.v -test.count=1 -test.run TwoHost -test.skip PeerKilled -test.timeout 15m && \
 		$(OUT)/rdma.test -test.v -test.count=1 -test.run TwoHostPeerKilled -test.timeout 5m'
