@@ -5,8 +5,10 @@
 #   - Go TCP:        rdmaperf -net tcp, same address and mode
 #   - perftest:      ib_send_lat / ib_send_bw over rdma_cm (-R), busy polling and -e (events)
 #   - rsockets:      rstream
+#   - cmtime:        rdma_cm's connection steps, timed by rdmacm-utils' cmtime
 # for: latency 64 B and 4 KiB, throughput with 4 KiB, 64 KiB and 1 MiB writes, 64 B message rate
-# over 1 and 8 connections, and the CPU an idle connection costs.
+# over 1 and 8 connections, io.Copy of a file, connection setup (one dial, and bursts of 20; HTTP/1.1
+# with 20 clients), and the CPU an idle connection costs.
 #
 #   bench/run.sh [RESULTS.json [RDMAPERF]]
 #
@@ -269,6 +271,49 @@ rstream_run() {
 	esac
 }
 
+# cmtime_run CONNS: cmtime's client opens CONNS rdma_cm connections step by step, every connection
+# through a step before the next step starts (create id, resolve address, resolve route, create QP,
+# connect, then disconnect and destroy), and prints each step's total (wall) time. Its server
+# exits after CONNS disconnects, and serves only one client process (later ones fail creating
+# their QPs): one pair per measurement.
+cmtime_run() {
+	local conns=$1 rc figures
+	next_port
+	# cmtime reports a rejected or failed connection on stdout and still exits 0: the wrapper
+	# makes that a failure, which pair retries while the server is not listening yet.
+	# shellcheck disable=SC2016 # the inner bash expands them
+	pair cmtime -b "$addr" -p "$port" -c "$conns" -- \
+		bash -c 'out=$(cmtime "$@" 2>&1); rc=$?; printf "%s\n" "$out"
+			((rc == 0)) && ! grep -qiE "^event: |error|failure" <<<"$out"' cmtime \
+		-s "$addr" -p "$port" -c "$conns"
+	rc=$?
+	if ((rc)); then
+		fail cmtime dial 0 "$conns" "cmtime exit $rc: $(tail_of "$work/client.log")"
+		return
+	fi
+	# Rows "step name : total-ms max-ms min-us us/conn". Setup is every step up to connect;
+	# the whole adds disconnect and destroy, as Close follows Dial in rdmaperf's figure.
+	figures=$(awk -F: -v n="$conns" '
+		NF == 2 && $2 ~ /^ *[0-9.]+ / {
+			name = $1; sub(/ +$/, "", name); split($2, v, " "); total[name] = v[1] * 1000
+		}
+		END {
+			split("create id,resolve addr,resolve route,create qp,connect,disconnect,destroy", want, ",")
+			for (i = 1; i <= 7; i++) if (!(want[i] in total)) exit 1
+			setup = total["create id"] + total["bind addr"] + total["resolve addr"] + total["resolve route"] \
+				+ total["create qp"] + total["connect"]
+			all = setup + total["disconnect"] + total["destroy"]
+			if (all <= 0) exit 1
+			printf "p50_us=%.1f setup_us=%.1f conn_s=%.1f count=%d", all, setup, n * 1e6 / all, n
+		}' "$work/client.log")
+	if [[ -z $figures ]]; then
+		fail cmtime dial 0 "$conns" "no step times in cmtime output: $(tail_of "$work/client.log")"
+		return
+	fi
+	# shellcheck disable=SC2086 # KEY=VALUE words
+	emit cmtime dial 0 "$conns" $figures
+}
+
 # ---- the run -------------------------------------------------------------------------------
 
 one_round() {
@@ -299,12 +344,21 @@ one_round() {
 	echo "== io.Copy of a file, $copy_bytes B (round $round)"
 	for net in rdma tcp; do run_rdmaperf "$net" copy "$copy_bytes" 1 -test copy -bytes "$copy_bytes"; done
 	run_rdmaperf rdma copy "$copy_bytes" 1 -test copy -bytes "$copy_bytes" -plain
+	echo "== connection setup (round $round)"
+	local conns
+	for conns in 1 20; do
+		for net in rdma tcp; do
+			run_rdmaperf "$net" dial 0 "$conns" -test dial -conns "$conns" -duration "${secs}s"
+		done
+		cmtime_run "$conns"
+	done
+	for net in rdma tcp; do run_rdmaperf "$net" http 64 20 -test http -size 64 -conns 20 -duration "${secs}s"; done
 }
 
 echo "rdma bench: $(uname -r), $(nproc) CPUs, rdmaperf $rdmaperf, rounds: $rounds, ${secs} s per rdmaperf test"
 date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 # Bring every binary and its libraries in once: the first exec over 9p is slow.
-for t in "$rdmaperf" "$(command -v ib_send_lat)" "$(command -v ib_send_bw)" "$(command -v rstream)"; do
+for t in "$rdmaperf" "$(command -v ib_send_lat)" "$(command -v ib_send_bw)" "$(command -v rstream)" "$(command -v cmtime)"; do
 	[[ -n $t ]] && cat "$t" >/dev/null
 done
 start=$SECONDS
@@ -334,6 +388,8 @@ notes=(
 	"perftest: ib_send_lat / ib_send_bw -R (rdma_cm), server pinned to CPU 0 and client to CPU 1 (unpinned, two busy-polling processes on 2 vCPUs often wait for 4 ms scheduler ticks); p50 is t_typical; MB/s converted from perftest's MiB/s; msg/s from MsgRate; 8 conns is -q 8 (8 QPs)"
 	"io.Copy: rdmaperf -test copy writes a file (in the VM's RAM-backed /tmp), then times io.Copy(conn, file) and, at the server, io.Copy(io.Discard, conn) until the server has counted every byte; this library goes through Conn.ReadFrom and Conn.WriteTo (the file is read straight into registered send buffers, received messages go to io.Discard straight from the receive buffers: one user-space copy per byte); plain hides them (io.Copy's 32 KiB buffer at the sender, io.Discard's 8 KiB buffer at the receiver: three copies per byte); Go TCP uses its own ReadFrom (sendfile)"
 	"rsockets: rstream in its default non-blocking (busy-polling) mode, pinned like perftest; latency is -C 1 -I 2000, average only (usec/xfer, half the round trip); throughput and rate are -C N (N transfers one way, then N back), MB/s = size / usec-per-xfer"
+	"connection setup: rdmaperf -test dial repeats, for ${secs} s, a sample of Dial, the first round trip (the test header out, the server's ready byte back) and Close; with 20 conns a sample is a burst of 20 goroutines doing that at once, timed until the last has closed; p50/p99 are of the samples (one dial, or one burst), conn/s is connections completed per second, setup is the p50 of the time until the sample's last Dial returned; one unmeasured burst first. HTTP/1.1: rdmaperf -test http, 20 goroutines sending GETs of 64 B bodies for ${secs} s on one http.Client with http.DefaultTransport's settings (2 idle connections per host kept, so requests often dial) dialing through the transport; p50/p99 are of a request, including any dial it waited for"
+	"cmtime (rdmacm-utils, C, the rdma_cm peer): server cmtime -b ADDR -c N, client cmtime -s ADDR -c N, pinned like perftest, one run per round (its figure is the median of the rounds, and it has no p99); its client takes all N connections through each rdma_cm step before the next (create id, resolve address, resolve route, create QP, connect; then disconnect, destroy) and prints each step's wall time; setup is the sum of the steps up to connect (all N established), p50 is that plus disconnect and destroy (all N torn down), conn/s is N over that. Unlike rdmaperf's figure it exchanges no data (no first round trip), its QPs have one send and one receive entry and no registered buffers, and with N > 1 every connection finishes a step before any starts the next"
 )
 {
 	printf '{"date":"%s","kernel":"%s","environment":"%s","notes":[' "$date" "$(jstr "$(uname -r)")" \

@@ -63,6 +63,12 @@ func (r *run) open(h header) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	return greet(c, h)
+}
+
+// greet sends the header on a new connection and waits for the server's
+// ready byte; it closes the connection if that fails.
+func greet(c net.Conn, h header) (net.Conn, error) {
 	if _, err := c.Write(h.marshal()); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("sending header: %w", err)

@@ -7,6 +7,8 @@
 //	rdmaperf -c host -test bw -R                   # reverse: the server sends
 //	rdmaperf -c host -test rate -P 8               # 64 B message rate
 //	rdmaperf -c host:port -idle 5s                 # CPU used while idle
+//	rdmaperf -c host -test dial -P 20              # bursts of 20 dials, each with one round trip and Close
+//	rdmaperf -c host -test http -P 20              # 20 HTTP/1.1 clients on http.DefaultTransport's settings
 //	rdmaperf -local -addr 10.77.0.1:0 -test lat    # both ends in one process
 //	rdmaperf -render results.json                  # bench JSON to markdown
 //
@@ -23,7 +25,13 @@
 // comparison. Latency is reported as half the round trip (p50, p99 and
 // average, in µs), as ib_send_lat does; throughput in MB/s (1 MB = 1e6
 // bytes) of one direction; message rate in messages/s summed over the
-// connections. -json prints one JSON object per test instead of a sentence.
+// connections. -test dial times what a client that dials, asks and hangs
+// up pays: Dial, the first round trip and Close, one connection at a time
+// or, with -P N, in bursts of N at once (p50, p99 and average of a dial or
+// burst, in µs; connections per second). -test http times GET requests of
+// -P clients on one http.Client with http.DefaultTransport's settings
+// (requests per second; p50 and p99 of a request, in µs). -json prints
+// one JSON object per test instead of a sentence.
 //
 // The client tells the server what to do with a small header at the start
 // of each connection, so one server serves every test.
@@ -51,7 +59,7 @@ import (
 // (with results of the peer tools in the same shape) and -render reads.
 type Result struct {
 	Impl     string             `json:"impl"`     // who measured: "rdmaperf/rdma", "perftest", ...
-	Workload string             `json:"workload"` // lat, bw, rate or idle
+	Workload string             `json:"workload"` // lat, bw, rate, idle, copy, dial or http
 	Size     int                `json:"size,omitempty"`
 	Conns    int                `json:"conns,omitempty"`
 	Metrics  map[string]float64 `json:"metrics,omitempty"`
@@ -130,16 +138,16 @@ func parseArgs(args []string, out io.Writer) (*config, error) {
 	fs.StringVar(&cfg.render, "render", "", "print the bench results `file` (JSON) as a markdown table and exit")
 	fs.StringVar(&cfg.addr, "addr", "", "listen `address` (default :"+defaultPort+" for -s; $RDMA_TEST_ADDR:0 for -local)")
 	fs.StringVar(&cfg.netw, "net", "rdma", "transport: rdma (this library) or tcp (Go's net, for comparison)")
-	fs.StringVar(&cfg.test, "test", "lat", "client test: lat (ping-pong latency), bw (one-way throughput), rate (message rate) or copy (io.Copy of a file to the connection, and to io.Discard at the server)")
+	fs.StringVar(&cfg.test, "test", "lat", "client test: lat (ping-pong latency), bw (one-way throughput), rate (message rate), copy (io.Copy of a file to the connection, and to io.Discard at the server), dial (Dial, first round trip, Close) or http (HTTP/1.1 GETs of -size bytes)")
 	fs.Int64Var(&cfg.copyLen, "bytes", 1<<30, "copy: the file's size in bytes")
 	fs.BoolVar(&cfg.plain, "plain", false, "copy: hide the connection's ReadFrom and WriteTo, so io.Copy goes through its own buffers")
 	fs.IntVar(&cfg.size, "size", 0, "message (write) size in bytes (default 64 for lat and rate, 65536 for bw)")
-	fs.IntVar(&cfg.count, "n", 0, "round trips (lat) or writes per connection (bw, rate); 0: run for -duration")
+	fs.IntVar(&cfg.count, "n", 0, "round trips (lat), writes per connection (bw, rate), dials or bursts (dial) or requests per client (http); 0: run for -duration")
 	fs.Var(seconds{&cfg.duration}, "duration", "how long to run when -n is 0: `seconds` or a duration (500ms)")
-	fs.IntVar(&cfg.conns, "conns", 1, "parallel connections (bw, rate)")
+	fs.IntVar(&cfg.conns, "conns", 1, "parallel connections (bw, rate), connections dialed at once (dial) or concurrent clients (http)")
 	fs.BoolVar(&cfg.reverse, "R", false, "bw, rate: reverse, the server sends and the client receives (iperf3)")
 	fs.Var(seconds{&cfg.interval}, "i", "bw, rate: `seconds` between progress reports of what moved (iperf3; 0: none)")
-	fs.IntVar(&cfg.warmup, "warmup", 100, "unmeasured round trips before a latency test")
+	fs.IntVar(&cfg.warmup, "warmup", 100, "unmeasured round trips before a latency test (dial, http: above 0, one unmeasured dial or request first)")
 	fs.DurationVar(&cfg.idle, "idle", 0, "instead of -test: hold one connection idle this long and report the CPU time used")
 	fs.BoolVar(&cfg.asJSON, "json", false, "print each result as a JSON object")
 	fs.BoolVar(&cfg.verbose, "v", false, "server: log every connection and error")
@@ -236,6 +244,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	tr.keep = cfg.stats
 
 	if cfg.server {
 		addr := cfg.addr
@@ -316,8 +325,15 @@ func main() {
 	case "copy":
 		res.Conns, res.Size = 1, int(min(cfg.copyLen, maxMsgSize))
 		res.Metrics, err = r.copyFile()
+	case "dial":
+		// No payload is measured: the round trip is the header and the
+		// ready byte whatever -size is.
+		res.Size = 0
+		res.Metrics, err = r.dials()
+	case "http":
+		res.Metrics, err = r.httpLoad()
 	default:
-		log.Fatalf("unknown -test %q (lat, bw, rate or copy)", workload)
+		log.Fatalf("unknown -test %q (lat, bw, rate, copy, dial or http)", workload)
 	}
 	if err != nil {
 		res.Error = err.Error()
@@ -354,8 +370,11 @@ type transport struct {
 	listen func(addr string) (net.Listener, error)
 	dial   func(addr string) (net.Conn, error)
 
+	// keep says to remember the connections dialed, for -stats; not
+	// otherwise, since a dial test makes thousands.
+	keep  bool
 	mu    sync.Mutex
-	conns []*rdma.Conn // dialed (rdma), for -stats
+	conns []*rdma.Conn // dialed (rdma), with keep
 }
 
 // stats sums the counters of every rdma connection dialed.
@@ -392,7 +411,7 @@ func newTransport(name string, opts rdma.Options) (*transport, error) {
 		}
 		t.dial = func(a string) (net.Conn, error) {
 			c, err := d.Dial("rdma", a)
-			if err == nil {
+			if err == nil && t.keep {
 				t.mu.Lock()
 				t.conns = append(t.conns, c.(*rdma.Conn))
 				t.mu.Unlock()
@@ -414,7 +433,10 @@ func newTransport(name string, opts rdma.Options) (*transport, error) {
 // describe is the one-line, human-readable form of a result.
 func describe(r Result) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s %s %d B", r.Impl, r.Workload, r.Size)
+	fmt.Fprintf(&b, "%s %s", r.Impl, r.Workload)
+	if r.Workload != "dial" {
+		fmt.Fprintf(&b, " %d B", r.Size)
+	}
 	if r.Conns > 1 {
 		fmt.Fprintf(&b, " x %d conns", r.Conns)
 	}
@@ -422,6 +444,16 @@ func describe(r Result) string {
 	switch {
 	case r.Error != "":
 		fmt.Fprintf(&b, ": error: %s", r.Error)
+	case r.Workload == "dial":
+		what, setup := "dial", "Dial alone"
+		if r.Conns > 1 {
+			what, setup = "burst", "until the last Dial returned"
+		}
+		fmt.Fprintf(&b, ": Dial + round trip + Close p50 %.0f µs, p99 %.0f µs, avg %.0f µs a %s (%s: p50 %.0f µs); %.0f conn/s (%.0f connections in %.2f s, %.2f CPU s)",
+			m["p50_us"], m["p99_us"], m["avg_us"], what, setup, m["setup_us"], m["conn_s"], m["count"], m["seconds"], m["cpu_s"])
+	case r.Workload == "http":
+		fmt.Fprintf(&b, ": %.0f req/s, p50 %.0f µs, p99 %.0f µs, avg %.0f µs a request (%.0f requests, %.0f connections dialed, in %.2f s, %.2f CPU s)",
+			m["req_s"], m["p50_us"], m["p99_us"], m["avg_us"], m["count"], m["dials"], m["seconds"], m["cpu_s"])
 	case r.Workload == "lat":
 		fmt.Fprintf(&b, ": one-way p50 %.2f µs, p99 %.2f µs, avg %.2f µs (%.0f round trips in %.2f s)",
 			m["p50_us"], m["p99_us"], m["avg_us"], m["count"], m["seconds"])

@@ -4,13 +4,17 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -92,6 +96,7 @@ func TestHeaderRejectsStrangers(t *testing.T) {
 		{kind: kindSink, size: 65536},
 		{kind: kindSource, size: 64, count: 1 << 40},
 		{kind: kindSource, size: 1000},
+		{kind: kindHTTP, size: 64},
 	} {
 		b := h.marshal()
 		want := headerLen
@@ -105,6 +110,15 @@ func TestHeaderRejectsStrangers(t *testing.T) {
 		if err != nil || got != h {
 			t.Errorf("round trip: got %+v, %v; want %+v", got, err, h)
 		}
+	}
+	// The kind after the newest is refused, as an older server refuses
+	// kindHTTP; kindHTTP carries nothing after the header.
+	if _, err := readHeader(bytes.NewReader(header{kind: kindHTTP + 1, size: 64}.marshal())); err == nil ||
+		!strings.Contains(err.Error(), "unknown test kind") {
+		t.Errorf("kind %d: %v, want unknown test kind", kindHTTP+1, err)
+	}
+	if kindHTTP.String() != "http" {
+		t.Errorf("kindHTTP is %q", kindHTTP)
 	}
 	// A source header cut short is an error, not a count of zero.
 	b := header{kind: kindSource, size: 64, count: 5}.marshal()
@@ -152,10 +166,10 @@ func TestRender(t *testing.T) {
 	for _, want := range []string{
 		// Figures are medians (of 10, 20, 90 and of 5, 5, 90); ratios are the
 		// medians of the per-round ratios (2, 4, 1), not 20 / 5.
-		"| latency (one-way) 64 B | p50 µs | 20.0 | 6.00 | — | 5.00 | — | — | — | 2.00 |  |  | 1.20 |  |",
-		"| latency (one-way) 64 B | avg µs | 22.0 | 9.00 | — | 6.00 | — | — | — | 2.00 |  |  | 1.50 |  |",
+		"| latency (one-way) 64 B | p50 µs | 20.0 | 6.00 | — | 5.00 | — | — | — | — | 2.00 |  |  |  | 1.20 |  |",
+		"| latency (one-way) 64 B | avg µs | 22.0 | 9.00 | — | 6.00 | — | — | — | — | 2.00 |  |  |  | 1.50 |  |",
 		// io.Copy with the connection's ReadFrom/WriteTo beside plain io.Copy.
-		"| io.Copy file → conn → io.Discard 256 MiB | MB/s | 40.0 | — | 100 | — | — | — | 20.0 |  |  |  |  | 2.00 |",
+		"| io.Copy file → conn → io.Discard 256 MiB | MB/s | 40.0 | — | 100 | — | — | — | — | 20.0 |  |  |  |  |  | 2.00 |",
 		"rsockets, throughput 4 KiB (round 1): rstream exit 1",
 		"median of up to 3 rounds",
 	} {
@@ -203,6 +217,12 @@ func TestParseArgs(t *testing.T) {
 		{[]string{"-c", "h", "-test", "bw", "-i", "0"}, func(c *config) bool { return c.interval == 0 && c.size == 64<<10 }},
 		{[]string{"-c", "h", "-test", "rate", "-R"}, func(c *config) bool { return c.reverse && c.size == 64 }},
 		{[]string{"-local", "-addr", "10.77.0.1:0", "-test", "bw", "-R", "-n", "10"}, func(c *config) bool { return c.local && c.reverse && c.count == 10 }},
+		{[]string{"-c", "h", "-test", "dial", "-P", "20"}, func(c *config) bool {
+			return c.workload == "dial" && c.conns == 20 && c.size == 64 && c.duration == 5*time.Second
+		}},
+		{[]string{"-local", "-test", "http", "-conns", "20", "-n", "5", "-size", "1000"}, func(c *config) bool {
+			return c.local && c.workload == "http" && c.conns == 20 && c.count == 5 && c.size == 1000
+		}},
 		{[]string{"-s"}, func(c *config) bool { return c.server && c.addr == "" }},
 		{[]string{"-render", "x.json"}, func(c *config) bool { return c.render == "x.json" }},
 	} {
@@ -219,6 +239,8 @@ func TestParseArgs(t *testing.T) {
 		{[]string{"-c", "h", "-R"}, "-R reverses -test bw or rate, not lat"},
 		{[]string{"-c", "h", "-test", "copy", "-R"}, "not copy"},
 		{[]string{"-c", "h", "-R", "-idle", "1s"}, "not idle"},
+		{[]string{"-c", "h", "-test", "dial", "-R"}, "not dial"},
+		{[]string{"-c", "h", "-test", "http", "-P", "0"}, "-conns must be at least 1"},
 		{[]string{"-c", "h", "-test", "bw", "-i", "-1"}, "-i must not be negative"},
 		{[]string{"-c", "h", "-t", "ten"}, "want seconds"},
 		{[]string{"-c", "h", "-t", "0"}, "positive -duration"},
@@ -445,6 +467,230 @@ func TestCommandDevice(t *testing.T) {
 		}
 		if data < 64<<10 || control > 64 {
 			t.Errorf("reverse %v: the client wrote %d bytes and read %d", reverse, written, read)
+		}
+	}
+}
+
+// countingDial wraps a dial function and counts its calls.
+func countingDial(dial dialFunc, n *atomic.Int64) dialFunc {
+	return func() (net.Conn, error) {
+		n.Add(1)
+		return dial()
+	}
+}
+
+func TestDial(t *testing.T) {
+	for _, conns := range []int{1, 5} {
+		var dials atomic.Int64
+		r := &run{dial: countingDial(startTCP(t), &dials), size: 64, count: 4, conns: conns, warmup: 1}
+		m, err := r.dials()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Four samples of conns connections each, after one unmeasured
+		// burst; the setup (until the last Dial returned) is part of each
+		// sample, so its median cannot exceed the samples'.
+		if m["samples"] != 4 || m["count"] != float64(4*conns) || m["p50_us"] <= 0 || m["p99_us"] < m["p50_us"] ||
+			m["setup_us"] <= 0 || m["setup_us"] > m["p50_us"] || m["conn_s"] <= 0 {
+			t.Errorf("conns %d: implausible dial figures %v", conns, m)
+		}
+		if got := dials.Load(); got != int64(5*conns) {
+			t.Errorf("conns %d: %d dials, want %d", conns, got, 5*conns)
+		}
+	}
+}
+
+func TestDialForDuration(t *testing.T) {
+	r := &run{dial: startTCP(t), size: 64, duration: 50 * time.Millisecond, conns: 3}
+	m, err := r.dials()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m["samples"] < 1 || m["count"] != 3*m["samples"] || m["seconds"] < 0.05 {
+		t.Errorf("implausible dial figures %v", m)
+	}
+}
+
+// refuser accepts connections, reads a header's worth and closes them, as
+// a server that does not know the kind asked for does.
+func refuser(t *testing.T) dialFunc {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				io.ReadFull(c, make([]byte, headerLen))
+			}()
+		}
+	}()
+	return func() (net.Conn, error) { return net.Dial("tcp", ln.Addr().String()) }
+}
+
+func TestDialFailure(t *testing.T) {
+	r := &run{dial: refuser(t), size: 64, count: 1, conns: 3}
+	if _, err := r.dials(); err == nil || !strings.Contains(err.Error(), "3 of 3 connections failed") {
+		t.Errorf("a burst the server refused: %v", err)
+	}
+}
+
+func TestHTTP(t *testing.T) {
+	var dials atomic.Int64
+	r := &run{dial: countingDial(startTCP(t), &dials), size: 1000, count: 10, conns: 4, warmup: 1}
+	m, err := r.httpLoad()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The client checks every response's status and length.
+	if m["count"] != 40 || m["req_s"] <= 0 || m["p50_us"] <= 0 || m["p99_us"] < m["p50_us"] || m["seconds"] <= 0 {
+		t.Errorf("implausible http figures %v", m)
+	}
+	// Four clients share at most their number of connections at once
+	// (and the warm-up's, not counted in the figure).
+	if m["dials"] < 1 || m["dials"] > float64(dials.Load()) || dials.Load() < 2 {
+		t.Errorf("%v connections counted, %d dialed", m["dials"], dials.Load())
+	}
+}
+
+func TestHTTPOldServer(t *testing.T) {
+	r := &run{dial: refuser(t), size: 64, count: 1, conns: 1}
+	if _, err := r.httpLoad(); err == nil || !strings.Contains(err.Error(), "a server older than -test http") {
+		t.Errorf("a server that refuses kindHTTP: %v", err)
+	}
+}
+
+// TestHTTPServerShutsDown checks that the server's HTTP side serves a
+// connection handed over by its header, and closes it when the server
+// stops.
+func TestHTTPServerShutsDown(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- serve(ln, false) }()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c, err = greet(c, header{kind: kindHTTP, size: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: rdmaperf\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK || len(body) != 5 {
+		t.Fatalf("response %s with %d bytes, %v", resp.Status, len(body), err)
+	}
+	ln.Close()
+	if err := <-served; err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Errorf("after the server stopped, the HTTP connection reads %v, want EOF", err)
+	}
+	// Connections handed over after that are refused.
+	var f httpFront
+	f.close()
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	if f.serve(a, 64) {
+		t.Error("a closed HTTP side took a connection")
+	}
+}
+
+// TestCommandSetupTCP runs -test dial and -test http as users do, over
+// TCP, both ends in one process.
+func TestCommandSetupTCP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: runs the command as processes")
+	}
+	for _, tc := range []struct {
+		args   []string
+		metric string
+		size   int
+	}{
+		{[]string{"-test", "dial", "-conns", "3"}, "conn_s", 0},
+		{[]string{"-test", "http", "-conns", "4", "-size", "100"}, "req_s", 100},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		args := append([]string{"-local", "-addr", "127.0.0.1:0", "-net", "tcp", "-t", "0.3", "-json"}, tc.args...)
+		cmd := command(ctx, t, args...)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		cancel()
+		if err != nil {
+			t.Fatalf("rdmaperf %s: %v\n%s%s", strings.Join(args, " "), err, out, stderr.String())
+		}
+		var res Result
+		if err := json.Unmarshal(out, &res); err != nil {
+			t.Fatalf("rdmaperf %s printed %q: %v", strings.Join(args, " "), out, err)
+		}
+		if res.Impl != "rdmaperf/tcp" || res.Workload != tc.args[1] || res.Size != tc.size || res.Error != "" ||
+			res.Metrics[tc.metric] <= 0 || res.Metrics["p50_us"] <= 0 {
+			t.Errorf("rdmaperf %s: %+v", strings.Join(args, " "), res)
+		}
+		if d := describe(res); !strings.Contains(d, "/s") || strings.Contains(d, "error") {
+			t.Errorf("described as %q", d)
+		}
+	}
+}
+
+func TestRenderSetup(t *testing.T) {
+	br := &benchRun{
+		Date: "2026-01-01T00:00:00Z", Kernel: "6.1", Environment: "test bed",
+		Notes: []string{"cmtime: its steps, not a round trip"},
+		Results: []Result{
+			{Round: 1, Impl: "rdmaperf/rdma", Workload: "dial", Conns: 1, Metrics: map[string]float64{"p50_us": 50000, "p99_us": 90000, "conn_s": 19, "setup_us": 37000}},
+			{Round: 1, Impl: "rdmaperf/tcp", Workload: "dial", Conns: 1, Metrics: map[string]float64{"p50_us": 88, "p99_us": 270, "conn_s": 9900, "setup_us": 34}},
+			{Round: 1, Impl: "cmtime", Workload: "dial", Conns: 1, Metrics: map[string]float64{"p50_us": 40000, "setup_us": 30000, "conn_s": 25}},
+			{Round: 1, Impl: "rdmaperf/rdma", Workload: "dial", Conns: 20, Metrics: map[string]float64{"p50_us": 800000, "p99_us": 850000, "conn_s": 26, "setup_us": 620000}},
+			{Round: 1, Impl: "cmtime", Workload: "dial", Conns: 20, Metrics: map[string]float64{"p50_us": 80000, "setup_us": 62000, "conn_s": 250}},
+			{Round: 2, Impl: "cmtime", Workload: "dial", Conns: 20, Error: "cmtime exit 1: event: RDMA_CM_EVENT_REJECTED, error: 8"},
+			{Round: 1, Impl: "rdmaperf/rdma", Workload: "http", Size: 64, Conns: 20, Metrics: map[string]float64{"req_s": 36, "p50_us": 540000, "p99_us": 1200000}},
+			{Round: 1, Impl: "rdmaperf/tcp", Workload: "http", Size: 64, Conns: 20, Metrics: map[string]float64{"req_s": 15000, "p50_us": 520, "p99_us": 8700}},
+		},
+	}
+	var b strings.Builder
+	renderMarkdown(&b, br)
+	out := b.String()
+	for _, want := range []string{
+		// Columns: this library, busy, Go TCP, perftest, perftest -e,
+		// rsockets, cmtime, plain; then ÷ perftest, ÷ perftest -e,
+		// ÷ rsockets, ÷ cmtime, busy ÷ perftest, ÷ plain.
+		"| dial + round trip + close | p50 µs | 50000 | — | 88.0 | — | — | — | 40000 | — |  |  |  | 1.25 |  |  |",
+		"| dial + round trip + close | p99 µs | 90000 | — | 270 | — | — | — | — | — |  |  |  |  |  |  |",
+		"| dial + round trip + close | conn/s | 19.0 | — | 9900 | — | — | — | 25.0 | — |  |  |  | 0.76 |  |  |",
+		"| dial + round trip + close | setup p50 µs | 37000 | — | 34.0 | — | — | — | 30000 | — |  |  |  | 1.23 |  |  |",
+		"| dial + round trip + close, 20 conns | p50 µs | 800000 | — | — | — | — | — | 80000 | — |  |  |  | 10.00 |  |  |",
+		"| dial + round trip + close, 20 conns | conn/s | 26.0 | — | — | — | — | — | 250 | — |  |  |  | 0.10 |  |  |",
+		"| HTTP/1.1 GET 64 B, 20 conns | req/s | 36.0 | — | 15000 | — | — | — | — | — |  |  |  |  |  |  |",
+		"| HTTP/1.1 GET 64 B, 20 conns | p99 µs | 1200000 | — | 8700 | — | — | — | — | — |  |  |  |  |  |  |",
+		"cmtime, dial + round trip + close, 20 conns (round 2): cmtime exit 1: event: RDMA_CM_EVENT_REJECTED, error: 8",
+		"- cmtime: its steps, not a round trip",
+		"| cmtime |",
+		"| ÷ cmtime |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("rendered table lacks %q:\n%s", want, out)
 		}
 	}
 }

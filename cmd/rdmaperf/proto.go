@@ -10,7 +10,8 @@ import (
 // server what to do with it, so one server process serves every test, as
 // iperf's does. The server answers with one byte once it is ready: the
 // client starts its clock only then, which keeps connection setup (slow
-// under rdma_cm) out of the measurement.
+// under rdma_cm) out of the measurement; the dial and http tests, which
+// measure setup, time it with the header and the ready byte included.
 //
 // Reverse tests (-R) added kindSource without a new version: its header is
 // followed by 8 more bytes, the number of writes the server makes (0: until
@@ -18,6 +19,10 @@ import (
 // the client's start byte before it sends. An older server refuses the
 // unknown kind (it closes the connection), and an older client never asks
 // for it, so both pairs of versions go on working for every other test.
+// HTTP tests added kindHTTP the same way: after the ready byte the
+// connection carries HTTP/1.1 (the client's requests, the server's
+// responses of size bytes), and an older server refuses it as it refuses
+// kindSource.
 
 const (
 	magic      = "rprf"
@@ -40,6 +45,7 @@ const (
 	kindCopy                      // io.Copy(io.Discard, conn) to EOF, then report the byte count
 	kindCopyPlain                 // the same, hiding the connection's WriteTo
 	kindSource                    // reverse: write size-byte messages to the client
+	kindHTTP                      // hand the connection to an HTTP/1.1 server answering with size bytes
 )
 
 func (k kind) String() string {
@@ -56,13 +62,15 @@ func (k kind) String() string {
 		return "copy (plain)"
 	case kindSource:
 		return "source"
+	case kindHTTP:
+		return "http"
 	}
 	return fmt.Sprintf("kind(%d)", byte(k))
 }
 
 type header struct {
 	kind  kind
-	size  int    // message size for echo, idle and source; write size (informative) for sink
+	size  int    // message size for echo, idle and source; response body for http; write size (informative) for sink
 	count uint64 // source: writes to make; 0: until the client half-closes
 }
 
@@ -88,7 +96,7 @@ func readHeader(r io.Reader) (header, error) {
 	}
 	h := header{kind: kind(b[5]), size: int(binary.BigEndian.Uint32(b[8:]))}
 	switch {
-	case h.kind < kindEcho || h.kind > kindSource:
+	case h.kind < kindEcho || h.kind > kindHTTP:
 		return h, fmt.Errorf("unknown test kind %d", h.kind)
 	case h.size < 1 || h.size > maxMsgSize:
 		return h, fmt.Errorf("message size %d outside [1, %d]", h.size, maxMsgSize)

@@ -38,12 +38,14 @@ var (
 		{"perftest", "perftest"},
 		{"perftest -e", "perftest -e"},
 		{"rsockets", "rsockets"},
+		{"cmtime", "cmtime"},
 		{self + " plain", "this library, plain io.Copy"},
 	}
 	ratios = []struct{ mine, peer, title string }{
 		{self, "perftest", "÷ perftest"},
 		{self, "perftest -e", "÷ perftest -e"},
 		{self, "rsockets", "÷ rsockets"},
+		{self, "cmtime", "÷ cmtime"},
 		{busy, "perftest", "busy ÷ perftest"},
 		{self, self + " plain", "÷ plain io.Copy"},
 	}
@@ -58,6 +60,10 @@ var metricsOf = map[string][]metric{
 	"rate": {{"msg_s", "msg/s"}},
 	"idle": {{"cpu_s", "CPU s"}, {"reg_kib", "registered KiB per connection"}},
 	"copy": {{"mb_s", "MB/s"}, {"cpu_s", "CPU s"}},
+	// setup is the connection's establishment alone (rdmaperf: until the
+	// last Dial returned), what cmtime's steps up to connect add up to.
+	"dial": {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"conn_s", "conn/s"}, {"setup_us", "setup p50 µs"}},
+	"http": {{"req_s", "req/s"}, {"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}},
 }
 
 var workloadNames = map[string]string{
@@ -66,6 +72,8 @@ var workloadNames = map[string]string{
 	"rate": "message rate",
 	"idle": "idle connection",
 	"copy": "io.Copy file → conn → io.Discard",
+	"dial": "dial + round trip + close",
+	"http": "HTTP/1.1 GET",
 }
 
 func renderFile(w io.Writer, path string) error {
@@ -179,7 +187,7 @@ func renderMarkdown(w io.Writer, br *benchRun) {
 		}
 	}
 	fmt.Fprintf(w, "\nRatios are this library's figure divided by the peer's: above 1 is slower for "+
-		"latency, below 1 is slower for throughput and message rate.")
+		"latency and times (µs), below 1 is slower for throughput and rates (per second).")
 	if rounds > 1 {
 		fmt.Fprintf(w, " Each figure is the median of up to %d rounds; each ratio is the median of the "+
 			"ratios within a round (the tools of a round run back to back), so it need not equal "+
@@ -216,7 +224,9 @@ func rowName(k rowKey) string {
 	if name == "" {
 		name = k.workload
 	}
-	if k.workload != "idle" {
+	// An idle connection moves nothing; a dial's round trip is the test
+	// header and one byte back.
+	if k.workload != "idle" && k.workload != "dial" {
 		name += " " + sizeName(k.size)
 	}
 	if k.conns > 1 {

@@ -12,8 +12,11 @@ import (
 
 // serve accepts connections until the listener is closed. Each connection
 // gets its own goroutine, so a multi-connection rate test is served in
-// parallel.
+// parallel. The HTTP server of http tests, if one was started, is shut
+// down on the way out.
 func serve(ln net.Listener, verbose bool) error {
+	web := &httpFront{addr: ln.Addr(), verbose: verbose}
+	defer web.close()
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -23,34 +26,45 @@ func serve(ln net.Listener, verbose bool) error {
 			return err
 		}
 		go func() {
-			defer c.Close()
-			if err := handle(c, verbose); err != nil && verbose {
+			kept, err := handle(c, verbose, web)
+			if !kept {
+				c.Close()
+			}
+			if err != nil && verbose {
 				log.Printf("%s: %v", c.RemoteAddr(), err)
 			}
 		}()
 	}
 }
 
-func handle(c net.Conn, verbose bool) error {
+// handle serves one connection the way its header asks. kept says that
+// the connection went on to the HTTP server, which closes it; otherwise
+// the caller does.
+func handle(c net.Conn, verbose bool, web *httpFront) (kept bool, err error) {
 	h, err := readHeader(c)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if verbose {
 		log.Printf("%s: %s, %d bytes", c.RemoteAddr(), h.kind, h.size)
 	}
 	if _, err := c.Write([]byte{readyByte}); err != nil {
-		return err
+		return false, err
 	}
 	switch h.kind {
 	case kindSink:
-		return sink(c)
+		return false, sink(c)
 	case kindCopy, kindCopyPlain:
-		return copySink(c, h.kind == kindCopyPlain)
+		return false, copySink(c, h.kind == kindCopyPlain)
 	case kindSource:
-		return source(c, h.size, h.count)
+		return false, source(c, h.size, h.count)
+	case kindHTTP:
+		if !web.serve(c, h.size) {
+			return false, errors.New("the server is shutting down")
+		}
+		return true, nil
 	default:
-		return echo(c, h.size)
+		return false, echo(c, h.size)
 	}
 }
 
