@@ -71,7 +71,11 @@ func useEveryExport(c *rdma.Conn, l *rdma.Listener) []error {
 	add(l.Close())
 
 	_ = []error{rdma.ErrNoDevice, rdma.ErrProtocol, rdma.ErrUnsupported, &rdma.RefusedError{Reason: rdma.RefusedShutdown}}
-	_ = []rdma.RefuseReason{rdma.RefusedUnknown, rdma.RefusedLockedMemory, rdma.RefusedResources, rdma.RefusedProtocol}
+	_ = []rdma.RefuseReason{rdma.RefusedUnknown, rdma.RefusedLockedMemory, rdma.RefusedResources, rdma.RefusedProtocol, rdma.RefusedNoListener}
+	_ = rdma.IsRDMA(c)
+	_ = rdma.Dialer{FallbackTCP: true}
+	_ = rdma.ListenConfig{FallbackTCP: true}
+	_ = l.Stats().AcceptedTCP
 	_ = rdma.RefusedBacklog.String()
 	_ = []int{rdma.DefaultBufferSize, rdma.DefaultSendDepth, rdma.DefaultRecvDepth}
 	_ = rdma.DefaultSpinTime + 0*time.Second

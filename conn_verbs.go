@@ -197,9 +197,13 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 	switch ev.Type {
 	case rdmacm.EventEstablished:
 	case rdmacm.EventRejected:
-		return os.NewSyscallError("rdma_connect", &RefusedError{parseReject(ev.PrivateData)})
+		reason := parseReject(ev.PrivateData)
+		if reason == RefusedUnknown && ev.Status == ibRejInvalidServiceID {
+			reason = RefusedNoListener
+		}
+		return os.NewSyscallError("rdma_connect", &RefusedError{reason})
 	case rdmacm.EventUnreachable:
-		return os.NewSyscallError("rdma_connect", eventErrno(ev, syscall.EHOSTUNREACH))
+		return os.NewSyscallError("rdma_connect", &noRDMAPeerError{eventErrno(ev, syscall.EHOSTUNREACH)})
 	default:
 		return os.NewSyscallError("rdma_connect", eventErrno(ev, syscall.ECONNABORTED))
 	}
@@ -210,6 +214,11 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 	c.start(peer)
 	return nil
 }
+
+// ibRejInvalidServiceID is the reject reason of a connection request
+// that no listener took (IB_CM_REJ_INVALID_SERVICE_ID: rdma_cm found no
+// listener on the port).
+const ibRejInvalidServiceID = 8
 
 // noDevice marks the errors that mean no RDMA device serves the address
 // (it resolved to an interface without RDMA, loopback say) as ErrNoDevice;

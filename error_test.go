@@ -29,7 +29,10 @@ func TestDialRefused(t *testing.T) {
 	require.Error(t, err)
 	requireOpError(t, err, "dial")
 	require.ErrorIs(t, err, syscall.ECONNREFUSED)
-	require.Contains(t, err.Error(), "refused")
+	require.Contains(t, err.Error(), "refused: no RDMA listener on that port")
+	var re *rdma.RefusedError
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, rdma.RefusedNoListener, re.Reason)
 }
 
 func TestNoDevice(t *testing.T) {

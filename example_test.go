@@ -13,8 +13,8 @@ import (
 	"github.com/goverbs/rdma"
 )
 
-// The examples but the last need an RDMA device at 10.0.0.1, so they have
-// no Output comments: go test compiles them but does not run them.
+// The examples but the last two need an RDMA device at 10.0.0.1, so they
+// have no Output comments: go test compiles them but does not run them.
 
 // Exporting a connection's counters and the devices' totals with expvar,
 // so that they show under /debug/vars of a service's HTTP server.
@@ -120,4 +120,36 @@ func ExampleOptions() {
 	}
 	fmt.Printf("%d KiB registered per connection\n", mem>>10)
 	// Output: 848 KiB registered per connection
+}
+
+// With FallbackTCP on both sides, a service runs where there is no RDMA
+// (here: loopback, which no RDMA device serves), over TCP on the same
+// address and port, and says so.
+func ExampleDialer_fallbackTCP() {
+	lc := rdma.ListenConfig{FallbackTCP: true}
+	ln, err := lc.Listen(context.Background(), "rdma", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		io.Copy(c, c)
+	}()
+
+	d := rdma.Dialer{FallbackTCP: true}
+	c, err := d.Dial("rdma", ln.Addr().String())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte("hello"))
+	b := make([]byte, 5)
+	io.ReadFull(c, b)
+	fmt.Printf("over %s (RDMA: %v): %s\n", c.LocalAddr().Network(), rdma.IsRDMA(c), b)
+	// Output: over tcp (RDMA: false): hello
 }

@@ -21,6 +21,17 @@ type Listener struct {
 	keepAlive net.KeepAliveConfig // for accepted connections
 	onRefuse  func(net.Addr, error)
 
+	// The TCP side of a listener with ListenConfig.FallbackTCP (see
+	// fallback.go); tcpOnly when no RDMA device serves its address.
+	tcp       net.Listener
+	tcpQueue  chan net.Conn
+	tcpDone   chan struct{} // closed when the TCP accept goroutine returns
+	tcpFailed chan struct{} // closed when the TCP side failed for good (tcpErr)
+	tcpErr    error
+	tcpOnly   bool
+	tcpMu     sync.Mutex
+	tcpClosed bool // a TCP-only listener was closed
+
 	statsMu sync.Mutex
 	st      ListenerStats
 }
@@ -59,9 +70,11 @@ func (l *Listener) refused(remote *Addr, reason RefuseReason, cause error) {
 
 func (l *Listener) ok() bool { return l != nil && l.closing != nil }
 
-// Accept waits for and returns the next established connection. Once the
-// listener's RDMA device is gone, it returns an error wrapping
-// ErrNoDevice (and the listener stops listening: Close it).
+// Accept waits for and returns the next established connection: a *Conn,
+// or, on a listener with ListenConfig.FallbackTCP, a *net.TCPConn for a
+// dialer that came over TCP. Once the listener's RDMA device is gone, it
+// returns an error wrapping ErrNoDevice (and the listener stops
+// listening: Close it).
 func (l *Listener) Accept() (net.Conn, error) {
 	if !l.ok() {
 		return nil, &net.OpError{Op: "accept", Net: "rdma", Err: syscall.EINVAL}
@@ -72,6 +85,10 @@ func (l *Listener) Accept() (net.Conn, error) {
 		c.setKeepAlive(l.keepAlive)
 		c.mu.Unlock()
 		return c, nil
+	case c := <-l.tcpQueue:
+		return c, nil
+	case <-l.tcpFailed:
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Addr: l.Addr(), Err: l.tcpErr}
 	case <-l.closing:
 		return nil, &net.OpError{Op: "accept", Net: "rdma", Addr: l.addr, Err: net.ErrClosed}
 	case <-l.gone:
@@ -85,16 +102,28 @@ func (l *Listener) Close() error {
 	if !l.ok() {
 		return &net.OpError{Op: "close", Net: "rdma", Err: syscall.EINVAL}
 	}
-	if err := l.close(); err != nil {
-		return &net.OpError{Op: "close", Net: "rdma", Addr: l.addr, Err: err}
+	var err error
+	if l.tcpOnly {
+		err = l.closeTCPOnly()
+	} else {
+		err = l.close()
+	}
+	l.closeTCP()
+	if err != nil {
+		return &net.OpError{Op: "close", Net: "rdma", Addr: l.Addr(), Err: err}
 	}
 	return nil
 }
 
-// Addr returns the listener's address, an *Addr with the real port.
+// Addr returns the listener's address, an *Addr with the real port; a
+// listener whose FallbackTCP found no RDMA device for its address returns
+// its TCP address.
 func (l *Listener) Addr() net.Addr {
 	if !l.ok() {
 		return nil
+	}
+	if l.tcpOnly {
+		return l.tcp.Addr()
 	}
 	return l.addr
 }

@@ -317,6 +317,18 @@ type Dialer struct {
 	// Conn.SetKeepAliveConfig). If its Enable is false and KeepAlive is
 	// negative, there are none.
 	KeepAliveConfig net.KeepAliveConfig
+	// FallbackTCP, if set, makes Dial connect over TCP (Go's net, to the
+	// same address and port) when RDMA cannot carry the connection: no
+	// RDMA device serves the route, or this host has none, or this build
+	// has no RDMA (the errors wrapping ErrNoDevice or ErrUnsupported); the
+	// peer has no RDMA listener on the port (a RefusedError with reason
+	// RefusedNoListener); or the peer's host never answered the RDMA
+	// connection request (a host without RDMA). A refusal by an RDMA
+	// listener (any other reason), a foreign RDMA server (ErrProtocol), a
+	// timeout and a cancelled context never fall back. The connection is
+	// then a *net.TCPConn: its LocalAddr().Network() is "tcp", and IsRDMA
+	// reports false. If TCP fails too, the error holds both failures.
+	FallbackTCP bool
 	Options
 }
 
@@ -335,8 +347,17 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 	case "tcp", "tcp4", "tcp6":
 		network = "rdma" + network[3:]
 	}
+	if d.FallbackTCP && d.Timeout > 0 {
+		// One bound for both attempts.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d.Timeout)
+		defer cancel()
+	}
 	c, err := d.dial(ctx, network, address)
 	if err != nil {
+		if d.FallbackTCP && fallsBackToTCP(err) {
+			return d.dialTCP(ctx, network, address, err)
+		}
 		return nil, err
 	}
 	return c, nil
@@ -428,6 +449,14 @@ type ListenConfig struct {
 	// happen before the reject is sent, so a dialer that has been refused
 	// finds its refusal counted.
 	Refused func(remote net.Addr, err error)
+	// FallbackTCP, if set, makes the listener accept TCP connections too,
+	// on the same address and port number (from dialers on hosts without
+	// RDMA, or whose FallbackTCP found no RDMA route), and makes Listen
+	// succeed over TCP alone where no RDMA device serves the address (or
+	// the build has no RDMA). Accept returns a *net.TCPConn for those;
+	// IsRDMA tells them apart, and Listener.Stats counts them
+	// (AcceptedTCP).
+	FallbackTCP bool
 	Options
 }
 
@@ -464,7 +493,14 @@ func (lc *ListenConfig) listen(ctx context.Context, network, address string) (*L
 	if err != nil {
 		return nil, opErr(nil, err)
 	}
-	l, err := listen(ap, backlog, opts, lc.Refused)
+	var l *Listener
+	if lc.FallbackTCP {
+		l, err = lc.listenFallback(ctx, network, ap, func(ap netip.AddrPort) (*Listener, error) {
+			return listen(ap, backlog, opts, lc.Refused)
+		})
+	} else {
+		l, err = listen(ap, backlog, opts, lc.Refused)
+	}
 	if err != nil {
 		return nil, opErr(addrFrom(ap), err)
 	}

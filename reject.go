@@ -25,6 +25,9 @@ const (
 	RefusedBacklog                          // the backlog, or the room for handshakes in progress, is full
 	RefusedShutdown                         // the listener is closing
 	RefusedProtocol                         // the dialer does not speak this package's protocol, or another version of it
+	// RefusedNoListener: no RDMA listener on that port (rdma_cm itself
+	// rejected the request; a listener never says this).
+	RefusedNoListener
 	numRefuseReasons
 )
 
@@ -40,6 +43,8 @@ func (r RefuseReason) String() string {
 		return "the server is shutting down"
 	case RefusedProtocol:
 		return "the server does not speak this dialer's protocol version"
+	case RefusedNoListener:
+		return "no RDMA listener on that port"
 	}
 	return "no reason given"
 }
@@ -130,6 +135,9 @@ type ListenerStats struct {
 	Evicted uint64
 	// HalfOpen is how many handshakes are in progress now.
 	HalfOpen int
+	// AcceptedTCP counts the TCP connections accepted by a listener with
+	// ListenConfig.FallbackTCP.
+	AcceptedTCP uint64
 }
 
 // refusedCause is what the Refused hook gets when the listener's own setup
