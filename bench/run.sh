@@ -127,7 +127,9 @@ run_rdmaperf_pinned() {
 	local net=$1 log=$work/rdmaperf.log
 	shift
 	next_port
-	taskset -c 0 timeout -k 5 "$tool_timeout" "$rdmaperf" -s -addr "$addr:$port" -net "$net" >"$work/server.log" 2>&1 &
+	local sargs=()
+	[[ " $* " == *" -messages "* ]] && sargs+=(-messages) # the server reads messages too
+	taskset -c 0 timeout -k 5 "$tool_timeout" "$rdmaperf" -s -addr "$addr:$port" -net "$net" "${sargs[@]}" >"$work/server.log" 2>&1 &
 	local spid=$! try
 	for try in 1 2 3 4 5 6 7 8 9 10; do
 		sleep 0.3
@@ -267,7 +269,7 @@ rstream_run() {
 	case $workload in
 	lat) emit rsockets lat "$size" 1 "avg_us=$us" "count=$iters" ;;
 	bw) emit rsockets bw "$size" 1 "mb_s=$(awk -v s="$size" -v u="$us" 'BEGIN { printf "%.4f", s / u }')" "count=$count" ;;
-	rate) emit rsockets rate "$size" 1 "msg_s=$(awk -v u="$us" 'BEGIN { printf "%.1f", 1e6 / u }')" "count=$count" ;;
+	rate | rate-msg) emit rsockets "$workload" "$size" 1 "msg_s=$(awk -v u="$us" 'BEGIN { printf "%.1f", 1e6 / u }')" "count=$count" ;;
 	esac
 }
 
@@ -339,6 +341,11 @@ one_round() {
 	for net in rdma tcp; do run_rdmaperf "$net" rate 64 1 -test rate -size 64 -duration "${secs}s"; done
 	perftest_bw rate 64 10000 1
 	rstream_run rate 64 10000 1
+	# One message per Write, like the peers: the reader is message-oriented, so the writer never
+	# gathers. The peers' rows are measured again so that each row compares one run's figures.
+	run_rdmaperf rdma rate-msg 64 1 -test rate -size 64 -duration "${secs}s" -messages
+	perftest_bw rate-msg 64 10000 1
+	rstream_run rate-msg 64 10000 1
 	for net in rdma tcp; do run_rdmaperf "$net" rate 64 8 -test rate -size 64 -conns 8 -duration "${secs}s"; done
 	perftest_bw rate 64 2000 8
 	echo "== io.Copy of a file, $copy_bytes B (round $round)"

@@ -90,6 +90,7 @@ type config struct {
 	asJSON        bool
 	verbose       bool
 	stats         bool
+	messages      bool
 	bufSize       int
 	sdepth        int
 	rdepth        int
@@ -152,6 +153,7 @@ func parseArgs(args []string, out io.Writer) (*config, error) {
 	fs.BoolVar(&cfg.asJSON, "json", false, "print each result as a JSON object")
 	fs.BoolVar(&cfg.verbose, "v", false, "server: log every connection and error")
 	fs.BoolVar(&cfg.stats, "stats", false, "rdma client: print the connections' counters (Conn.Stats) summed, and the devices' totals")
+	fs.BoolVar(&cfg.messages, "messages", false, "rdma: message-oriented Reads at both ends (Options.Messages): every Write travels as a message of its own, never gathered with others; a rate test then reports workload rate-msg")
 	fs.IntVar(&cfg.bufSize, "buffer", 0, "rdma: per-connection buffer size in bytes (0: library default)")
 	fs.IntVar(&cfg.sdepth, "sdepth", 0, "rdma: send buffers per connection (0: library default)")
 	fs.IntVar(&cfg.rdepth, "rdepth", 0, "rdma: receive buffers per connection (0: library default)")
@@ -239,7 +241,7 @@ func main() {
 		}
 		return
 	}
-	opts := rdma.Options{BufferSize: cfg.bufSize, SendDepth: cfg.sdepth, RecvDepth: cfg.rdepth, Poll: cfg.poll, SpinTime: cfg.spin}
+	opts := rdma.Options{BufferSize: cfg.bufSize, SendDepth: cfg.sdepth, RecvDepth: cfg.rdepth, Poll: cfg.poll, SpinTime: cfg.spin, Messages: cfg.messages}
 	tr, err := newTransport(cfg.netw, opts)
 	if err != nil {
 		log.Fatal(err)
@@ -284,6 +286,11 @@ func main() {
 
 	workload := cfg.workload
 	res := Result{Impl: "rdmaperf/" + tr.name, Workload: workload, Size: cfg.size, Conns: cfg.conns}
+	if workload == "rate" && cfg.messages && tr.name == "rdma" {
+		// Not the gathered rate: a row of its own (one message per Write,
+		// as perftest and rstream post them).
+		res.Workload = "rate-msg"
+	}
 	r := &run{
 		copyLen:  cfg.copyLen,
 		plain:    cfg.plain,

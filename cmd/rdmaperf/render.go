@@ -55,11 +55,12 @@ var (
 type metric struct{ key, label string }
 
 var metricsOf = map[string][]metric{
-	"lat":  {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"avg_us", "avg µs"}},
-	"bw":   {{"mb_s", "MB/s"}},
-	"rate": {{"msg_s", "msg/s"}},
-	"idle": {{"cpu_s", "CPU s"}, {"reg_kib", "registered KiB per connection"}},
-	"copy": {{"mb_s", "MB/s"}, {"cpu_s", "CPU s"}},
+	"lat":      {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"avg_us", "avg µs"}},
+	"bw":       {{"mb_s", "MB/s"}},
+	"rate":     {{"msg_s", "msg/s"}},
+	"rate-msg": {{"msg_s", "msg/s"}},
+	"idle":     {{"cpu_s", "CPU s"}, {"reg_kib", "registered KiB per connection"}},
+	"copy":     {{"mb_s", "MB/s"}, {"cpu_s", "CPU s"}},
 	// setup is the connection's establishment alone (rdmaperf: until the
 	// last Dial returned), what cmtime's steps up to connect add up to.
 	"dial": {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"conn_s", "conn/s"}, {"setup_us", "setup p50 µs"}},
@@ -67,13 +68,14 @@ var metricsOf = map[string][]metric{
 }
 
 var workloadNames = map[string]string{
-	"lat":  "latency (one-way)",
-	"bw":   "throughput",
-	"rate": "message rate",
-	"idle": "idle connection",
-	"copy": "io.Copy file → conn → io.Discard",
-	"dial": "dial + round trip + close",
-	"http": "HTTP/1.1 GET",
+	"lat":      "latency (one-way)",
+	"bw":       "throughput",
+	"rate":     "message rate, Writes gathered while the peer is behind (not one message per Write)",
+	"rate-msg": "message rate, one message per Write (Options.Messages)",
+	"idle":     "idle connection",
+	"copy":     "io.Copy file → conn → io.Discard",
+	"dial":     "dial + round trip + close",
+	"http":     "HTTP/1.1 GET",
 }
 
 func renderFile(w io.Writer, path string) error {
