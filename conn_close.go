@@ -2,6 +2,7 @@ package rdma
 
 import (
 	"net"
+	"sync"
 	"syscall"
 	"time"
 
@@ -81,11 +82,12 @@ func (c *Conn) sendFinDroppingLock() error {
 // Close closes the connection. Data already written is delivered before the
 // peer's Read returns io.EOF; Reads and Writes blocked here return an error
 // wrapping net.ErrClosed. Close waits until the peer's NIC has acknowledged
-// everything sent and every buffer is released (about six seconds at most
-// if the peer is unreachable: three for the acknowledgement, three for the
-// queue to drain). If the peer leaves no receive buffer free for
-// that long while Writes' data still waits for one, the data is discarded
-// and Close returns an error wrapping syscall.ETIMEDOUT.
+// everything sent (three seconds at most if the peer is unreachable); the
+// connection's QP and registered memory are released right after, in the
+// background (rdma.Devices shows them until then). If the peer leaves no
+// receive buffer free for that long while Writes' data still waits for
+// one, the data is discarded and Close returns an error wrapping
+// syscall.ETIMEDOUT.
 func (c *Conn) Close() error {
 	if !c.ok() {
 		return errInvalid("close")
@@ -108,6 +110,10 @@ func (c *Conn) Close() error {
 	c.wdl.stop()
 	return c.opErr("close", err)
 }
+
+// releasing counts the releases of verbs objects that Close left running
+// (see teardown in conn_verbs.go).
+var releasing sync.WaitGroup
 
 // undeliveredError is Close's error when data Write accepted could not be
 // delivered: the peer left no receive buffer free for the linger time.
@@ -136,7 +142,10 @@ func (c *Conn) lingerDroppingLock() error {
 	}
 	if c.tx.pendLen > 0 && c.life.werr == nil && !c.life.has(shutPeerGone) {
 		// The peer left no receive free for the linger time: what
-		// Writes left pending is discarded, and Close says so.
+		// Writes left pending is discarded, and Close says so. It is
+		// dropped here, fin and all, since credits the peer returns
+		// before the release disconnects would otherwise still send it.
+		c.tx.pendLen, c.tx.pendMore, c.tx.finQueued = 0, false, false
 		return undeliveredError{}
 	}
 	return nil

@@ -358,7 +358,13 @@ func (c *Conn) releaseLater() {
 }
 
 // teardown ends the connection: the fin (if graceful) and its
-// acknowledgement, then the release of the verbs objects.
+// acknowledgement, then the release of the verbs objects. Close's
+// (graceful) teardown returns once the peer's NIC has acknowledged the fin,
+// and the release runs on a goroutine of its own, as a TCP close returns
+// while the kernel finishes: disconnecting, flushing the queues and
+// destroying the QP and the id take milliseconds (most of a short-lived
+// connection's Close), and nothing of them concerns the caller. Reads and
+// Writes after Close fail before they touch the memory being released.
 func (c *Conn) teardown(graceful bool) error {
 	c.mu.Lock()
 	c.stopKeepAlive()
@@ -369,7 +375,15 @@ func (c *Conn) teardown(graceful bool) error {
 		lost = c.lingerDroppingLock()
 	}
 	c.mu.Unlock()
-	c.release()
+	if graceful {
+		releasing.Add(1)
+		go func() {
+			defer releasing.Done()
+			c.release()
+		}()
+	} else {
+		c.release()
+	}
 	return lost
 }
 

@@ -229,8 +229,10 @@ func (d *device) release(s *cqShard, cqe int) {
 	devMu.Unlock()
 }
 
-// releaseIdleDevices retires at once every device that only lingers.
+// releaseIdleDevices waits for the releases Close left running, then
+// retires at once every device that only lingers.
 func releaseIdleDevices() {
+	releasing.Wait()
 	for {
 		devMu.Lock()
 		var idle *device

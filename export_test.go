@@ -29,7 +29,18 @@ func ReleaseIdleDevices() { releaseIdleDevices() }
 // SetDeviceLinger changes how long a device without connections stays set
 // up, for a test, and returns what restores it.
 func SetDeviceLinger(d time.Duration) (restore func()) {
+	devMu.Lock()
+	defer devMu.Unlock()
 	old := deviceLinger
 	deviceLinger = d
-	return func() { deviceLinger = old }
+	return func() {
+		devMu.Lock()
+		defer devMu.Unlock()
+		deviceLinger = old
+	}
 }
+
+// WaitReleases waits until the releases of closed connections' verbs
+// objects, which Close leaves running, are done: for a test that counts
+// what the devices hold.
+func WaitReleases() { releasing.Wait() }

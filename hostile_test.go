@@ -195,6 +195,7 @@ func (p *rawPeer) requireDisconnected(t *testing.T) {
 
 // deviceTotals sums rdma.Devices: connections and registered bytes.
 func deviceTotals() (conns, registered int) {
+	rdma.WaitReleases()
 	for _, d := range rdma.Devices() {
 		conns += d.Connections
 		registered += d.RegisteredBytes

@@ -16,6 +16,7 @@ import (
 // deviceStat returns the totals of the test device's entry in rdma.Devices,
 // and whether it is listed.
 func deviceStat() (rdma.DeviceStats, bool) {
+	rdma.WaitReleases()
 	for _, d := range rdma.Devices() {
 		return d, true // the test bed has one device
 	}

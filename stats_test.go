@@ -2,7 +2,9 @@ package rdma_test
 
 import (
 	"io"
+	"os"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -22,6 +24,12 @@ func TestStats(t *testing.T) {
 		total += n
 		messages += (n + 4095) / 4096
 	}
+	// A Read that finds nothing waits (and times out): counted as a spin
+	// or a park, whatever the timing of the transfer below.
+	require.NoError(t, server.SetReadDeadline(time.Now().Add(20*time.Millisecond)))
+	_, err := server.Read(make([]byte, 1))
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	require.NoError(t, server.SetReadDeadline(time.Time{}))
 	go func() {
 		for _, n := range sizes {
 			client.Write(make([]byte, n))

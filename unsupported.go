@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/goverbs/rdma/internal/ibv"
@@ -30,7 +31,10 @@ func devicesStats() []DeviceStats { return nil }
 
 func releaseIdleDevices() {}
 
-var deviceLinger time.Duration
+var (
+	deviceLinger time.Duration
+	devMu        sync.Mutex
+)
 
 type listenerSys struct{}
 
