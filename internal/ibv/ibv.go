@@ -29,8 +29,10 @@ package ibv
 #define GV_MAX_POLL 32
 #define GV_MAX_SEND 32
 #define GV_MAX_RECV 64
-// Not an ibv_send_flags bit: a zero-length RDMA WRITE instead of the SEND.
+// Not ibv_send_flags bits: a zero-length RDMA WRITE instead of the SEND,
+// and an RDMA WRITE with immediate data instead of the SEND.
 #define GV_EMPTY_WRITE (1 << 30)
+#define GV_WRITE_IMM (1 << 29)
 
 // gv_wc is the part of ibv_wc the Go side reads; its layout is mirrored by
 // the Go type WC.
@@ -88,7 +90,7 @@ static int gv_post_recvs(uintptr_t qpp, int n, const struct gv_recv *in) {
 		sge[i].lkey = in[i].lkey;
 		wr[i].wr_id = in[i].wr_id;
 		wr[i].sg_list = &sge[i];
-		wr[i].num_sge = 1;
+		wr[i].num_sge = in[i].length ? 1 : 0;
 		wr[i].next = i + 1 < n ? &wr[i + 1] : NULL;
 	}
 	return ibv_post_recv(qp, wr, &bad);
@@ -102,13 +104,17 @@ struct gv_send {
 	uint32_t lkey;
 	int32_t flags;
 	uint32_t imm; // host order
+	uint64_t remote_addr; // GV_WRITE_IMM: where in the peer's region of rkey
+	uint32_t rkey;
 };
 
 // gv_post_sends posts n SENDs with immediate data as one chain (one
 // doorbell, one system call on providers that need one); a zero length
 // sends no payload. A send flagged GV_EMPTY_WRITE is a zero-length RDMA
 // WRITE instead: no memory is read or written at either end, so it needs
-// no rkey. Returns 0 or an errno value.
+// no rkey. One flagged GV_WRITE_IMM is an RDMA WRITE with immediate data
+// to remote_addr under rkey: the payload lands there and the immediate
+// consumes one of the peer's receives. Returns 0 or an errno value.
 static int gv_post_sends(uintptr_t qpp, int n, const struct gv_send *in) {
 	struct ibv_qp *qp = (struct ibv_qp *)qpp;
 	struct ibv_send_wr wr[GV_MAX_SEND], *bad;
@@ -127,6 +133,12 @@ static int gv_post_sends(uintptr_t qpp, int n, const struct gv_send *in) {
 			wr[i].opcode = IBV_WR_RDMA_WRITE;
 			wr[i].num_sge = 0;
 			wr[i].send_flags = in[i].flags & ~GV_EMPTY_WRITE;
+		} else if (in[i].flags & GV_WRITE_IMM) {
+			wr[i].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+			wr[i].imm_data = htonl(in[i].imm);
+			wr[i].send_flags = in[i].flags & ~GV_WRITE_IMM;
+			wr[i].wr.rdma.remote_addr = in[i].remote_addr;
+			wr[i].wr.rdma.rkey = in[i].rkey;
 		} else {
 			wr[i].opcode = IBV_WR_SEND_WITH_IMM;
 			wr[i].imm_data = htonl(in[i].imm);
@@ -258,6 +270,12 @@ var (
 	_ [C.IBV_SEND_INLINE - SendInline]struct{}
 	_ [SendEmptyWrite - C.GV_EMPTY_WRITE]struct{}
 	_ [C.GV_EMPTY_WRITE - SendEmptyWrite]struct{}
+	_ [SendWriteImm - C.GV_WRITE_IMM]struct{}
+	_ [C.GV_WRITE_IMM - SendWriteImm]struct{}
+	_ [WCOpRecv - C.IBV_WC_RECV]struct{}
+	_ [C.IBV_WC_RECV - WCOpRecv]struct{}
+	_ [WCOpRecvWriteImm - C.IBV_WC_RECV_RDMA_WITH_IMM]struct{}
+	_ [C.IBV_WC_RECV_RDMA_WITH_IMM - WCOpRecvWriteImm]struct{}
 	_ [EventCQErr - C.IBV_EVENT_CQ_ERR]struct{}
 	_ [C.IBV_EVENT_CQ_ERR - EventCQErr]struct{}
 	_ [EventQPFatal - C.IBV_EVENT_QP_FATAL]struct{}
@@ -407,21 +425,33 @@ func (pd *PD) Dealloc() error {
 	return nil
 }
 
-// MR is a memory region registered for local access only: no peer can read
-// or write it.
+// MR is a registered memory region: for local access only (RegMR), or
+// writable by the peers of QPs in the same PD too (RegMRRemoteWrite).
 type MR struct {
 	m    *C.struct_ibv_mr
 	LKey uint32
+	RKey uint32 // the key a peer names the region by; useless to it without remote access
 }
 
 // RegMR registers mem, which must not be Go heap memory (C keeps pointers
-// into it), with IBV_ACCESS_LOCAL_WRITE only.
+// into it), with IBV_ACCESS_LOCAL_WRITE only: no peer can read or write it.
 func (pd *PD) RegMR(mem []byte) (*MR, error) {
-	m, err := C.ibv_reg_mr(pd.p, unsafe.Pointer(unsafe.SliceData(mem)), C.size_t(len(mem)), C.IBV_ACCESS_LOCAL_WRITE)
+	return pd.regMR(mem, C.IBV_ACCESS_LOCAL_WRITE)
+}
+
+// RegMRRemoteWrite registers mem like RegMR, and lets the peers of QPs in
+// this PD write it with RDMA WRITE (never read it: no remote read or
+// atomic access).
+func (pd *PD) RegMRRemoteWrite(mem []byte) (*MR, error) {
+	return pd.regMR(mem, C.IBV_ACCESS_LOCAL_WRITE|C.IBV_ACCESS_REMOTE_WRITE)
+}
+
+func (pd *PD) regMR(mem []byte, access C.int) (*MR, error) {
+	m, err := C.ibv_reg_mr(pd.p, unsafe.Pointer(unsafe.SliceData(mem)), C.size_t(len(mem)), access)
 	if m == nil {
 		return nil, os.NewSyscallError("ibv_reg_mr", errnoOr(err))
 	}
-	return &MR{m: m, LKey: uint32(m.lkey)}, nil
+	return &MR{m: m, LKey: uint32(m.lkey), RKey: uint32(m.rkey)}, nil
 }
 
 // Dereg deregisters the region (ibv_dereg_mr).
@@ -560,7 +590,8 @@ func QPFrom(p unsafe.Pointer) *QP {
 	return &QP{qp: q, Num: uint32(q.qp_num)}
 }
 
-// PostSends posts up to MaxSendBatch SENDs as one chain (ibv_post_send).
+// PostSends posts up to MaxSendBatch SENDs (or RDMA WRITEs, see SendWR)
+// as one chain (ibv_post_send).
 func (qp *QP) PostSends(wrs []SendWR) error {
 	if len(wrs) == 0 {
 		return nil
@@ -574,7 +605,7 @@ func (qp *QP) PostSends(wrs []SendWR) error {
 
 // PostWrite posts one RDMA WRITE (ibv_post_send). The peer's region must
 // allow remote writes, or the peer's NIC refuses it (a remote access
-// error); this package registers none that do (see RegMR).
+// error; see RegMRRemoteWrite).
 func (qp *QP) PostWrite(wr WriteWR) error {
 	r := C.gv_post_write(C.uintptr_t(uintptr(unsafe.Pointer(qp.qp))), C.uint64_t(wr.ID), C.uint64_t(wr.Addr),
 		C.uint32_t(wr.Len), C.uint32_t(wr.LKey), C.uint64_t(wr.RemoteAddr), C.uint32_t(wr.RKey), C.int(wr.Flags))
