@@ -161,8 +161,8 @@ func memlockFit(soft Limit, capIPCLock bool, perConn int) Limit {
 // deviceFit is how many connection ends of one process a device holds, and
 // the device limit that binds: each takes CQ entries (a process's
 // connections share CQs of at most max_cqe entries each, and the device
-// has at most max_cq of them), one QP of max_qp and one memory region of
-// max_mr.
+// has at most max_cq of them), one QP of max_qp and two memory regions of
+// max_mr (its receive ring and its send ring).
 func deviceFit(d Device, cqEntries int) (int, string) {
 	if cqEntries <= 0 || cqEntries > d.MaxCQE {
 		return 0, "max_cqe"
@@ -171,8 +171,8 @@ func deviceFit(d Device, cqEntries int) (int, string) {
 	if d.MaxQP < n {
 		n, bound = d.MaxQP, "max_qp"
 	}
-	if d.MaxMR < n {
-		n, bound = d.MaxMR, "max_mr"
+	if d.MaxMR/2 < n {
+		n, bound = d.MaxMR/2, "max_mr"
 	}
 	return max(0, n), bound
 }
