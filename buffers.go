@@ -35,33 +35,38 @@ type arena struct {
 	ring   int
 }
 
-func newArena(ctx *ibv.Context, lay layout) (a *arena, err error) {
-	size := lay.size()
-	a = &arena{ring: lay.ring}
-	if a.pd, err = ctx.AllocPD(); err != nil {
+func newArena(ctx *ibv.Context, lay layout) (*arena, error) {
+	pd, err := ctx.AllocPD()
+	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		if err != nil {
-			a.free()
-		}
-	}()
-	if a.mem, err = unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE); err != nil {
-		a.mem = nil
-		return nil, &mmapError{need: size, err: os.NewSyscallError("mmap", err)}
+	a := &arena{pd: pd, ring: lay.ring}
+	if err := a.register(lay); err != nil {
+		a.free()
+		return nil, err
 	}
-	a.base = addrOf(a.mem)
-	if a.recvMR, err = a.pd.RegMRRemoteWrite(a.mem[lay.recvOff() : lay.recvOff()+lay.ring]); err == nil {
-		a.sendMR, err = a.pd.RegMR(a.mem[lay.sendOff() : lay.sendOff()+lay.ring])
+	return a, nil
+}
+
+// register maps the arena's memory and registers its two rings.
+func (a *arena) register(lay layout) error {
+	size := lay.size()
+	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
+	if err != nil {
+		return &mmapError{need: size, err: os.NewSyscallError("mmap", err)}
+	}
+	a.mem, a.base = mem, addrOf(mem)
+	if a.recvMR, err = a.pd.RegMRRemoteWrite(mem[lay.recvOff() : lay.recvOff()+lay.ring]); err == nil {
+		a.sendMR, err = a.pd.RegMR(mem[lay.sendOff() : lay.sendOff()+lay.ring])
 	}
 	if err != nil {
 		var lim unix.Rlimit
 		if errors.Is(err, syscall.ENOMEM) && unix.Getrlimit(unix.RLIMIT_MEMLOCK, &lim) == nil && lim.Cur != unix.RLIM_INFINITY {
-			return nil, &memlockError{need: size, limit: lim.Cur, err: err}
+			return &memlockError{need: size, limit: lim.Cur, err: err}
 		}
-		return nil, err
+		return err
 	}
-	return a, nil
+	return nil
 }
 
 // free deregisters, unmaps and deallocates whatever a has; no QP may

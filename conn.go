@@ -333,7 +333,8 @@ func (c *Conn) write(b []byte) (int, error) {
 		// pending message. For a message-oriented peer, a Write's bytes
 		// never share a message with an earlier Write's still pending.
 		free := c.tx.free()
-		grow := c.tx.pendRoom()
+		room := c.tx.ring.room()
+		grow := max(0, room-c.tx.pendLen)
 		waitMsg := c.msgWrite && n == 0 && c.tx.pendLen > 0
 		if grow == 0 && c.tx.pendLen > 0 && c.cr.credits > 0 && free > 0 && !waitMsg {
 			// The pending message is as large as the ring lets it be
@@ -342,9 +343,14 @@ func (c *Conn) write(b []byte) (int, error) {
 			c.flushDroppingLock()
 			continue
 		}
-		// Without a credit, or with the ring full of bytes the peer has
-		// not read, the peer is what the Write waits for.
-		noRoom := grow == 0 || (c.cr.credits == 0 && waitMsg)
+		// With credits, a message is not cut short because the peer has
+		// yet to read part of the ring: more, smaller messages cost more
+		// than waiting, and the room comes (an empty ring has room for a
+		// largest message). Without, the pending message gathers in
+		// whatever room there is. Either way the peer is what the Write
+		// waits for.
+		short := c.cr.credits > 0 && room < min(c.tx.pendLen+len(b)-n, c.maxMsg)
+		noRoom := grow == 0 || short || (c.cr.credits == 0 && waitMsg)
 		if free == 0 || noRoom || waitMsg {
 			c.waitSendRoomDroppingLock(noRoom, &waited)
 			continue
@@ -401,7 +407,9 @@ func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
 	for i := 0; i < slots && off < len(b); i++ {
 		start, room := ring.at(t, acked)
 		chunk := min(len(b)-off, room-pend)
-		if chunk <= 0 {
+		if chunk <= 0 || (i > 0 && room < min(len(b)-off, c.maxMsg)) {
+			// No room, or (past the first, which write checked)
+			// not enough for a whole message: see write.
 			break
 		}
 		dst := c.tx.memOff + ring.offset(start) + pend

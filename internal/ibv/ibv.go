@@ -149,11 +149,13 @@ static int gv_post_sends(uintptr_t qpp, int n, const struct gv_send *in) {
 	return ibv_post_send(qp, wr, &bad);
 }
 
-// gv_post_write posts one RDMA WRITE of length bytes from addr (under
-// lkey) to raddr in the peer's region of rkey; a zero length writes
-// nothing. Returns 0 or an errno value.
-static int gv_post_write(uintptr_t qpp, uint64_t wr_id, uint64_t addr, uint32_t length, uint32_t lkey,
-                         uint64_t raddr, uint32_t rkey, int flags) {
+// gv_post_rdma posts one RDMA operation of the peer's memory at raddr in
+// its region of rkey: a WRITE of length bytes from addr (under lkey; a
+// zero length writes nothing), a READ of length bytes into addr, or an
+// atomic fetch-and-add of add to the 8 bytes there, whose old value lands
+// in addr. Returns 0 or an errno value.
+static int gv_post_rdma(uintptr_t qpp, int opcode, uint64_t wr_id, uint64_t addr, uint32_t length, uint32_t lkey,
+                        uint64_t raddr, uint32_t rkey, int flags, uint64_t add) {
 	struct ibv_qp *qp = (struct ibv_qp *)qpp;
 	struct ibv_send_wr wr, *bad;
 	struct ibv_sge sge;
@@ -164,10 +166,16 @@ static int gv_post_write(uintptr_t qpp, uint64_t wr_id, uint64_t addr, uint32_t 
 	wr.wr_id = wr_id;
 	wr.sg_list = &sge;
 	wr.num_sge = length ? 1 : 0;
-	wr.opcode = IBV_WR_RDMA_WRITE;
+	wr.opcode = opcode;
 	wr.send_flags = flags;
-	wr.wr.rdma.remote_addr = raddr;
-	wr.wr.rdma.rkey = rkey;
+	if (opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+		wr.wr.atomic.remote_addr = raddr;
+		wr.wr.atomic.rkey = rkey;
+		wr.wr.atomic.compare_add = add;
+	} else {
+		wr.wr.rdma.remote_addr = raddr;
+		wr.wr.rdma.rkey = rkey;
+	}
 	return ibv_post_send(qp, &wr, &bad);
 }
 
@@ -606,9 +614,24 @@ func (qp *QP) PostSends(wrs []SendWR) error {
 // PostWrite posts one RDMA WRITE (ibv_post_send). The peer's region must
 // allow remote writes, or the peer's NIC refuses it (a remote access
 // error; see RegMRRemoteWrite).
-func (qp *QP) PostWrite(wr WriteWR) error {
-	r := C.gv_post_write(C.uintptr_t(uintptr(unsafe.Pointer(qp.qp))), C.uint64_t(wr.ID), C.uint64_t(wr.Addr),
-		C.uint32_t(wr.Len), C.uint32_t(wr.LKey), C.uint64_t(wr.RemoteAddr), C.uint32_t(wr.RKey), C.int(wr.Flags))
+func (qp *QP) PostWrite(wr WriteWR) error { return qp.postRDMA(C.IBV_WR_RDMA_WRITE, wr, 0) }
+
+// PostRead posts one RDMA READ of Len bytes at RemoteAddr into Addr. The
+// peer's region must allow remote reads; this package registers none
+// that do.
+func (qp *QP) PostRead(wr WriteWR) error { return qp.postRDMA(C.IBV_WR_RDMA_READ, wr, 0) }
+
+// PostFetchAdd posts one atomic fetch-and-add of add to the 8 bytes at
+// RemoteAddr (8-byte aligned), their old value landing at Addr (Len 8).
+// The peer's region must allow remote atomics; this package registers
+// none that do.
+func (qp *QP) PostFetchAdd(wr WriteWR, add uint64) error {
+	return qp.postRDMA(C.IBV_WR_ATOMIC_FETCH_AND_ADD, wr, add)
+}
+
+func (qp *QP) postRDMA(op C.int, wr WriteWR, add uint64) error {
+	r := C.gv_post_rdma(C.uintptr_t(uintptr(unsafe.Pointer(qp.qp))), op, C.uint64_t(wr.ID), C.uint64_t(wr.Addr),
+		C.uint32_t(wr.Len), C.uint32_t(wr.LKey), C.uint64_t(wr.RemoteAddr), C.uint32_t(wr.RKey), C.int(wr.Flags), C.uint64_t(add))
 	if r != 0 {
 		return os.NewSyscallError("ibv_post_send", syscall.Errno(r))
 	}

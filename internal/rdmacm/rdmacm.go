@@ -122,15 +122,18 @@ static int gv_addr(struct rdma_cm_id *id, int which, uint8_t *ip, uint16_t *port
 // an id that has none (0 otherwise): librdmacm completes the handshake
 // (the RTU) from rdma_get_cm_event only for ids with a QP, so such a
 // request stays half-open unless the caller calls rdma_establish.
-static int gv_connect(struct rdma_cm_id *id, const void *pd, uint8_t pdlen, int accept, uint32_t qp_num) {
+// initiator is the RDMA READs and atomics the QP may have outstanding.
+static int gv_connect(struct rdma_cm_id *id, const void *pd, uint8_t pdlen, int accept, uint32_t qp_num, uint8_t initiator) {
 	struct rdma_conn_param p;
 	memset(&p, 0, sizeof(p));
 	p.private_data = pd;
 	p.private_data_len = pdlen;
 	p.qp_num = qp_num;
-	// SEND/RECV only: no RDMA READ/atomic resources are needed.
+	// SENDs and RDMA WRITEs only: no RDMA READ/atomic resources are
+	// needed, and none are granted, so the QP refuses a peer's READ or
+	// atomic whatever memory it names.
 	p.responder_resources = 0;
-	p.initiator_depth = 0;
+	p.initiator_depth = initiator;
 	// Both QPs take the dialer's retry count: the most a hardware NIC
 	// allows, so that a partition of several ACK timeouts (see
 	// SetAckTimeout) is survived. Soft-RoCE (rxe) takes 7 to mean "retry
@@ -166,6 +169,74 @@ static int gv_create_qp(struct rdma_cm_id *id, void *pd, void *cq, uint32_t send
 			return -1;
 	}
 	*max_inline = a.cap.max_inline_data;
+	return 0;
+}
+
+// gv_create_own_qp creates an RC QP that is not the id's, so librdmacm
+// leaves its states to the caller, and moves it to INIT. Returns NULL with
+// errno on failure.
+static struct ibv_qp *gv_create_own_qp(struct rdma_cm_id *id, void *pd, void *cq, uint32_t send_wr, uint32_t recv_wr) {
+	struct ibv_qp_init_attr a;
+	memset(&a, 0, sizeof(a));
+	a.send_cq = cq;
+	a.recv_cq = cq;
+	a.qp_type = IBV_QPT_RC;
+	a.cap.max_send_wr = send_wr;
+	a.cap.max_recv_wr = recv_wr;
+	a.cap.max_send_sge = 1;
+	a.cap.max_recv_sge = 1;
+	struct ibv_qp *qp = ibv_create_qp(pd, &a);
+	if (!qp)
+		return NULL;
+	struct ibv_qp_attr attr;
+	int mask, r;
+	memset(&attr, 0, sizeof(attr));
+	attr.qp_state = IBV_QPS_INIT;
+	if (rdma_init_qp_attr(id, &attr, &mask)) {
+		r = errno;
+	} else {
+		// Before the request, the CM's INIT attributes grant no remote
+		// access; the peer's RDMA WRITEs need it.
+		attr.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+		r = ibv_modify_qp(qp, &attr, mask | IBV_QP_ACCESS_FLAGS);
+	}
+	if (r) {
+		ibv_destroy_qp(qp);
+		errno = r;
+		return NULL;
+	}
+	return qp;
+}
+
+// gv_establish_own_qp moves a QP of gv_create_own_qp to RTR and RTS as the
+// connect response says, but with max_rd_atomic RDMA READs and atomics
+// outstanding whatever the peer granted, completes the handshake
+// (rdma_establish) and makes the QP the id's (rdma_disconnect then moves
+// it to the error state). Returns 0, or -1 with errno.
+static int gv_establish_own_qp(struct rdma_cm_id *id, struct ibv_qp *qp, int max_rd_atomic) {
+	struct ibv_qp_attr attr;
+	int mask, r;
+	memset(&attr, 0, sizeof(attr));
+	attr.qp_state = IBV_QPS_RTR;
+	if (rdma_init_qp_attr(id, &attr, &mask))
+		return -1;
+	if ((r = ibv_modify_qp(qp, &attr, mask))) {
+		errno = r;
+		return -1;
+	}
+	memset(&attr, 0, sizeof(attr));
+	attr.qp_state = IBV_QPS_RTS;
+	if (rdma_init_qp_attr(id, &attr, &mask))
+		return -1;
+	attr.max_rd_atomic = max_rd_atomic;
+	mask |= IBV_QP_MAX_QP_RD_ATOMIC;
+	if ((r = ibv_modify_qp(qp, &attr, mask))) {
+		errno = r;
+		return -1;
+	}
+	if (rdma_establish(id))
+		return -1;
+	id->qp = qp;
 	return 0;
 }
 
@@ -393,12 +464,22 @@ func (id *ID) ResolveRoute(timeoutMs int) error {
 }
 
 func (id *ID) connect(private []byte, accept C.int, qpNum uint32, name string) error {
+	return id.connectInitiator(private, accept, qpNum, 0, name)
+}
+
+// ConnectInitiator is Connect for a QP that may issue RDMA READs and
+// atomics, initiator of them outstanding (tests of peers that try them).
+func (id *ID) ConnectInitiator(private []byte, initiator uint8) error {
+	return id.connectInitiator(private, 0, 0, initiator, "rdma_connect")
+}
+
+func (id *ID) connectInitiator(private []byte, accept C.int, qpNum uint32, initiator uint8, name string) error {
 	var p unsafe.Pointer
 	if len(private) > 0 {
 		p = C.CBytes(private)
 		defer C.free(p)
 	}
-	if r, err := C.gv_connect(id.id, p, C.uint8_t(len(private)), accept, C.uint32_t(qpNum)); r != 0 {
+	if r, err := C.gv_connect(id.id, p, C.uint8_t(len(private)), accept, C.uint32_t(qpNum), C.uint8_t(initiator)); r != 0 {
 		return os.NewSyscallError(name, err)
 	}
 	return nil
@@ -460,6 +541,37 @@ func (id *ID) CreateQP(pd, cq unsafe.Pointer, sendWR, recvWR, inline int) (unsaf
 // DestroyQP destroys the id's QP (ibv_destroy_qp).
 func (id *ID) DestroyQP() error {
 	if r := C.gv_destroy_qp(id.id); r != 0 {
+		return os.NewSyscallError("ibv_destroy_qp", syscall.Errno(r))
+	}
+	return nil
+}
+
+// CreateOwnQP creates an RC QP on pd and cq, in the INIT state, that is not
+// the id's: librdmacm does not move it through its states, so the caller
+// may set what the handshake would not (EstablishOwnQP). It is for tests
+// of peers that break the rules; connect with ConnectNoQP naming its
+// number.
+func (id *ID) CreateOwnQP(pd, cq unsafe.Pointer, sendWR, recvWR int) (unsafe.Pointer, error) {
+	qp, err := C.gv_create_own_qp(id.id, pd, cq, C.uint32_t(sendWR), C.uint32_t(recvWR))
+	if qp == nil {
+		return nil, os.NewSyscallError("ibv_create_qp", err)
+	}
+	return unsafe.Pointer(qp), nil
+}
+
+// EstablishOwnQP, after the connect response, moves a QP of CreateOwnQP to
+// RTS with maxRdAtomic RDMA READs and atomics outstanding (whatever the
+// peer granted), completes the handshake and gives the QP to the id.
+func (id *ID) EstablishOwnQP(qp unsafe.Pointer, maxRdAtomic int) error {
+	if r, err := C.gv_establish_own_qp(id.id, (*C.struct_ibv_qp)(qp), C.int(maxRdAtomic)); r != 0 {
+		return os.NewSyscallError("rdma_establish", err)
+	}
+	return nil
+}
+
+// DestroyOwnQP destroys a QP of CreateOwnQP that the id never took.
+func DestroyOwnQP(qp unsafe.Pointer) error {
+	if r := C.ibv_destroy_qp((*C.struct_ibv_qp)(qp)); r != 0 {
 		return os.NewSyscallError("ibv_destroy_qp", syscall.Errno(r))
 	}
 	return nil
