@@ -261,11 +261,15 @@ const (
 	opFetchAdd
 )
 
-func (o rdmaOp) String() string { return [...]string{"RDMA WRITE", "RDMA READ", "atomic fetch-and-add"}[o] }
+func (o rdmaOp) String() string {
+	return [...]string{"RDMA WRITE", "RDMA READ", "atomic fetch-and-add"}[o]
+}
 
 // write posts a signaled RDMA WRITE of n bytes to raddr in the peer's
 // region of rkey, and returns its id.
-func (p *rawPeer) write(raddr uint64, rkey uint32, n int) uint64 { return p.rdma(opWrite, raddr, rkey, n) }
+func (p *rawPeer) write(raddr uint64, rkey uint32, n int) uint64 {
+	return p.rdma(opWrite, raddr, rkey, n)
+}
 
 // rdma posts a signaled one-sided operation on n bytes (8 for the atomic)
 // at raddr in the peer's region of rkey, and returns its id.
