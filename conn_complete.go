@@ -241,7 +241,7 @@ func (c *Conn) postReposts() {
 	c.cr.unreported += n
 }
 
-// returnCredits posts consumed receive buffers again and tells the peer,
+// returnCredits posts consumed receives again and tells the peer,
 // in a credit message, once a batch of them is ready, or at once when force
 // is set (the reader is about to wait, so the writer must not be left
 // without credits). Credits still flow after our fin: the peer may go on
@@ -263,7 +263,7 @@ func (c *Conn) returnCredits(force bool) {
 }
 
 // queueSend prepares a message for flush (see sendRing.queue); its header
-// piggybacks every credit owed to the peer, including the receive buffers
+// piggybacks every credit owed to the peer, including the receives
 // posted again on the way.
 func (c *Conn) queueSend(typ uint8, n int) {
 	switch typ {
