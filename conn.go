@@ -272,7 +272,7 @@ func (c *Conn) copyOutDroppingLock(b []byte) (int, bool, error) {
 	c.mu.Lock()
 	c.rx.consume(used, off)
 	if used > 0 {
-		c.returnCredits(false)
+		c.returnCredits(c.rx.halfUnreported())
 		c.flushDroppingLock()
 	}
 	return n, ended, nil

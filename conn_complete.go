@@ -139,7 +139,7 @@ func (c *Conn) recvMsg(wc ibv.WC) {
 			// receive back to the peer.
 			c.rx.read = m.end
 			c.rx.queueRepost()
-			c.returnCredits(false)
+			c.returnCredits(c.rx.halfUnreported())
 			return
 		}
 		if c.push(m) {
@@ -274,6 +274,10 @@ func (c *Conn) queueSend(typ uint8, n int) {
 	}
 	c.postReposts()
 	c.tx.queue(c.cr.header(typ), n, c.life.has(shutWrite))
+	// Every message consumed so far has its receive posted again, and
+	// this header reports them all: the peer knows the ring is free up to
+	// here.
+	c.rx.reported = c.rx.read
 }
 
 // queuePending queues the pending message, spending a credit the caller
