@@ -122,8 +122,7 @@ static int gv_addr(struct rdma_cm_id *id, int which, uint8_t *ip, uint16_t *port
 // an id that has none (0 otherwise): librdmacm completes the handshake
 // (the RTU) from rdma_get_cm_event only for ids with a QP, so such a
 // request stays half-open unless the caller calls rdma_establish.
-// initiator is the RDMA READs and atomics the QP may have outstanding.
-static int gv_connect(struct rdma_cm_id *id, const void *pd, uint8_t pdlen, int accept, uint32_t qp_num, uint8_t initiator) {
+static int gv_connect(struct rdma_cm_id *id, const void *pd, uint8_t pdlen, int accept, uint32_t qp_num) {
 	struct rdma_conn_param p;
 	memset(&p, 0, sizeof(p));
 	p.private_data = pd;
@@ -133,7 +132,7 @@ static int gv_connect(struct rdma_cm_id *id, const void *pd, uint8_t pdlen, int 
 	// needed, and none are granted, so the QP refuses a peer's READ or
 	// atomic whatever memory it names.
 	p.responder_resources = 0;
-	p.initiator_depth = initiator;
+	p.initiator_depth = 0;
 	// Both QPs take the dialer's retry count: the most a hardware NIC
 	// allows, so that a partition of several ACK timeouts (see
 	// SetAckTimeout) is survived. Soft-RoCE (rxe) takes 7 to mean "retry
@@ -464,22 +463,12 @@ func (id *ID) ResolveRoute(timeoutMs int) error {
 }
 
 func (id *ID) connect(private []byte, accept C.int, qpNum uint32, name string) error {
-	return id.connectInitiator(private, accept, qpNum, 0, name)
-}
-
-// ConnectInitiator is Connect for a QP that may issue RDMA READs and
-// atomics, initiator of them outstanding (tests of peers that try them).
-func (id *ID) ConnectInitiator(private []byte, initiator uint8) error {
-	return id.connectInitiator(private, 0, 0, initiator, "rdma_connect")
-}
-
-func (id *ID) connectInitiator(private []byte, accept C.int, qpNum uint32, initiator uint8, name string) error {
 	var p unsafe.Pointer
 	if len(private) > 0 {
 		p = C.CBytes(private)
 		defer C.free(p)
 	}
-	if r, err := C.gv_connect(id.id, p, C.uint8_t(len(private)), accept, C.uint32_t(qpNum), C.uint8_t(initiator)); r != 0 {
+	if r, err := C.gv_connect(id.id, p, C.uint8_t(len(private)), accept, C.uint32_t(qpNum)); r != 0 {
 		return os.NewSyscallError(name, err)
 	}
 	return nil
