@@ -50,8 +50,8 @@ var (
 // payload, or to wait); their callers must re-check what they rely on.
 // Two things are touched without mu by design: the payload of queued
 // received messages (a Read copies it out while the completion side only
-// appends behind it) and the send buffers a Write fills while tx.filling
-// is set (flush leaves them alone). Once the teardown owns the send queue
+// appends behind it) and the send ring from its tail on, which a Write
+// fills while tx.filling is set (flush leaves it alone). Once the teardown owns the send queue
 // (tx.draining), it posts its drain marker with mu held: nobody else posts
 // then.
 type Conn struct {
@@ -62,13 +62,14 @@ type Conn struct {
 	msgRead      bool      // Options.Messages: a Read returns at most one of the peer's Writes
 	msgWrite     bool      // the peer's Options.Messages: Writes are never merged
 	qp           queuePair // posts sends and receives
-	mem          []byte    // the registered memory: receive buffers, then send buffers
+	mem          []byte    // the registered memory: the receive ring, then the send ring
+	early        []ibv.WC  // messages that arrived before open
 
 	w       waiter
 	rdWait  time.Duration // moving average of Read waits, under readMu
 	wrWait  time.Duration // moving average of Write waits, under writeMu
 	rxReady chan struct{} // capacity 1: a message or an error arrived
-	txReady chan struct{} // capacity 1: credits or send buffers came back
+	txReady chan struct{} // capacity 1: credits, ring room or send queue entries came back
 	drained chan struct{} // capacity 1: a completion arrived during teardown
 	closing chan struct{} // closed by Close
 
@@ -108,27 +109,44 @@ func newConn(ph phase) *Conn {
 }
 
 // initDataPath sets up the rings, the ledger and the waiting policy over
-// registered memory laid out by lay at address base, and posts every
-// receive; mu is held. The peer's grant comes later, with start.
-func (c *Conn) initDataPath(qp queuePair, mem []byte, lay layout, base uint64, lkey uint32, maxInline int, opts Options, sp spinner) error {
+// registered memory laid out by lay, whose send ring is at NIC address
+// sendBase under sendLKey, and posts every receive; mu is held. The
+// peer's grant and ring come later, with open.
+func (c *Conn) initDataPath(qp queuePair, mem []byte, lay layout, sendBase uint64, sendLKey uint32, maxInline int, opts Options, sp spinner) error {
 	c.qp, c.mem = qp, mem
 	c.msgRead = opts.Messages
 	c.w = waiter{mode: opts.Poll, spinTime: opts.SpinTime, sp: sp}
 	c.cr = newLedger(opts.RecvDepth)
-	c.rx = newRecvRing(lay.recvSlots, lay.bufSize, base, lkey)
-	c.tx = newSendRing(lay.sendSlots, lay.ctrlSlots, lay.bufSize, lay.sendOff(0), base, lkey, maxInline)
-	for i := 0; i < lay.recvSlots; i++ {
-		c.rx.queueRepost(i)
-		if c.rx.repostFull() || i == lay.recvSlots-1 {
-			c.postReposts()
-			if c.life.rerr != nil {
-				return c.life.rerr
-			}
-		}
+	c.rx = newRecvRing(lay.recvSlots, lay.recvOff())
+	c.tx = newSendRing(lay.sendSlots, lay.ctrlSlots, lay.sendOff(), sendBase, sendLKey, maxInline)
+	c.early = make([]ibv.WC, 0, lay.recvSlots)
+	c.rx.reposts = lay.recvSlots
+	c.postReposts()
+	if c.life.rerr != nil {
+		return c.life.rerr
 	}
 	// The initial receives are granted by the handshake, not by reports.
 	c.cr.unreported = 0
 	return nil
+}
+
+// open takes the peer's hello once the handshake is done (mu is held):
+// its grant, its Reads' mode, and its receive ring, whose geometry both
+// sides derive alike (ringGeometry). Messages that arrived before (a
+// listener may write as soon as it is established, before the dialer has
+// read the reply) are handled now, in order.
+func (c *Conn) open(peer hello, lay layout) {
+	span, maxMsg := ringGeometry(lay.ring, lay.bufSize, int(peer.ringSize), int(peer.bufSize))
+	c.maxMsg = maxMsg
+	c.msgWrite = peer.flags&helloMessages != 0
+	c.cr.open(int(peer.recvDepth), int(peer.ctrlDepth))
+	c.cr.noMerge = c.msgWrite
+	c.tx.open(peer.ringAddr, peer.rkey, span, maxMsg, int(peer.recvDepth))
+	c.rx.open(span, maxMsg)
+	for _, wc := range c.early {
+		c.recvMsg(wc)
+	}
+	c.early = c.early[:0]
 }
 
 // ok reports whether c is a connection (not nil, not a zero Conn).
@@ -195,7 +213,7 @@ func (c *Conn) read(b []byte) (int, error) {
 				return n, err
 			}
 			// A message-oriented Read with room for more waits for the
-			// rest of the message, giving the fragments' buffers back
+			// rest of the message, giving the fragments' ring bytes back
 			// meanwhile (a message may be bigger than all of them).
 			continue
 		}
@@ -248,33 +266,31 @@ func (c *Conn) copyOutDroppingLock(b []byte) (int, bool, error) {
 	if len(b) == 0 {
 		return 0, false, nil
 	}
-	if c.rx.repostFull() {
-		c.postReposts()
-	}
 	head, avail, off := c.rx.readable()
 	c.mu.Unlock()
 	n, used, off, ended := c.rx.copyOut(b, c.mem, head, avail, off, c.msgRead)
 	c.mu.Lock()
 	c.rx.consume(used, off)
 	if used > 0 {
-		c.returnCredits(false)
+		c.returnCredits(c.rx.halfUnreported())
 		c.flushDroppingLock()
 	}
 	return n, ended, nil
 }
 
 // Write writes b and returns once all of it is in the connection's
-// registered send buffers; b may be reused at once. The data goes out in
-// order, cut into messages of at most the peer's buffer size, as the peer
-// has receive buffers free: at once when it has, and otherwise Writes
-// gather in a pending buffer that goes out as one message when the peer
-// returns credit (so a fast writer of small messages is not held to one
-// message per peer receive). While the peer is behind, a small Write may
-// also gather with the next ones (see SetNoDelay). Write blocks while every
-// send buffer is in flight, or while the peer has no receive free and the
-// pending buffer (one message) is full. Close delivers what Write
-// accepted, unless the peer leaves no receive buffer free for the few
-// seconds Close waits; then Close reports the loss. If the peer's Reads
+// registered send ring; b may be reused at once. The data goes out in
+// order, cut into messages of at most the smaller BufferSize, as the peer
+// has receives free and room in its receive ring: at once when it has,
+// and otherwise Writes gather in a pending message that goes out when the
+// peer returns credit (so a fast writer of small messages is not held to
+// one message per peer receive). While the peer is behind, a small Write
+// may also gather with the next ones (see SetNoDelay). Write blocks while
+// SendDepth messages are in the send queue, while the peer's ring has no
+// room for the next message (the peer has not read what is there), or
+// while the peer has no receive free and the pending message is full.
+// Close delivers what Write accepted, unless the peer leaves no receive
+// free for the few seconds Close waits; then Close reports the loss. If the peer's Reads
 // are message-oriented (its Options.Messages), a Write is never merged
 // with another: it travels as messages of its own, the last marked, and a
 // Write waits while an earlier one's last bytes are still pending; a Write
@@ -311,16 +327,33 @@ func (c *Conn) write(b []byte) (int, error) {
 		if n == len(b) {
 			return n, nil
 		}
-		// The buffers from dataSeq on are free up to the ring's end; the
-		// first may already hold pending bytes. With credits, fill as many
-		// as credits allow and post them as one chain (one ibv_post_send,
-		// one system call on rxe); without, add to the pending buffer.
-		// For a message-oriented peer, a Write's bytes never share a
-		// message with an earlier Write's still pending.
+		// The pending message at the ring's tail may already hold bytes.
+		// With credits, fill as many messages as credits, the send queue
+		// and the ring allow and post them as one chain (one
+		// ibv_post_send, one system call on rxe); without, add to the
+		// pending message. For a message-oriented peer, a Write's bytes
+		// never share a message with an earlier Write's still pending.
 		free := c.tx.free()
-		noCredit := c.cr.credits == 0 && (c.tx.pendLen == c.maxMsg || (c.msgWrite && n == 0 && c.tx.pendLen > 0))
-		if free == 0 || noCredit || (c.msgWrite && n == 0 && c.tx.pendLen > 0) {
-			c.waitSendRoomDroppingLock(noCredit, &waited)
+		room := c.tx.ring.room()
+		grow := max(0, room-c.tx.pendLen)
+		waitMsg := c.msgWrite && n == 0 && c.tx.pendLen > 0
+		if grow == 0 && c.tx.pendLen > 0 && c.cr.credits > 0 && free > 0 && !waitMsg {
+			// The pending message is as large as the ring lets it be
+			// now: it goes, whatever hold would say.
+			c.queuePending()
+			c.flushDroppingLock()
+			continue
+		}
+		// With credits, a message is not cut short because the peer has
+		// yet to read part of the ring: more, smaller messages cost more
+		// than waiting, and the room comes (an empty ring has room for a
+		// largest message). Without, the pending message gathers in
+		// whatever room there is. Either way the peer is what the Write
+		// waits for.
+		short := c.cr.credits > 0 && room < min(c.tx.pendLen+len(b)-n, c.maxMsg)
+		noRoom := grow == 0 || short || (c.cr.credits == 0 && waitMsg)
+		if free == 0 || noRoom || waitMsg {
+			c.waitSendRoomDroppingLock(noRoom, &waited)
 			continue
 		}
 		slots := 1
@@ -358,21 +391,32 @@ func (c *Conn) waitSendRoomDroppingLock(noCredit bool, waited *bool) {
 	}
 }
 
-// fillDroppingLock copies b[n:] into up to slots send buffers, the first
-// of which may hold pending bytes, and queues what credits allow. The
-// buffers are the writer's until queued (flush leaves a pending buffer
-// alone while tx.filling is set), so the copy runs without mu. It returns
-// how much of b is accepted.
+// fillDroppingLock copies b[n:] into up to slots messages from the ring's
+// tail on, the first of which may hold pending bytes, and queues what
+// credits allow. The ring from the tail on is the writer's until queued
+// (flush leaves a pending message alone while tx.filling is set), so the
+// copy runs without mu. Where each message goes and how large it may be
+// is planned from the tail and what the peer had consumed (acked) when
+// the lock was dropped: queueing follows the same plan, whatever credits
+// came back meanwhile. It returns how much of b is accepted.
 func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
-	seq, pend := c.tx.dataSeq, c.tx.pendLen
+	ring := &c.tx.ring
+	t, pend, acked := ring.tail, c.tx.pendLen, ring.acked
 	c.tx.filling = true
 	c.mu.Unlock()
 	off := n
 	for i := 0; i < slots && off < len(b); i++ {
-		start := c.tx.bufOff(seq+uint32(i)) + pend
-		chunk := min(len(b)-off, c.maxMsg-pend)
-		copy(c.mem[start:start+chunk], b[off:off+chunk])
+		start, room := ring.at(t, acked)
+		chunk := min(len(b)-off, room-pend)
+		if chunk <= 0 || (i > 0 && room < min(len(b)-off, c.maxMsg)) {
+			// No room, or (past the first, which write checked)
+			// not enough for a whole message: see write.
+			break
+		}
+		dst := c.tx.memOff + ring.offset(start) + pend
+		copy(c.mem[dst:dst+chunk], b[off:off+chunk])
 		off += chunk
+		t = ringEnd(start, pend+chunk)
 		pend = 0
 	}
 	c.mu.Lock()
@@ -382,13 +426,15 @@ func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
 	}
 	c.st.BytesWritten += uint64(off - n)
 	// Credits only grow while the lock is dropped (this writer is the
-	// only one spending them), so every buffer planned with credits goes
-	// out, but for a last, partly filled one that hold keeps; without
-	// credits the one buffer stays pending.
+	// only one spending them), and so does the send queue's room, so
+	// every message planned with credits goes out, but for a last, partly
+	// filled one that hold keeps; without credits the one message stays
+	// pending.
 	queued := c.tx.pendLen + off - n
-	for queued > 0 && c.cr.credits > 0 {
-		m := min(queued, c.maxMsg)
-		if c.cr.hold(m, c.maxMsg, c.tx.finQueued) {
+	for queued > 0 && c.cr.credits > 0 && c.tx.free() > 0 {
+		_, room := ring.at(ring.tail, acked)
+		m := min(queued, room)
+		if c.cr.hold(m, room, c.tx.finQueued) {
 			break
 		}
 		c.cr.spend()

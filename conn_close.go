@@ -32,7 +32,7 @@ func (c *Conn) CloseWrite() error {
 }
 
 // CloseRead shuts down the reading side: Reads return io.EOF from now on,
-// and data that arrives is discarded, its buffers returned to the peer so
+// and data that arrives is discarded, its ring bytes returned to the peer so
 // that the peer's Writes do not block. Writing continues to work.
 func (c *Conn) CloseRead() error {
 	if !c.ok() {
@@ -85,7 +85,7 @@ func (c *Conn) sendFinDroppingLock() error {
 // everything sent (three seconds at most if the peer is unreachable); the
 // connection's QP and registered memory are released right after, in the
 // background (rdma.Devices shows them until then). If the peer leaves no
-// receive buffer free for that long while Writes' data still waits for
+// receive free for that long while Writes' data still waits for
 // one, the data is discarded and Close returns an error wrapping
 // syscall.ETIMEDOUT.
 func (c *Conn) Close() error {
@@ -116,11 +116,11 @@ func (c *Conn) Close() error {
 var releasing sync.WaitGroup
 
 // undeliveredError is Close's error when data Write accepted could not be
-// delivered: the peer left no receive buffer free for the linger time.
+// delivered: the peer left no receive free for the linger time.
 type undeliveredError struct{}
 
 func (undeliveredError) Error() string {
-	return "written data discarded: the peer granted no receive buffer before the close timeout"
+	return "written data discarded: the peer granted no receive before the close timeout"
 }
 func (undeliveredError) Unwrap() error { return syscall.ETIMEDOUT }
 

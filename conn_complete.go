@@ -41,11 +41,13 @@ func (c *Conn) lockAndFlush() {
 	c.mu.Unlock()
 }
 
-// pendingGoes reports whether flush would post the pending buffer now: it
-// holds data, a credit allows it, no Write is filling it and hold does not
-// keep it.
+// pendingGoes reports whether flush would post the pending message now:
+// it holds data, a credit and the send queue allow it, no Write is filling
+// it and hold does not keep it (a message as large as the ring lets it be
+// now counts as full).
 func (c *Conn) pendingGoes() bool {
-	return c.tx.pendLen > 0 && c.cr.credits > 0 && !c.tx.filling && !c.cr.hold(c.tx.pendLen, c.maxMsg, c.tx.finQueued)
+	return c.tx.pendLen > 0 && c.cr.credits > 0 && c.tx.free() > 0 && !c.tx.filling &&
+		!c.cr.hold(c.tx.pendLen, max(c.tx.pendLen, c.tx.ring.room()), c.tx.finQueued)
 }
 
 // wcError is a failed work completion: the connection is broken.
@@ -78,16 +80,34 @@ func (c *Conn) recvDone(wc ibv.WC) {
 		signal(c.rxReady)
 		return
 	}
-	if !c.rx.valid(wc.WRID) || wc.Flags&ibv.WCWithImm == 0 {
+	if !c.rx.opened() {
+		// The peer was established first and wrote before open has the
+		// ring's geometry: open handles it, in order. The peer's credits
+		// bound how many can come.
+		if len(c.early) < cap(c.early) {
+			c.early = append(c.early, wc)
+		} else {
+			c.protocolViolation(&protocolError{"peer overran its credits"})
+		}
+		return
+	}
+	c.recvMsg(wc)
+}
+
+// recvMsg handles a message that consumed one of our receives.
+func (c *Conn) recvMsg(wc ibv.WC) {
+	if wc.WRID != recvWRID || wc.Flags&ibv.WCWithImm == 0 {
 		c.protocolViolation(&protocolError{"message without immediate data (its header)"})
 		return
 	}
-	slot := int(wc.WRID)
 	h := headerOf(wc.Imm)
 	more, err := c.cr.received(h)
 	if err != nil {
 		c.protocolViolation(err)
 		return
+	}
+	if h.credits > 0 {
+		c.tx.ring.ack(int(h.credits))
 	}
 	if more {
 		signal(c.txReady)
@@ -103,33 +123,48 @@ func (c *Conn) recvDone(wc ibv.WC) {
 	}
 	switch h.typ {
 	case msgData, msgDataMore:
-		if wc.ByteLen == 0 {
-			c.protocolViolation(&protocolError{"empty data message"})
+		if wc.Opcode != ibv.WCOpRecvWriteImm {
+			// Data comes as RDMA WRITE with immediate into the ring,
+			// where the placement rule says; a SEND has no place there.
+			c.protocolViolation(&protocolError{"data message that is not an RDMA WRITE with immediate data"})
+			return
+		}
+		m, err := c.rx.arrived(wc.ByteLen, h.typ == msgDataMore)
+		if err != nil {
+			c.protocolViolation(err)
 			return
 		}
 		if c.life.has(shutRead) {
-			// CloseRead: discard, and give the buffer back to the peer.
-			c.rx.queueRepost(slot)
-			c.returnCredits(false)
+			// CloseRead: discard, and give the ring bytes and the
+			// receive back to the peer.
+			c.rx.read = m.end
+			c.rx.queueRepost()
+			c.returnCredits(c.rx.halfUnreported())
 			return
 		}
-		if c.push(rxMsg{slot: int32(slot), n: int32(wc.ByteLen), more: h.typ == msgDataMore}) {
+		if c.push(m) {
 			c.st.MessagesReceived++
 		}
-	case msgCredit:
-		// Post the buffer again at once, on its own (queued data buffers
-		// are reported as data credits); the peer learns of it through
-		// ctrlAck on our next message.
+	case msgCredit, msgFin:
+		if wc.Opcode != ibv.WCOpRecv || wc.ByteLen != 0 {
+			c.protocolViolation(&protocolError{"control message with payload or not a SEND"})
+			return
+		}
+		if h.typ == msgFin {
+			if c.push(rxMsg{n: -1}) {
+				c.life.set(shutFinRcvd)
+			}
+			return
+		}
+		// Post the receive again at once, on its own (queued data
+		// receives are reported as data credits); the peer learns of it
+		// through ctrlAck on our next message.
 		if !c.life.has(shutPeerGone) && !c.tx.draining {
-			if err := c.rx.postOne(c.qp, slot); err != nil {
+			if err := c.rx.postOne(c.qp); err != nil {
 				c.life.failRead(err)
 			} else {
 				c.cr.ctrlOwed++
 			}
-		}
-	case msgFin:
-		if c.push(rxMsg{slot: int32(slot), n: -1}) {
-			c.life.set(shutFinRcvd)
 		}
 	default:
 		c.protocolViolation(&protocolError{"unknown message type"})
@@ -191,8 +226,8 @@ func (c *Conn) sendDone(wc ibv.WC) {
 	signal(c.txReady)
 }
 
-// postReposts posts the consumed receive buffers queued so far as one
-// chain; each becomes a data credit to report to the peer.
+// postReposts posts the consumed receives queued so far as one chain;
+// each becomes a data credit to report to the peer.
 func (c *Conn) postReposts() {
 	if c.life.has(shutPeerGone) {
 		c.rx.dropReposts()
@@ -206,7 +241,7 @@ func (c *Conn) postReposts() {
 	c.cr.unreported += n
 }
 
-// returnCredits posts consumed receive buffers again and tells the peer,
+// returnCredits posts consumed receives again and tells the peer,
 // in a credit message, once a batch of them is ready, or at once when force
 // is set (the reader is about to wait, so the writer must not be left
 // without credits). Credits still flow after our fin: the peer may go on
@@ -218,7 +253,7 @@ func (c *Conn) returnCredits(force bool) {
 		c.cr.wantCredit = false
 		return
 	}
-	if c.cr.repostNow(len(c.rx.repost), force) {
+	if c.cr.repostNow(c.rx.reposts, force) {
 		c.postReposts()
 	}
 	open := !c.life.has(shutPeerGone) && c.life.werr == nil
@@ -228,7 +263,7 @@ func (c *Conn) returnCredits(force bool) {
 }
 
 // queueSend prepares a message for flush (see sendRing.queue); its header
-// piggybacks every credit owed to the peer, including the receive buffers
+// piggybacks every credit owed to the peer, including the receives
 // posted again on the way.
 func (c *Conn) queueSend(typ uint8, n int) {
 	switch typ {
@@ -239,10 +274,14 @@ func (c *Conn) queueSend(typ uint8, n int) {
 	}
 	c.postReposts()
 	c.tx.queue(c.cr.header(typ), n, c.life.has(shutWrite))
+	// Every message consumed so far has its receive posted again, and
+	// this header reports them all: the peer knows the ring is free up to
+	// here.
+	c.rx.reported = c.rx.read
 }
 
-// queuePending queues the pending buffer as a message, spending a credit
-// the caller checked for.
+// queuePending queues the pending message, spending a credit the caller
+// checked for (and room in the send queue).
 func (c *Conn) queuePending() {
 	typ := uint8(msgData)
 	if c.tx.pendMore {
@@ -259,7 +298,7 @@ func (c *Conn) queuePending() {
 }
 
 // flushDroppingLock posts what is queued: prepared messages, then the
-// pending send buffer once a credit allows, then a fin that waited behind
+// pending message once a credit allows, then a fin that waited behind
 // it. mu is held on entry and exit but not across ibv_post_send (on rxe a
 // system call that runs the whole transfer), so completions, Reads and
 // other connections' work go on meanwhile. One goroutine posts at a time,

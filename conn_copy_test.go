@@ -159,9 +159,9 @@ func TestConnWriteToHandsOverMessages(t *testing.T) {
 	require.NoError(t, err, "the peer's fin ends WriteTo without an error, as io.Copy expects")
 	require.Equal(t, int64(16), n)
 	require.Equal(t, "firstsecondthird", w.buf.String())
-	require.Equal(t, []int{5, 6, 5}, w.lens, "one Write per message, straight from its buffer")
+	require.Equal(t, []int{5, 6, 5}, w.lens, "one Write per message, straight from the ring")
 	require.Len(t, p.q.recvs, posted+2, "a batch of buffers went back to the peer")
-	require.Len(t, p.c.rx.repost, 1, "the rest waits for the next batch, as after Reads")
+	require.Equal(t, 1, p.c.rx.reposts, "the rest waits for the next batch, as after Reads")
 	require.Equal(t, uint64(16), p.c.Stats().BytesRead)
 }
 

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -29,12 +30,14 @@ type fakePeer struct {
 	c      *Conn
 	q      *fakeQP
 	lay    layout
-	nextRx int // index into q.recvs of the receive the next message lands in
-	seenTx int // sends already examined
+	nextRx int    // index into q.recvs of the receive the next message lands in
+	seenTx int    // sends already examined
+	tail   uint64 // where the peer's messages end in our receive ring
 }
 
-// newFakeConn returns an established Conn with depth receives and send
-// buffers of bufSize bytes, whose peer granted the same.
+// newFakeConn returns an established Conn with depth receives and data
+// messages in flight and messages of at most bufSize bytes, whose peer
+// granted the same and announced a ring like its own.
 func newFakeConn(t testing.TB, depth, bufSize int) *fakePeer {
 	return newFakeConnOpts(t, Options{BufferSize: bufSize, SendDepth: depth, RecvDepth: depth, Poll: PollEvent}, false)
 }
@@ -47,23 +50,37 @@ func newFakeConnOpts(t testing.TB, opts Options, peerMessages bool) *fakePeer {
 	c := newConn(phaseEstablished)
 	q := &fakeQP{}
 	c.mu.Lock()
-	require.NoError(t, c.initDataPath(q, make([]byte, lay.size()), lay, testBase, testLKey, 0, opts, nopSpinner{}))
-	c.mu.Unlock()
+	require.NoError(t, c.initDataPath(q, make([]byte, lay.size()), lay, testBase+uint64(lay.sendOff()), testLKey, 0, opts, nopSpinner{}))
 	require.Len(t, q.recvs, lay.recvSlots, "every receive is posted at setup")
-	c.maxMsg = bufSize
-	c.cr.open(depth, ctrlDepth)
-	c.msgWrite, c.cr.noMerge = peerMessages, peerMessages
+	var flags uint8
+	if peerMessages {
+		flags = helloMessages
+	}
+	c.open(hello{flags: flags, recvDepth: uint16(depth), ctrlDepth: ctrlDepth, bufSize: uint32(bufSize),
+		ringSize: uint32(lay.ring), ringAddr: testRAddr, rkey: testRKey}, lay)
+	c.mu.Unlock()
+	require.Equal(t, bufSize, c.maxMsg)
 	return &fakePeer{t: t, c: c, q: q, lay: lay}
 }
 
-// deliver completes the next posted receive with a message from the peer.
+// deliver completes the next posted receive with a message from the peer,
+// as the device would: a data message as an RDMA WRITE with immediate
+// whose payload the peer placed in our receive ring (ringPlace), anything
+// else as a SEND.
 func (p *fakePeer) deliver(h header, payload []byte) {
 	p.t.Helper()
 	wr, ok := p.q.recvAt(p.nextRx)
 	require.True(p.t, ok, "the peer sent with no receive posted")
+	require.Equal(p.t, ibv.RecvWR{ID: recvWRID}, wr, "receives are zero-length")
 	p.nextRx++
-	copy(p.c.mem[wr.Addr-testBase:], payload)
-	p.complete(ibv.WC{WRID: wr.ID, ByteLen: uint32(len(payload)), Imm: h.imm(), Flags: ibv.WCWithImm})
+	op := uint32(ibv.WCOpRecv)
+	if h.typ == msgData || h.typ == msgDataMore {
+		op = ibv.WCOpRecvWriteImm
+		start := ringPlace(p.tail, p.c.rx.span, p.c.rx.maxMsg)
+		copy(p.c.mem[p.lay.recvOff()+int(start%uint64(p.c.rx.span)):], payload)
+		p.tail = ringEnd(start, len(payload))
+	}
+	p.complete(ibv.WC{WRID: wr.ID, Opcode: op, ByteLen: uint32(len(payload)), Imm: h.imm(), Flags: ibv.WCWithImm})
 }
 
 // complete hands one completion to the Conn as the poller does.
@@ -330,9 +347,21 @@ func TestConnProtocolViolations(t *testing.T) {
 			for range p.lay.recvSlots {
 				p.deliver(header{typ: msgData}, []byte("x"))
 			}
-			p.c.rx.push(rxMsg{slot: 0, n: 1}) // unreachable through deliver: every receive is used
-			p.complete(ibv.WC{WRID: 0, ByteLen: 1, Flags: ibv.WCWithImm, Imm: header{typ: msgData}.imm()})
+			p.c.rx.push(rxMsg{n: 1}) // unreachable through deliver: every receive is used
+			p.complete(ibv.WC{WRID: recvWRID, Opcode: ibv.WCOpRecvWriteImm, ByteLen: 1, Flags: ibv.WCWithImm, Imm: header{typ: msgData}.imm()})
 		}, "overran its credits"},
+		{"data as a SEND", func(p *fakePeer) {
+			p.complete(ibv.WC{WRID: recvWRID, Opcode: ibv.WCOpRecv, ByteLen: 1, Flags: ibv.WCWithImm, Imm: header{typ: msgData}.imm()})
+		}, "not an RDMA WRITE"},
+		{"credit with payload", func(p *fakePeer) {
+			p.complete(ibv.WC{WRID: recvWRID, Opcode: ibv.WCOpRecv, ByteLen: 1, Flags: ibv.WCWithImm, Imm: header{typ: msgCredit}.imm()})
+		}, "control message with payload"},
+		{"fin as a write", func(p *fakePeer) {
+			p.complete(ibv.WC{WRID: recvWRID, Opcode: ibv.WCOpRecvWriteImm, Flags: ibv.WCWithImm, Imm: header{typ: msgFin}.imm()})
+		}, "not a SEND"},
+		{"message larger than agreed", func(p *fakePeer) {
+			p.deliver(header{typ: msgData}, make([]byte, 65))
+		}, "larger than the largest"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newFakeConn(t, 4, 64)
@@ -514,4 +543,108 @@ func TestConnCloseOnceThenErrClosed(t *testing.T) {
 	require.ErrorIs(t, err, net.ErrClosed)
 	_, err = p.c.Write([]byte("x"))
 	require.ErrorIs(t, err, net.ErrClosed)
+}
+
+// A Write waits for ring room as it waits for credits: the peer holds
+// bytes it has not read, and credits alone (eight here) do not let the
+// writer overwrite them.
+func TestConnWriteWaitsForRingRoom(t *testing.T) {
+	p := newFakeConn(t, 8, 1024) // a ring of 4096 bytes: four largest messages
+	p.c.SetNoDelay(true)
+	big := bytes.Repeat([]byte("r"), 5*1024)
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.c.Write(big)
+		done <- err
+	}()
+	p.eventually(func(c *Conn) bool { return c.tx.dataSeq == 4 })
+	select {
+	case err := <-done:
+		t.Fatalf("the Write overran the peer's ring: %v", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	s := p.sent()
+	require.Len(t, s, 4)
+	for i, wr := range s {
+		require.Equal(t, uint64(testRAddr+i*1024), wr.RemoteAddr)
+		require.Equal(t, wr.Addr-testBase-uint64(p.lay.sendOff()), wr.RemoteAddr-testRAddr, "the send ring mirrors the peer's")
+	}
+	p.c.mu.Lock()
+	require.Equal(t, 4, p.c.cr.credits, "credits were there; ring room was not")
+	require.Equal(t, uint64(4096), p.c.tx.ring.tail)
+	p.c.mu.Unlock()
+
+	p.ack()
+	p.deliver(header{typ: msgCredit, credits: 1}, nil) // the first message was read
+	require.NoError(t, <-done)
+	s = p.sent()
+	require.Len(t, s, 1)
+	require.Equal(t, uint64(testRAddr), s[0].RemoteAddr, "the fifth goes where the first was")
+	require.Equal(t, strings.Repeat("r", 1024), p.payload(s[0]))
+}
+
+// A peer that writes over bytes not yet read breaks the protocol, however
+// many credits it had.
+func TestConnRingOverrun(t *testing.T) {
+	p := newFakeConn(t, 8, 1024)
+	for range 4 {
+		p.deliver(header{typ: msgData}, bytes.Repeat([]byte("o"), 1024))
+	}
+	p.deliver(header{typ: msgData}, []byte("over the first"))
+	_, err := p.c.Write([]byte("x"))
+	require.ErrorIs(t, err, ErrProtocol)
+	require.ErrorContains(t, err, "overran the receive ring")
+	b := make([]byte, 8192)
+	n, err := p.c.Read(b)
+	require.NoError(t, err)
+	require.Equal(t, 4096, n, "what came before the overrun is read first")
+	_, err = p.c.Read(b)
+	require.ErrorIs(t, err, ErrProtocol)
+}
+
+// A dialer may get data before it has read the listener's hello (the
+// listener writes once established): it is handled, in order, when the
+// geometry is known.
+func TestConnMessagesBeforeOpen(t *testing.T) {
+	opts := Options{BufferSize: 1024, SendDepth: 4, RecvDepth: 4, Poll: PollEvent}
+	lay := newLayout(opts)
+	c := newConn(phaseEstablished)
+	q := &fakeQP{}
+	c.mu.Lock()
+	require.NoError(t, c.initDataPath(q, make([]byte, lay.size()), lay, testBase+uint64(lay.sendOff()), testLKey, 0, opts, nopSpinner{}))
+	c.mu.Unlock()
+	copy(c.mem, "early")
+	c.complete(ibv.WC{WRID: recvWRID, Opcode: ibv.WCOpRecvWriteImm, ByteLen: 5, Flags: ibv.WCWithImm, Imm: header{typ: msgData}.imm()})
+	c.complete(ibv.WC{WRID: recvWRID, Opcode: ibv.WCOpRecv, Flags: ibv.WCWithImm, Imm: header{typ: msgFin}.imm()})
+	c.mu.Lock()
+	require.Zero(t, c.rx.n, "nothing is placed before the geometry is known")
+	c.open(hello{recvDepth: 4, ctrlDepth: ctrlDepth, bufSize: 1024, ringSize: uint32(lay.ring), ringAddr: testRAddr, rkey: testRKey}, lay)
+	c.mu.Unlock()
+	b := make([]byte, 16)
+	n, err := c.Read(b)
+	require.NoError(t, err)
+	require.Equal(t, "early", string(b[:n]))
+	_, err = c.Read(b)
+	require.Equal(t, io.EOF, err, "the fin came after the data, and is read after it")
+}
+
+// Credits go back once half the ring has been read, even short of a batch
+// of messages: the writer's next large message needs the room.
+func TestConnReturnsCreditsAtHalfRing(t *testing.T) {
+	p := newFakeConn(t, 16, 1024) // batch 4; a ring of 4096 bytes
+	p.deliver(header{typ: msgData}, []byte("small"))
+	p.deliver(header{typ: msgData}, []byte("small"))
+	b := make([]byte, 4096)
+	_, err := p.c.Read(b)
+	require.NoError(t, err)
+	require.Empty(t, p.sent(), "two small messages read: less than a batch, a fraction of the ring")
+
+	p.deliver(header{typ: msgData}, bytes.Repeat([]byte("L"), 1024))
+	p.deliver(header{typ: msgData}, bytes.Repeat([]byte("L"), 1024))
+	n, err := p.c.Read(b)
+	require.NoError(t, err)
+	require.Equal(t, 2048, n)
+	s := p.sent()
+	require.Len(t, s, 1, "half the ring read: its credits go back at once")
+	require.Equal(t, header{typ: msgCredit, credits: 4}, headerOf(s[0].Imm))
 }

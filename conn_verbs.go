@@ -88,13 +88,14 @@ func (c *Conn) setup(opts Options) error {
 		return err
 	}
 	c.dev, c.cqs = dev, cqs
-	if c.ar, err = dev.pool.get(dev.pd, c.lay.size()); err != nil {
+	if c.ar, err = dev.pool.get(dev.ctx, c.lay); err != nil {
 		return err
 	}
 	dev.addRegistered(len(c.ar.mem))
-	// Two send queue entries more than buffers: the keepalive probe and
+	// In the arena's PD: its receive ring's rkey works for this QP only.
+	// Two send queue entries more than messages: the keepalive probe and
 	// the drain marker of the teardown.
-	qp, inline, err := c.id.CreateQP(dev.pd.Ptr(), cqs.cq.Ptr(), c.lay.sendSlots+c.lay.ctrlSlots+2, c.lay.recvSlots, 256)
+	qp, inline, err := c.id.CreateQP(c.ar.pd.Ptr(), cqs.cq.Ptr(), c.lay.sendSlots+c.lay.ctrlSlots+2, c.lay.recvSlots, 256)
 	if err != nil {
 		return err
 	}
@@ -102,7 +103,7 @@ func (c *Conn) setup(opts Options) error {
 	cqs.add(c.vqp.Num, c)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.initDataPath(c.vqp, c.ar.mem, c.lay, c.ar.base, c.ar.mr.LKey, inline, opts, cqs)
+	return c.initDataPath(c.vqp, c.ar.mem, c.lay, c.ar.base+uint64(c.lay.sendOff()), c.ar.sendMR.LKey, inline, opts, cqs)
 }
 
 // start records the peer's geometry once the handshake is done.
@@ -110,10 +111,7 @@ func (c *Conn) start(peer hello) {
 	c.laddr = addrFrom(c.id.LocalAddr())
 	c.raddr = addrFrom(c.id.PeerAddr())
 	c.mu.Lock()
-	c.maxMsg = min(c.lay.bufSize, int(peer.bufSize))
-	c.msgWrite = peer.flags&helloMessages != 0
-	c.cr.open(int(peer.recvDepth), int(peer.ctrlDepth))
-	c.cr.noMerge = c.msgWrite
+	c.open(peer, c.lay)
 	c.mu.Unlock()
 	signal(c.txReady)
 }
@@ -123,7 +121,8 @@ func (c *Conn) hello() hello {
 	if c.msgRead {
 		flags = helloMessages
 	}
-	return hello{flags: flags, recvDepth: uint16(c.lay.recvSlots - ctrlDepth - finSlots), ctrlDepth: ctrlDepth, bufSize: uint32(c.lay.bufSize)}
+	return hello{flags: flags, recvDepth: uint16(c.lay.recvSlots - ctrlDepth - finSlots), ctrlDepth: ctrlDepth, bufSize: uint32(c.lay.bufSize),
+		ringSize: uint32(c.lay.ring), ringAddr: c.ar.base + uint64(c.lay.recvOff()), rkey: c.ar.recvMR.RKey}
 }
 
 // dial runs the active side of the handshake.

@@ -89,7 +89,7 @@ func TestRefusedProtocolVersion(t *testing.T) {
 	next(rdmacm.EventAddrResolved)
 	require.NoError(t, id.ResolveRoute(5000))
 	next(rdmacm.EventRouteResolved)
-	hello := rdma.MarshalHello(rdma.WireHello{RecvDepth: 16, CtrlDepth: rdma.CtrlDepth, BufSize: 4096})
+	hello := rdma.MarshalHello(rdma.WireHello{RecvDepth: 16, CtrlDepth: rdma.CtrlDepth, BufSize: 4096, RingSize: 8192, RingAddr: 0x10000, RKey: 1})
 	hello[4] = 2 // an older version of the protocol
 	require.NoError(t, id.ConnectNoQP(hello, 1))
 	ev := next(rdmacm.EventRejected)

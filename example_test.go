@@ -110,8 +110,8 @@ func ExampleListenConfig_Listen() {
 // many connections open.
 func ExampleOptions() {
 	opts := rdma.Options{
-		BufferSize: 16 << 10,      // small messages: smaller buffers
-		RecvDepth:  32,            // more messages in flight per connection
+		BufferSize: 16 << 10,      // small messages: smaller rings
+		RecvDepth:  32,            // more messages in flight per connection: no memory
 		Poll:       rdma.PollBusy, // dedicated cores: spin instead of parking
 	}
 	mem, err := opts.RegisteredMemory()
@@ -119,7 +119,7 @@ func ExampleOptions() {
 		log.Fatal(err)
 	}
 	fmt.Printf("%d KiB registered per connection\n", mem>>10)
-	// Output: 848 KiB registered per connection
+	// Output: 64 KiB registered per connection
 }
 
 // With FallbackTCP on both sides, a service runs where there is no RDMA

@@ -26,19 +26,37 @@ type WireHello struct {
 	RecvDepth uint16 // data credits granted to the peer
 	CtrlDepth uint8  // control credits granted to the peer
 	BufSize   uint32 // the largest message the sender receives
+	RingSize  uint32 // its receive ring: size, address and rkey
+	RingAddr  uint64
+	RKey      uint32
 }
 
 // MarshalHello returns h as the private data of a connect request or
 // reply, with this package's magic and version.
 func MarshalHello(h WireHello) []byte {
-	return hello{flags: h.Flags, recvDepth: h.RecvDepth, ctrlDepth: h.CtrlDepth, bufSize: h.BufSize}.marshal()
+	return hello{flags: h.Flags, recvDepth: h.RecvDepth, ctrlDepth: h.CtrlDepth, bufSize: h.BufSize,
+		ringSize: h.RingSize, ringAddr: h.RingAddr, rkey: h.RKey}.marshal()
 }
 
 // ParseHello validates a hello as a listener or dialer does.
 func ParseHello(b []byte) (WireHello, error) {
 	h, err := parseHello(b)
-	return WireHello{Flags: h.flags, RecvDepth: h.recvDepth, CtrlDepth: h.ctrlDepth, BufSize: h.bufSize}, err
+	return WireHello{Flags: h.flags, RecvDepth: h.recvDepth, CtrlDepth: h.ctrlDepth, BufSize: h.bufSize,
+		RingSize: h.ringSize, RingAddr: h.ringAddr, RKey: h.rkey}, err
 }
+
+// RingGeometry is the ring span and largest message both sides of a
+// connection use, from their rings' sizes and BufferSizes.
+func RingGeometry(ownRing, ownBuf, peerRing, peerBuf int) (span, maxMsg int) {
+	return ringGeometry(ownRing, ownBuf, peerRing, peerBuf)
+}
+
+// RingPlace is the placement rule: where a message that follows running
+// byte count t starts (a running count; its ring offset is that mod span).
+func RingPlace(t uint64, span, maxMsg int) uint64 { return ringPlace(t, span, maxMsg) }
+
+// RingEnd is the running count after a message of n bytes at start.
+func RingEnd(start uint64, n int) uint64 { return ringEnd(start, n) }
 
 // HeaderImm returns the immediate data of a message: its header.
 func HeaderImm(typ, ctrlAck uint8, credits uint16) uint32 {

@@ -12,9 +12,10 @@ import (
 // in. make test runs each for a bounded time (make fuzz for longer).
 
 func FuzzParseHello(f *testing.F) {
-	f.Add(hello{recvDepth: DefaultRecvDepth, ctrlDepth: ctrlDepth, bufSize: DefaultBufferSize}.marshal())
-	f.Add(hello{flags: helloMessages, recvDepth: 1, ctrlDepth: 1, bufSize: 1}.marshal())
-	f.Add(append(hello{recvDepth: 0xffff, ctrlDepth: 0xff, bufSize: 0xffffffff}.marshal(), make([]byte, 40)...))
+	f.Add(hello{recvDepth: DefaultRecvDepth, ctrlDepth: ctrlDepth, bufSize: DefaultBufferSize, ringSize: 128 << 10, ringAddr: 0x7f0000000000, rkey: 7}.marshal())
+	f.Add(hello{flags: helloMessages, recvDepth: 1, ctrlDepth: 1, bufSize: 1, ringSize: minRing}.marshal())
+	f.Add(append(hello{recvDepth: 0xffff, ctrlDepth: 0xff, bufSize: 0xffffffff, ringSize: maxRing, ringAddr: 1 << 40, rkey: 0xffffffff}.marshal(), make([]byte, 26)...))
+	f.Add(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096, ringSize: 8192 + 32}.marshal())
 	f.Add([]byte("GVRD"))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -28,6 +29,15 @@ func FuzzParseHello(f *testing.F) {
 		if h.recvDepth == 0 || h.ctrlDepth == 0 || h.bufSize == 0 || h.flags&^helloMessages != 0 {
 			t.Fatalf("accepted a hello that grants nothing or has unknown flags: %+v", h)
 		}
+		if h.ringSize < minRing || h.ringSize > maxRing || h.ringSize%ringAlign != 0 || h.ringAddr+uint64(h.ringSize) < h.ringAddr {
+			t.Fatalf("accepted a ring that cannot be placed in: %+v", h)
+		}
+		// Whatever the peer announced, the geometry keeps a largest
+		// message inside an empty ring.
+		span, maxMsg := ringGeometry(128<<10, DefaultBufferSize, int(h.ringSize), int(h.bufSize))
+		if maxMsg < 1 || 2*maxMsg > span || span%ringAlign != 0 {
+			t.Fatalf("geometry %d, %d from %+v", span, maxMsg, h)
+		}
 		again, err := parseHello(h.marshal())
 		if err != nil || again != h {
 			t.Fatalf("round trip of %+v: %+v, %v", h, again, err)
@@ -37,9 +47,10 @@ func FuzzParseHello(f *testing.F) {
 
 // FuzzConnCompletions feeds a connection (over a fake QP, the fuzzer
 // playing the peer's NIC) a stream of completions built from arbitrary
-// bytes: headers, lengths, flags, statuses and buffer ids a broken or
+// bytes: headers, lengths, opcodes, flags, statuses and ids a broken or
 // hostile peer could cause, interleaved with Reads. Whatever arrives, the
-// connection must not panic, must keep its accounting within bounds, and
+// connection must not panic, must keep its accounting within bounds (its
+// credits, and the unread bytes of its receive ring within the ring), and
 // once it has failed must keep failing.
 func FuzzConnCompletions(f *testing.F) {
 	rec := func(typ, ctrlAck uint8, credits uint16, n uint16, op uint8) []byte {
@@ -57,6 +68,9 @@ func FuzzConnCompletions(f *testing.F) {
 		return out
 	}
 	f.Add(cat(rec(msgData, 0, 0, 5, 0), rec(0, 0, 0, 0, 1)))
+	f.Add(cat(rec(msgData, 0, 0, 64, 0), rec(msgData, 0, 0, 64, 0), rec(msgData, 0, 0, 64, 0), rec(msgData, 0, 0, 64, 0), rec(0, 0, 0, 0, 1)))
+	f.Add(cat(rec(msgData, 0, 0, 65, 0)))
+	f.Add(cat(rec(msgData, 0, 0, 5, 6), rec(msgCredit, 0, 0, 0, 0)))
 	f.Add(cat(rec(msgDataMore, 0, 0, 64, 0), rec(msgData, 0, 0, 1, 0), rec(0, 0, 0, 0, 1)))
 	f.Add(cat(rec(msgCredit, 1, 0, 0, 0), rec(msgFin, 0, 0, 0, 0), rec(0, 0, 0, 0, 1)))
 	f.Add(cat(rec(msgData, 0, 3, 5, 0)))
@@ -64,12 +78,12 @@ func FuzzConnCompletions(f *testing.F) {
 	f.Add(cat(rec(msgData, 0, 0, 5, 2), rec(msgData, 0, 0, 5, 3)))
 	f.Add(cat(rec(msgFin, 0, 0, 0, 0), rec(msgData, 0, 0, 1, 0)))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		const depth, bufSize = 4, 64
+		const depth, bufSize = 4, 2048 // four largest messages overrun the 4 KiB ring
 		p := newFakeConn(t, depth, bufSize)
 		failed := false
 		for ; len(data) >= 8; data = data[8:] {
 			imm := binary.BigEndian.Uint32(data)
-			n := uint32(binary.BigEndian.Uint16(data[4:])) % (bufSize + 1)
+			n := uint32(binary.BigEndian.Uint16(data[4:])) % (2*bufSize + 1)
 			switch data[6] % 8 {
 			case 1: // the application reads what is queued
 				p.c.mu.Lock()
@@ -87,8 +101,10 @@ func FuzzConnCompletions(f *testing.F) {
 				if all := p.q.posted(); len(all) > 0 {
 					p.complete(ibv.WC{WRID: all[int(data[7])%len(all)].ID})
 				}
-			default: // a message in the next posted receive
-				p.deliverRaw(ibv.WC{ByteLen: n, Flags: ibv.WCWithImm, Imm: imm})
+			case 6: // a SEND into the next posted receive
+				p.deliverRaw(ibv.WC{Opcode: ibv.WCOpRecv, ByteLen: n, Flags: ibv.WCWithImm, Imm: imm})
+			default: // an RDMA WRITE with immediate into the ring
+				p.deliverRaw(ibv.WC{Opcode: ibv.WCOpRecvWriteImm, ByteLen: n, Flags: ibv.WCWithImm, Imm: imm})
 			}
 			p.c.mu.Lock()
 			c := p.c
@@ -97,6 +113,12 @@ func FuzzConnCompletions(f *testing.F) {
 			}
 			if c.cr.credits < 0 || c.cr.credits > c.cr.peerWindow || c.cr.ctrlCredits > c.cr.ctrlWindow {
 				t.Fatalf("credits out of bounds: %+v", c.cr)
+			}
+			if c.rx.tail-c.rx.read > uint64(c.rx.span) || c.rx.read > c.rx.tail {
+				t.Fatalf("receive ring: %d unread bytes of %d", c.rx.tail-c.rx.read, c.rx.span)
+			}
+			if c.tx.ring.tail-c.tx.ring.acked > uint64(c.tx.ring.span) || c.tx.ring.n > c.cr.peerWindow {
+				t.Fatalf("send ring: %+v", c.tx.ring)
 			}
 			if failed && c.life.rerr == nil && c.life.werr == nil {
 				t.Fatal("a failed connection recovered")

@@ -3,6 +3,7 @@
 package rdma_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -222,7 +223,7 @@ func waitDeviceTotals(t *testing.T, baseConns, baseRegistered int) {
 func TestHostileUnknownType(t *testing.T) {
 	b := newHostileBed(t)
 	p, sc := b.hostile(t)
-	p.requireSent(p.send(0x7f, 0, 0, []byte("what is this?")))
+	p.requireSent(p.send(0x7f, 0, 0, nil))
 	got, err := readAll(sc)
 	require.Empty(t, got)
 	requireFailed(t, err, "read", rdma.ErrProtocol, "unknown message type")
@@ -258,19 +259,18 @@ func TestHostileCreditsNeverOwed(t *testing.T) {
 	b.checkServing(t)
 }
 
-// TestHostileOversizedMessage: a SEND larger than the server's receive
-// buffers (its hello's BufferSize). The server's NIC completes the receive
-// with an error (a length error, or on rxe a local QP operation error) and
-// its QP goes to the error state; the raw peer's NIC sees the send
-// refused. The server's Read names the status; its Writes fail on the
-// broken QP.
-func TestHostileOversizedMessage(t *testing.T) {
+// TestHostileSendWithPayload: a SEND with payload. Data travels as RDMA
+// WRITE with immediate and every receive is zero-length, so the server's
+// NIC completes the receive with an error (a length error, or on rxe a
+// local QP operation error) and its QP goes to the error state; the raw
+// peer's NIC sees the send refused. The server's Read names the status;
+// its Writes fail on the broken QP.
+func TestHostileSendWithPayload(t *testing.T) {
 	b := newHostileBed(t)
 	p, sc := b.hostile(t)
-	require.EqualValues(t, rdma.DefaultBufferSize, p.server.BufSize)
-	wc := p.waitSend(p.send(rdma.MsgData, 0, 0, make([]byte, p.server.BufSize+1)), 5*time.Second)
-	t.Logf("the raw peer's SEND of %d bytes completed with %q", p.server.BufSize+1, ibv.StatusString(wc.Status))
-	require.NotEqual(t, uint32(ibv.WCSuccess), wc.Status, "a SEND larger than the receive buffer was acknowledged")
+	wc := p.waitSend(p.sendSEND(rdma.MsgData, 0, 0, []byte("a SEND with payload")), 5*time.Second)
+	t.Logf("the raw peer's SEND with payload completed with %q", ibv.StatusString(wc.Status))
+	require.NotEqual(t, uint32(ibv.WCSuccess), wc.Status, "a SEND with payload was acknowledged")
 	got, err := readAll(sc)
 	require.Empty(t, got)
 	requireFailed(t, err, "read", syscall.ECONNRESET, "work request failed: ")
@@ -280,6 +280,47 @@ func TestHostileOversizedMessage(t *testing.T) {
 	werr := writeUntilFails(sc)
 	t.Logf("read: %v; write: %v", err, werr)
 	requireFailed(t, werr, "write", syscall.ECONNRESET, "")
+	p.requireDisconnected(t)
+	b.checkServing(t)
+}
+
+// TestHostileOversizedMessage: an RDMA WRITE with immediate of one byte
+// more than the largest message both sides agreed on (the smaller
+// BufferSize). The ring takes it (it is inside the region), but a peer
+// that honours the protocol never sends it: a violation.
+func TestHostileOversizedMessage(t *testing.T) {
+	b := newHostileBed(t)
+	p, sc := b.hostile(t)
+	require.EqualValues(t, rdma.DefaultBufferSize, p.server.BufSize)
+	require.Equal(t, rawBufSize, p.maxMsg, "the smaller BufferSize: the raw peer's")
+	p.requireSent(p.send(rdma.MsgData, 0, 0, make([]byte, p.maxMsg+1)))
+	got, err := readAll(sc)
+	require.Empty(t, got)
+	requireFailed(t, err, "read", rdma.ErrProtocol, "larger than the largest")
+	requireFailed(t, writeUntilFails(sc), "write", rdma.ErrProtocol, "larger than the largest")
+	p.requireDisconnected(t)
+	b.checkServing(t)
+}
+
+// TestHostileRingOverrun: within its credits, the peer writes more bytes
+// than the ring holds while the server does not read: the message that
+// would land on unread bytes is a violation.
+func TestHostileRingOverrun(t *testing.T) {
+	b := newHostileBed(t)
+	p, sc := b.hostile(t)
+	fits := p.span / p.maxMsg
+	require.Less(t, fits, int(p.server.RecvDepth), "the credits allow more than the ring holds")
+	for i := range fits + 1 {
+		p.requireSent(p.send(rdma.MsgData, 0, 0, bytes.Repeat([]byte{byte('a' + i)}, p.maxMsg)))
+	}
+	require.Eventually(t, func() bool {
+		_, err := sc.Write([]byte("x"))
+		return err != nil
+	}, 5*time.Second, 10*time.Millisecond, "the overrun did not fail the connection")
+	got, err := readAll(sc)
+	t.Logf("the server read %d bytes, then: %v", len(got), err)
+	require.LessOrEqual(t, len(got), fits*p.maxMsg)
+	requireFailed(t, err, "read", rdma.ErrProtocol, "overran the receive ring")
 	p.requireDisconnected(t)
 	b.checkServing(t)
 }
@@ -301,28 +342,93 @@ func TestHostileDataAfterFin(t *testing.T) {
 	b.checkServing(t)
 }
 
-// TestHostileRDMAWrite: an RDMA WRITE with a guessed rkey and address.
-// The server registers its memory for local access only, so no rkey can
-// be right: the server's NIC refuses the access (the raw peer's WRITE
-// completes with a remote access error) and moves the server's QP to the
-// error state, which flushes its receives.
-func TestHostileRDMAWrite(t *testing.T) {
+// TestHostileRemoteAccess: one-sided operations on the server's memory
+// beyond what the protocol grants (RDMA WRITE into its receive ring). It
+// registers its receive ring for remote write only, and everything else
+// for local access only, so its NIC refuses a READ or an atomic anywhere,
+// and a WRITE outside the receive ring (its send ring, right after it,
+// with the ring's key or a guessed one, or across the ring's end), and
+// moves the server's QP to the error state, which flushes its receives.
+func TestHostileRemoteAccess(t *testing.T) {
 	b := newHostileBed(t)
-	p, sc := b.hostile(t)
-	// The likeliest guess: the memory region registered after the raw
-	// peer's own (the server's connection's arena), at an address near
-	// the raw peer's (the same process).
-	rkey := p.mr.LKey + 0x100
-	wc := p.waitSend(p.write(p.addr(0), rkey, 64), 5*time.Second)
-	t.Logf("the raw peer's RDMA WRITE (rkey %#x) completed with %q", rkey, ibv.StatusString(wc.Status))
-	require.Equal(t, uint32(wcRemAccessErr), wc.Status, "the server's NIC must refuse a WRITE to memory it never exposed")
-	got, err := readAll(sc)
-	require.Empty(t, got)
-	werr := writeUntilFails(sc)
-	t.Logf("read: %v; write: %v", err, werr)
+	for _, tc := range []struct {
+		name string
+		op   rdmaOp
+		at   func(p *rawPeer) (uint64, uint32)
+		n    int
+	}{
+		{"read the receive ring", opRead, func(p *rawPeer) (uint64, uint32) { return p.server.RingAddr, p.server.RKey }, 64},
+		{"atomic on the receive ring", opFetchAdd, func(p *rawPeer) (uint64, uint32) { return p.server.RingAddr, p.server.RKey }, 8},
+		{"write the send ring with the ring's key", opWrite, func(p *rawPeer) (uint64, uint32) {
+			return p.server.RingAddr + uint64(p.server.RingSize), p.server.RKey
+		}, 64},
+		{"write across the ring's end", opWrite, func(p *rawPeer) (uint64, uint32) {
+			return p.server.RingAddr + uint64(p.server.RingSize) - 32, p.server.RKey
+		}, 64},
+		// The likeliest key of the send ring: the region registered
+		// right after the receive ring (rxe numbers keys in order).
+		{"write the send ring with a guessed key", opWrite, func(p *rawPeer) (uint64, uint32) {
+			return p.server.RingAddr + uint64(p.server.RingSize), p.server.RKey + 0x100
+		}, 64},
+		{"read the send ring with a guessed key", opRead, func(p *rawPeer) (uint64, uint32) {
+			return p.server.RingAddr + uint64(p.server.RingSize), p.server.RKey + 0x100
+		}, 64},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, sc := b.hostile(t)
+			raddr, rkey := tc.at(p)
+			wc := p.waitSend(p.rdma(tc.op, raddr, rkey, tc.n), 5*time.Second)
+			t.Logf("the raw peer's %v of %#x (rkey %#x) completed with %q", tc.op, raddr, rkey, ibv.StatusString(wc.Status))
+			require.NotEqual(t, uint32(ibv.WCSuccess), wc.Status, "the server's NIC must refuse access the protocol does not grant")
+			if tc.op == opWrite {
+				require.Equal(t, uint32(wcRemAccessErr), wc.Status)
+			}
+			got, err := readAll(sc)
+			require.Empty(t, got)
+			werr := writeUntilFails(sc)
+			t.Logf("read: %v; write: %v", err, werr)
+			requireFailed(t, err, "read", syscall.ECONNRESET, "")
+			requireFailed(t, werr, "write", syscall.ECONNRESET, "")
+			p.requireDisconnected(t)
+		})
+	}
+	b.checkServing(t)
+}
+
+// TestHostileRingIsolation: a peer may write into its own connection's
+// receive ring (the protocol grants it) but into no other: each
+// connection's memory is in a protection domain of its own, so another
+// connection's ring key, known or guessed, is worth nothing through this
+// peer's QP, and that connection's unread data stays intact.
+func TestHostileRingIsolation(t *testing.T) {
+	b := newHostileBed(t)
+	pa, sa := b.hostile(t)
+	pb, sb := b.hostile(t)
+	const msg = "for the second connection only"
+	pb.requireSent(pb.send(rdma.MsgData, 0, 0, []byte(msg))) // unread at offset 0 of its ring
+
+	// Into its own ring: allowed, and only its own data could suffer.
+	copy(pa.mem[rawRing:], bytes.Repeat([]byte("Z"), 64))
+	wc := pa.waitSend(pa.write(pa.server.RingAddr, pa.server.RKey, 64), 5*time.Second)
+	require.Equal(t, uint32(ibv.WCSuccess), wc.Status, "a write into its own receive ring")
+
+	// Into the other connection's ring, with its real address and key.
+	wc = pa.waitSend(pa.write(pb.server.RingAddr, pb.server.RKey, 64), 5*time.Second)
+	t.Logf("a WRITE into another connection's ring completed with %q", ibv.StatusString(wc.Status))
+	require.Equal(t, uint32(wcRemAccessErr), wc.Status, "another connection's ring must be out of reach")
+	_, err := readAll(sa)
 	requireFailed(t, err, "read", syscall.ECONNRESET, "")
-	requireFailed(t, werr, "write", syscall.ECONNRESET, "")
-	p.requireDisconnected(t)
+	pa.requireDisconnected(t)
+
+	// The other connection never noticed.
+	require.NoError(t, sb.SetReadDeadline(time.Now().Add(5*time.Second)))
+	buf := make([]byte, 64)
+	n, err := sb.Read(buf)
+	require.NoError(t, err)
+	require.Equal(t, msg, string(buf[:n]))
+	_, err = sb.Write([]byte("still fine"))
+	require.NoError(t, err)
+	require.Equal(t, "still fine", string(pb.waitRecv(1, 5*time.Second)[0].data))
 	b.checkServing(t)
 }
 
@@ -426,7 +532,9 @@ func TestHalfOpenFlood(t *testing.T) {
 	t.Logf("the listener holds %d connections and %d MiB registered %v after the flood began (peak %d MiB)",
 		conns-baseConns, (reg-baseReg)>>20, time.Since(start).Round(time.Millisecond), (peak-baseReg)>>20)
 
-	limit := 32 * per // the listener's minimum of half-open connections
+	// The listener keeps 32 MiB of half-open connections (128 of the
+	// default 256 KiB), or 32 of them if that is more.
+	limit := max(32*per, 32<<20)
 	c, took, err = dial()
 	if err != nil {
 		t.Errorf("a legitimate Dial while the flood is held failed after %v: %v", took.Round(time.Millisecond), err)
@@ -442,7 +550,7 @@ func TestHalfOpenFlood(t *testing.T) {
 	_, reg = deviceTotals()
 	if reg-baseReg > limit {
 		t.Errorf("while %v are held the devices have %d MiB registered (%d connections' worth), want at most %d MiB: "+
-			"32 half-open connections of %d KiB each, plus the legitimate pair if it connected",
+			"32 MiB of half-open connections of %d KiB each, plus the legitimate pair if it connected",
 			flood, (reg-baseReg)>>20, (reg-baseReg)/per, limit>>20, per>>10)
 	}
 }

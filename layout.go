@@ -1,25 +1,34 @@
 package rdma
 
-// layout places a connection's buffers in one registered arena:
+// layout places a connection's memory in one arena of two rings:
 //
-//	[ receive buffers: recvSlots × bufSize ]
-//	[ send buffers:    sendSlots × bufSize ]
+//	[ receive ring: ring bytes ]  registered for remote write: the peer's RDMA WRITEs land here
+//	[ send ring:    ring bytes ]  local access only: messages are written from here
 //
-// Every receive buffer is full size because RC consumes receives in posted
-// order whatever the message, so any posted receive may get a data message.
-// Control messages (credits, the fin) carry no payload, only their header
-// in the immediate data, so they need no buffers; ctrlSlots counts the ones
-// that may be in flight, for the send queue's depth.
+// The ring is twice BufferSize (the largest message), rounded up to whole
+// pages, so that a message of any size up to BufferSize fits an empty ring
+// wherever the last one ended (see ringPlace). Receives are zero-length:
+// a data message's payload goes where the sender put it in the ring, and
+// control messages (credits, the fin) carry none, only their header in
+// the immediate data. So the receives (RecvDepth for data, the control
+// and fin ones besides) and the send queue's depth cost no memory;
+// recvSlots counts the receives, sendSlots the data messages and
+// ctrlSlots the control messages that may be in flight, for the queues'
+// depths.
 type layout struct {
 	bufSize   int
+	ring      int
 	recvSlots int
 	sendSlots int
 	ctrlSlots int
 }
 
+const page = 4096
+
 func newLayout(o Options) layout {
 	return layout{
 		bufSize:   o.BufferSize, // payload only: the header travels as immediate data
+		ring:      (2*o.BufferSize + page - 1) &^ (page - 1),
 		recvSlots: o.RecvDepth + ctrlDepth + finSlots,
 		sendSlots: o.SendDepth,
 		ctrlSlots: ctrlDepth + finSlots,
@@ -27,16 +36,13 @@ func newLayout(o Options) layout {
 }
 
 // cqEntries is what a connection reserves on its device's shared CQ: one
-// entry per receive, send buffer and control message it may have
+// entry per receive, data message and control message it may have
 // outstanding, and one for the teardown's drain marker.
 func (l layout) cqEntries() int { return l.recvSlots + l.sendSlots + l.ctrlSlots + 1 }
 
-func (l layout) recvOff(i int) int { return i * l.bufSize }
-func (l layout) sendOff(i int) int { return (l.recvSlots + i) * l.bufSize }
+// recvOff and sendOff are the arena offsets of the two rings.
+func (l layout) recvOff() int { return 0 }
+func (l layout) sendOff() int { return l.ring }
 
-// size is the arena size, rounded up to whole pages.
-func (l layout) size() int {
-	n := (l.recvSlots + l.sendSlots) * l.bufSize
-	const page = 4096
-	return (n + page - 1) &^ (page - 1)
-}
+// size is the arena size: two rings of whole pages.
+func (l layout) size() int { return 2 * l.ring }

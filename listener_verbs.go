@@ -167,7 +167,10 @@ func (l *Listener) request(ev rdmacm.Event) {
 	switch {
 	case l.closed:
 		reason = RefusedShutdown
-	case l.settingUp+len(l.pending)+len(l.queue) >= l.backlog:
+	case l.settingUp+len(l.pending)+len(l.queue) >= l.backlog && !l.evictOldest(time.Now().Add(-halfOpenGrace)):
+		// Half-open connections may fill the backlog (they are bounded
+		// by memory, which small rings make plentiful): a stale one
+		// makes room as it does below.
 		reason = RefusedBacklog
 	case l.settingUp+len(l.pending) >= l.halfOpen && !l.evictOldest(time.Now().Add(-halfOpenGrace)):
 		reason = RefusedBacklog

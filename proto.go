@@ -9,26 +9,37 @@ import (
 //
 // Handshake: the connect request and the accept reply each carry a hello in
 // the rdma_cm private data (IB allows 56 bytes in a request): a magic, a
-// version, flags, and the sender's receive geometry, so each side knows how
-// many messages it may send and how large they may be. The one flag says
-// the sender's Reads are message-oriented (Options.Messages): then the
-// other side sends each Write as messages of its own, never merged with
-// another Write's bytes.
+// version, flags, the sender's receive geometry (how many messages it may
+// be sent, how large they may be) and its receive ring: its size, address
+// and rkey. The one flag says the sender's Reads are message-oriented
+// (Options.Messages): then the other side sends each Write as messages of
+// its own, never merged with another Write's bytes.
 //
 // Each side speaks one version: a listener refuses a request of another
 // version (the dialer sees the connection refused), and a dialer fails on a
 // reply of another version with ErrProtocol. Version 3 added the flags and
-// the fragment type.
+// the fragment type; version 4 the receive ring.
 //
-// Messages: every message is a SEND with immediate data, and the 32-bit
-// immediate is its header, so a buffer holds payload only: a Write of
-// BufferSize bytes is exactly that many bytes on the wire (64 packets for
-// 64 KiB at a 1 KiB MTU, not 65) and every buffer starts on a page.
-// Data messages carry payload (never none); credit messages and the fin
-// carry none. A Write bigger than a buffer travels as several data
-// messages; to a message-oriented reader all but the last are fragments
-// (msgDataMore), so the reader knows where each Write ends. A stream
-// reader treats both types alike.
+// Memory: each side has a receive ring, the only memory the peer may
+// touch (registered for remote write, never read), and a send ring of the
+// same size that mirrors the peer's receive ring: a message goes from
+// offset off of the local send ring to offset off of the peer's receive
+// ring. Both sides use the smaller of the two rings' sizes (ringSpan) and
+// the same largest message, maxMsg: the smaller BufferSize, and at most
+// half the ring. Where a message goes is a pure function of how many ring
+// bytes came before it (see ringPlace), so both sides compute it alike
+// without exchanging offsets.
+//
+// Messages: a data message is an RDMA WRITE with immediate data, and the
+// 32-bit immediate is its header, so the ring holds payload only: a Write
+// of BufferSize bytes is exactly that many bytes on the wire. The
+// immediate consumes one of the receiver's receives (all of them
+// zero-length), which tells it that the message arrived, and how long it
+// is. Credit messages and the fin are SENDs with immediate data and no
+// payload. Data messages carry payload (never none). A Write bigger than
+// maxMsg travels as several data messages; to a message-oriented reader
+// all but the last are fragments (msgDataMore), so the reader knows where
+// each Write ends. A stream reader treats both types alike.
 // Every header piggybacks the credits the sender has freed since its last
 // message, so request/response traffic needs no extra messages.
 //
@@ -38,11 +49,16 @@ import (
 // of any later message). One more receive at each side is reserved for the
 // single fin. A sender therefore never has more messages in flight than the
 // peer has receives posted, and the NIC never sees receiver-not-ready.
+// Ring bytes need no field of their own: a data credit comes back when the
+// receiver has consumed a message (in the order they came), which frees
+// the ring bytes up to that message's end; a sender that remembers where
+// each message it sent ended (ringTx) knows how much ring is free, and
+// sends nothing that would overwrite bytes the peer has not read.
 
 const (
 	helloMagic   = 0x47565244 // "GVRD"
-	helloVersion = 3          // 1 carried the header in an 8-byte prefix; 2 had no flags
-	helloLen     = 16
+	helloVersion = 4          // 1 carried the header in an 8-byte prefix; 2 had no flags; 3 used SEND and receive buffers
+	helloLen     = 30
 
 	helloMessages = 1 << 0 // flags: the sender's Reads are message-oriented
 
@@ -53,6 +69,15 @@ const (
 	msgCredit   = 2
 	msgFin      = 3
 	msgDataMore = 4 // data: a fragment; the Write goes on in the next data message
+
+	// ringAlign is where messages start in a ring: each takes a whole
+	// number of these, so its successor starts on a cache line.
+	ringAlign = 64
+	// minRing and maxRing bound the ring a peer may announce: room for
+	// two of the smallest messages a side accepts, and sizes whose sums
+	// cannot overflow the arithmetic.
+	minRing = 2 * minBufferSize
+	maxRing = 1 << 30
 )
 
 // hello is the handshake each side sends in the CM private data.
@@ -60,7 +85,10 @@ type hello struct {
 	flags     uint8  // helloMessages
 	recvDepth uint16 // data credits granted to the peer
 	ctrlDepth uint8  // control credits granted to the peer
-	bufSize   uint32 // bytes per receive buffer: the largest message
+	bufSize   uint32 // the largest message the sender takes
+	ringSize  uint32 // bytes of its receive ring
+	ringAddr  uint64 // the ring's address for RDMA WRITE
+	rkey      uint32 // the ring's remote key
 }
 
 func (h hello) marshal() []byte {
@@ -70,7 +98,11 @@ func (h hello) marshal() []byte {
 	b[5] = h.flags
 	binary.BigEndian.PutUint16(b[6:], h.recvDepth)
 	b[8] = h.ctrlDepth
+	// b[9] is reserved (zero).
 	binary.BigEndian.PutUint32(b[10:], h.bufSize)
+	binary.BigEndian.PutUint32(b[14:], h.ringSize)
+	binary.BigEndian.PutUint64(b[18:], h.ringAddr)
+	binary.BigEndian.PutUint32(b[26:], h.rkey)
 	return b
 }
 
@@ -91,14 +123,55 @@ func parseHello(b []byte) (hello, error) {
 		recvDepth: binary.BigEndian.Uint16(b[6:]),
 		ctrlDepth: b[8],
 		bufSize:   binary.BigEndian.Uint32(b[10:]),
+		ringSize:  binary.BigEndian.Uint32(b[14:]),
+		ringAddr:  binary.BigEndian.Uint64(b[18:]),
+		rkey:      binary.BigEndian.Uint32(b[26:]),
 	}
 	if h.recvDepth < 1 || h.ctrlDepth < 1 || h.bufSize < 1 {
 		return hello{}, &protocolError{fmt.Sprintf("bad geometry %+v", h)}
+	}
+	if h.ringSize < minRing || h.ringSize > maxRing || h.ringSize%ringAlign != 0 {
+		return hello{}, &protocolError{fmt.Sprintf("bad ring size %d", h.ringSize)}
+	}
+	if h.ringAddr > ^uint64(0)-uint64(h.ringSize) {
+		return hello{}, &protocolError{fmt.Sprintf("ring at %#x of %d bytes wraps the address space", h.ringAddr, h.ringSize)}
 	}
 	if h.flags&^helloMessages != 0 {
 		return hello{}, &protocolError{fmt.Sprintf("unknown flags %#x", h.flags)}
 	}
 	return h, nil
+}
+
+// ringGeometry is what both sides of a connection agree on without
+// talking: the ring bytes they use (the smaller ring) and the largest
+// message (the smaller BufferSize, at most half the ring, so that a
+// message always fits an empty ring wherever the last one ended).
+func ringGeometry(ownRing, ownBuf, peerRing, peerBuf int) (span, maxMsg int) {
+	span = min(ownRing, peerRing)
+	return span, min(ownBuf, peerBuf, span/2)
+}
+
+// ringPlace is the placement rule, the same at both ends: a message whose
+// predecessors ended at running byte count t starts at ring offset t mod
+// span, unless a message of the largest size would not fit before the
+// ring's end; then it starts at offset 0 and the bytes skipped count as
+// used. It returns the running count where the message starts (off is
+// that mod span). The wrap depends on t alone, never on the message's
+// length, so a sender may place a message whose length is not final yet
+// (the pending buffer), and the receiver, who learns the length last,
+// places it alike.
+func ringPlace(t uint64, span, maxMsg int) (start uint64) {
+	off := t % uint64(span)
+	if off+uint64(maxMsg) > uint64(span) {
+		return t + uint64(span) - off
+	}
+	return t
+}
+
+// ringEnd is the running count after a message of n bytes that starts at
+// start: messages take whole ringAlign units.
+func ringEnd(start uint64, n int) uint64 {
+	return start + uint64((n+ringAlign-1)&^(ringAlign-1))
 }
 
 // header is every message's immediate data: type in the top byte, then
@@ -118,11 +191,15 @@ func headerOf(imm uint32) header {
 	return header{typ: uint8(imm >> 24), ctrlAck: uint8(imm >> 16), credits: uint16(imm)}
 }
 
-// Work request ids. A receive's id is its buffer index. A send's id has the
+// Work request ids. A receive's id is recvWRID (receives are all alike:
+// zero-length). A send's id has the
 // top bit set and carries the data and control sequence numbers reached by
 // that send: RC completes sends in order, so a signaled completion also
 // retires every unsignaled send posted before it.
-const wrSend = 1 << 63
+const (
+	wrSend   = 1 << 63
+	recvWRID = 0
+)
 
 func sendWRID(dataSeq, ctrlSeq uint32) uint64 {
 	return wrSend | uint64(ctrlSeq&0x7fffffff)<<32 | uint64(dataSeq)

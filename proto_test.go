@@ -20,11 +20,13 @@ func TestHelloRoundTrip(t *testing.T) {
 		name string
 		h    hello
 	}{
-		{"defaults", hello{recvDepth: DefaultRecvDepth, ctrlDepth: ctrlDepth, bufSize: DefaultBufferSize}},
-		{"smallest", hello{recvDepth: 1, ctrlDepth: 1, bufSize: 1}},
-		{"largest", hello{recvDepth: 0xffff, ctrlDepth: 0xff, bufSize: 0xffffffff}},
-		{"mixed", hello{recvDepth: 0x1234, ctrlDepth: 0x56, bufSize: 0x789abcde}},
-		{"messages", hello{flags: helloMessages, recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096}},
+		{"defaults", hello{recvDepth: DefaultRecvDepth, ctrlDepth: ctrlDepth, bufSize: DefaultBufferSize,
+			ringSize: 128 << 10, ringAddr: 0x7f0012340000, rkey: 0x1234}},
+		{"smallest", hello{recvDepth: 1, ctrlDepth: 1, bufSize: 1, ringSize: minRing}},
+		{"largest", hello{recvDepth: 0xffff, ctrlDepth: 0xff, bufSize: 0xffffffff, ringSize: maxRing,
+			ringAddr: ^uint64(0) - maxRing, rkey: 0xffffffff}},
+		{"mixed", hello{recvDepth: 0x1234, ctrlDepth: 0x56, bufSize: 0x789abcde, ringSize: 0x12340, ringAddr: 0x0102030405060708, rkey: 0x9abcdef0}},
+		{"messages", hello{flags: helloMessages, recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096, ringSize: 8192, ringAddr: 4096, rkey: 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := tc.h.marshal()
@@ -44,7 +46,7 @@ func TestHelloRoundTrip(t *testing.T) {
 }
 
 func TestHelloRejected(t *testing.T) {
-	good := hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096}
+	good := hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096, ringSize: 8192, ringAddr: 0x10000, rkey: 5}
 	with := func(h hello) []byte { return h.marshal() }
 	mutate := func(f func(b []byte)) []byte {
 		b := good.marshal()
@@ -57,17 +59,24 @@ func TestHelloRejected(t *testing.T) {
 		want string // in the error message
 	}{
 		{"nil", nil, "handshake of 0 bytes"},
-		{"short", good.marshal()[:helloLen-1], "handshake of 15 bytes"},
+		{"short", good.marshal()[:helloLen-1], "handshake of 29 bytes"},
+		{"version 3 (16 bytes)", hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096}.marshal()[:16], "handshake of 16 bytes"},
 		{"zeros", make([]byte, 56), "bad magic"},
 		{"bad magic", mutate(func(b []byte) { b[0] ^= 0xff }), "bad magic"},
 		{"version 0", mutate(func(b []byte) { b[4] = 0 }), "protocol version 0"},
 		{"version 1 (header in the payload)", mutate(func(b []byte) { b[4] = 1 }), "protocol version 1"},
-		{"version 2 (no flags)", mutate(func(b []byte) { b[4] = 2 }), "protocol version 2, want 3"},
-		{"version 4", mutate(func(b []byte) { b[4] = helloVersion + 1 }), "protocol version 4"},
+		{"version 2 (no flags)", mutate(func(b []byte) { b[4] = 2 }), "protocol version 2, want 4"},
+		{"version 3 (receive buffers)", mutate(func(b []byte) { b[4] = 3 }), "protocol version 3, want 4"},
+		{"version 5", mutate(func(b []byte) { b[4] = helloVersion + 1 }), "protocol version 5"},
 		{"unknown flag", mutate(func(b []byte) { b[5] = 0x80 }), "unknown flags 0x80"},
 		{"zero recvDepth", with(hello{recvDepth: 0, ctrlDepth: ctrlDepth, bufSize: 4096}), "bad geometry"},
 		{"zero ctrlDepth", with(hello{recvDepth: 16, ctrlDepth: 0, bufSize: 4096}), "bad geometry"},
-		{"zero bufSize", with(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 0}), "bad geometry"},
+		{"zero bufSize", with(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 0, ringSize: 8192}), "bad geometry"},
+		{"no ring", with(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096}), "bad ring size 0"},
+		{"ring too small", with(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096, ringSize: minRing - ringAlign}), "bad ring size"},
+		{"ring too large", with(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096, ringSize: maxRing + ringAlign}), "bad ring size"},
+		{"ring not aligned", with(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096, ringSize: 8192 + 32}), "bad ring size"},
+		{"ring wraps the address space", with(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096, ringSize: 8192, ringAddr: ^uint64(0) - 4096}), "wraps"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := parseHello(tc.b)
@@ -77,6 +86,51 @@ func TestHelloRejected(t *testing.T) {
 			require.ErrorContains(t, err, tc.want)
 		})
 	}
+}
+
+// Both sides derive the same geometry from the two hellos, whichever side
+// computes it, and a largest message always fits an empty ring.
+func TestRingGeometry(t *testing.T) {
+	for _, tc := range []struct {
+		name                               string
+		ownRing, ownBuf, peerRing, peerBuf int
+		span, maxMsg                       int
+	}{
+		{"defaults", 128 << 10, 64 << 10, 128 << 10, 64 << 10, 128 << 10, 64 << 10},
+		{"smaller peer", 128 << 10, 64 << 10, 8192, 4096, 8192, 4096},
+		{"tiny peer messages", 4096, 256, 4096, 1, 4096, 1},
+		{"peer ring small for its messages", 8192, 4096, 576, 65536, 576, 288},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			span, maxMsg := ringGeometry(tc.ownRing, tc.ownBuf, tc.peerRing, tc.peerBuf)
+			require.Equal(t, tc.span, span)
+			require.Equal(t, tc.maxMsg, maxMsg)
+			span2, maxMsg2 := ringGeometry(tc.peerRing, tc.peerBuf, tc.ownRing, tc.ownBuf)
+			require.Equal(t, []int{span, maxMsg}, []int{span2, maxMsg2}, "the peer computes the same")
+		})
+	}
+}
+
+func TestRingPlace(t *testing.T) {
+	const span, maxMsg = 1024, 300
+	for _, tc := range []struct {
+		t, start uint64
+	}{
+		{0, 0},
+		{64, 64},
+		{704, 704},   // 704 + 300 = 1004: fits
+		{768, 1024},  // 768 + 300 > 1024: to the ring's start
+		{960, 1024},  // likewise
+		{1024, 1024}, // at the start already
+		{1024 + 704, 1024 + 704},
+		{1088 + 704, 2048}, // offset 768
+		{2048 + 768, 3072},
+	} {
+		require.Equal(t, tc.start, ringPlace(tc.t, span, maxMsg), "tail %d", tc.t)
+	}
+	require.Equal(t, uint64(1024+64), ringEnd(1024, 1))
+	require.Equal(t, uint64(1024+64), ringEnd(1024, 64))
+	require.Equal(t, uint64(1024+128), ringEnd(1024, 65))
 }
 
 func TestHeaderRoundTrip(t *testing.T) {

@@ -21,15 +21,16 @@ import (
 // whatever a test tells it to, protocol or not (hostile_test.go). And a
 // half-open flood: connect requests whose handshake is never completed.
 
-// The raw peer's geometry: what its hello grants the server, and the send
-// area, large enough for a message bigger than the server's default
-// BufferSize.
+// The raw peer's geometry: what its hello grants the server (its receive
+// ring, which the server writes into), and the send area, large enough for
+// a message bigger than the server's default BufferSize.
 const (
 	rawRecvDepth = 16
 	rawBufSize   = 4096
+	rawRing      = 16 << 10
 	rawRecvSlots = rawRecvDepth + rdma.CtrlDepth + rdma.FinSlots
 	rawSendArea  = 128 << 10
-	rawSendWRID  = 1 << 63 // send work request ids; receives' are their slot
+	rawSendWRID  = 1 << 63 // send work request ids; receives' are 0
 	rawCQE       = 256
 	rawSendWR    = 64
 )
@@ -53,10 +54,18 @@ type rawPeer struct {
 	id      *rdmacm.ID
 	pd      *ibv.PD
 	cq      *ibv.CQ
-	mem     []byte // mmap'd: receive slots, then the send area
-	mr      *ibv.MR
+	mem     []byte  // mmap'd: the receive ring, then the send area
+	ringMR  *ibv.MR // the receive ring: remote write
+	mr      *ibv.MR // the send area: local only
 	qp      *ibv.QP
+	ownQP   unsafe.Pointer // the QP, made by the raw peer (see dialRaw)
 	server  rdma.WireHello // the listener's hello
+	span    int            // ring bytes both sides use
+	maxMsg  int            // the largest message both sides agreed on
+	txTail  uint64         // where our messages end in the server's ring
+	rxTail  uint64         // where the server's end in ours
+
+	established bool // the id took the QP
 
 	seq     uint64             // sends posted
 	sendWCs map[uint64]ibv.WC  // completed sends, by id
@@ -111,30 +120,41 @@ func dialRaw(t testing.TB, addr string) *rawPeer {
 	if p.cq, err = ctx.CreatePolledCQ(rawCQE); err != nil {
 		fatal("CQ", err)
 	}
-	if p.mem, err = unix.Mmap(-1, 0, rawRecvSlots*rawBufSize+rawSendArea, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS); err != nil {
+	if p.mem, err = unix.Mmap(-1, 0, rawRing+rawSendArea, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS); err != nil {
 		fatal("mmap", err)
 	}
-	if p.mr, err = p.pd.RegMR(p.mem); err != nil {
+	if p.ringMR, err = p.pd.RegMRRemoteWrite(p.mem[:rawRing]); err != nil {
+		fatal("ring MR", err)
+	}
+	if p.mr, err = p.pd.RegMR(p.mem[rawRing:]); err != nil {
 		fatal("MR", err)
 	}
-	qp, _, err := p.id.CreateQP(p.pd.Ptr(), p.cq.Ptr(), rawSendWR, rawRecvSlots, 0)
-	if err != nil {
+	// A QP of its own making: the handshake would leave it no RDMA READ
+	// or atomic outstanding (the listener grants no responder resources),
+	// and hostile_test.go tries them on the listener anyway.
+	if p.ownQP, err = p.id.CreateOwnQP(p.pd.Ptr(), p.cq.Ptr(), rawSendWR, rawRecvSlots); err != nil {
 		fatal("QP", err)
 	}
-	p.qp = ibv.QPFrom(qp)
-	for slot := range rawRecvSlots {
-		if err := p.repost(slot); err != nil {
+	p.qp = ibv.QPFrom(p.ownQP)
+	for range rawRecvSlots {
+		if err := p.repost(); err != nil {
 			fatal("post receive", err)
 		}
 	}
-	h := rdma.MarshalHello(rdma.WireHello{RecvDepth: rawRecvDepth, CtrlDepth: rdma.CtrlDepth, BufSize: rawBufSize})
-	if err := p.id.Connect(h); err != nil {
+	h := rdma.MarshalHello(rdma.WireHello{RecvDepth: rawRecvDepth, CtrlDepth: rdma.CtrlDepth, BufSize: rawBufSize,
+		RingSize: rawRing, RingAddr: p.addr(0), RKey: p.ringMR.RKey})
+	if err := p.id.ConnectNoQP(h, p.qp.Num); err != nil {
 		fatal("connect", err)
 	}
-	ev := p.expectEvent(rdmacm.EventEstablished, 10*time.Second)
+	ev := p.expectEvent(rdmacm.EventConnectResponse, 10*time.Second)
 	if p.server, err = rdma.ParseHello(ev.PrivateData); err != nil {
 		fatal("the listener's hello", err)
 	}
+	if err := p.id.EstablishOwnQP(p.ownQP, 1); err != nil {
+		fatal("establish", err)
+	}
+	p.established = true
+	p.span, p.maxMsg = rdma.RingGeometry(rawRing, rawBufSize, int(p.server.RingSize), int(p.server.BufSize))
 	return p
 }
 
@@ -171,26 +191,45 @@ func (p *rawPeer) waitEvent(want rdmacm.EventType, within time.Duration) bool {
 	}
 }
 
-// repost posts receive slot again.
-func (p *rawPeer) repost(slot int) error {
-	return p.qp.PostRecvs([]ibv.RecvWR{{ID: uint64(slot), Addr: p.addr(slot * rawBufSize), Len: rawBufSize, LKey: p.mr.LKey}})
+// repost posts a receive again: zero-length, as the protocol's are.
+func (p *rawPeer) repost() error {
+	return p.qp.PostRecvs([]ibv.RecvWR{{}})
 }
 
 // addr is the NIC's address of p.mem[off].
 func (p *rawPeer) addr(off int) uint64 { return uint64(uintptr(unsafe.Pointer(&p.mem[off]))) }
 
-// send posts a signaled SEND whose immediate data is the header (typ,
-// ctrlAck, credits) and whose payload is data, and returns its id.
+// send posts a message whose immediate data is the header (typ, ctrlAck,
+// credits), as the protocol sends it: a data message with payload as a
+// signaled RDMA WRITE with immediate into the server's ring where the
+// placement rule puts it, anything else as a SEND of data (none, for a
+// message that follows the protocol). It returns the send's id.
 func (p *rawPeer) send(typ, ctrlAck uint8, credits uint16, data []byte) uint64 {
+	p.t.Helper()
+	if (typ == rdma.MsgData || typ == rdma.MsgDataMore) && len(data) > 0 {
+		start := rdma.RingPlace(p.txTail, p.span, p.maxMsg)
+		p.txTail = rdma.RingEnd(start, len(data))
+		return p.writeImm(p.server.RingAddr+start%uint64(p.span), p.server.RKey, typ, ctrlAck, credits, data)
+	}
+	return p.sendSEND(typ, ctrlAck, credits, data)
+}
+
+// stage copies data into the send area and returns its address.
+func (p *rawPeer) stage(data []byte) uint64 {
 	p.t.Helper()
 	if len(data) > rawSendArea {
 		p.t.Fatalf("raw peer: %d bytes do not fit the send area", len(data))
 	}
-	off := rawRecvSlots * rawBufSize
-	copy(p.mem[off:], data)
+	copy(p.mem[rawRing:], data)
+	return p.addr(rawRing)
+}
+
+// sendSEND posts a signaled SEND with immediate data and payload data.
+func (p *rawPeer) sendSEND(typ, ctrlAck uint8, credits uint16, data []byte) uint64 {
+	p.t.Helper()
 	p.seq++
 	id := rawSendWRID | p.seq
-	wr := ibv.SendWR{ID: id, Addr: p.addr(off), Len: uint32(len(data)), LKey: p.mr.LKey, Flags: ibv.SendSignaled,
+	wr := ibv.SendWR{ID: id, Addr: p.stage(data), Len: uint32(len(data)), LKey: p.mr.LKey, Flags: ibv.SendSignaled,
 		Imm: rdma.HeaderImm(typ, ctrlAck, credits)}
 	if err := p.qp.PostSends([]ibv.SendWR{wr}); err != nil {
 		p.t.Fatalf("raw peer: post send: %v", err)
@@ -198,16 +237,59 @@ func (p *rawPeer) send(typ, ctrlAck uint8, credits uint16, data []byte) uint64 {
 	return id
 }
 
+// writeImm posts a signaled RDMA WRITE with immediate data of data to
+// raddr in the server's region of rkey.
+func (p *rawPeer) writeImm(raddr uint64, rkey uint32, typ, ctrlAck uint8, credits uint16, data []byte) uint64 {
+	p.t.Helper()
+	p.seq++
+	id := rawSendWRID | p.seq
+	wr := ibv.SendWR{ID: id, Addr: p.stage(data), Len: uint32(len(data)), LKey: p.mr.LKey, Flags: ibv.SendSignaled | ibv.SendWriteImm,
+		Imm: rdma.HeaderImm(typ, ctrlAck, credits), RemoteAddr: raddr, RKey: rkey}
+	if err := p.qp.PostSends([]ibv.SendWR{wr}); err != nil {
+		p.t.Fatalf("raw peer: post write with immediate: %v", err)
+	}
+	return id
+}
+
+// rdmaOp is a one-sided operation a hostile peer may try on the server's
+// memory.
+type rdmaOp int
+
+const (
+	opWrite rdmaOp = iota
+	opRead
+	opFetchAdd
+)
+
+func (o rdmaOp) String() string {
+	return [...]string{"RDMA WRITE", "RDMA READ", "atomic fetch-and-add"}[o]
+}
+
 // write posts a signaled RDMA WRITE of n bytes to raddr in the peer's
 // region of rkey, and returns its id.
 func (p *rawPeer) write(raddr uint64, rkey uint32, n int) uint64 {
+	return p.rdma(opWrite, raddr, rkey, n)
+}
+
+// rdma posts a signaled one-sided operation on n bytes (8 for the atomic)
+// at raddr in the peer's region of rkey, and returns its id.
+func (p *rawPeer) rdma(op rdmaOp, raddr uint64, rkey uint32, n int) uint64 {
 	p.t.Helper()
-	off := rawRecvSlots * rawBufSize
 	p.seq++
 	id := rawSendWRID | p.seq
-	wr := ibv.WriteWR{ID: id, Addr: p.addr(off), Len: uint32(n), LKey: p.mr.LKey, RemoteAddr: raddr, RKey: rkey, Flags: ibv.SendSignaled}
-	if err := p.qp.PostWrite(wr); err != nil {
-		p.t.Fatalf("raw peer: post RDMA WRITE: %v", err)
+	wr := ibv.WriteWR{ID: id, Addr: p.addr(rawRing), Len: uint32(n), LKey: p.mr.LKey, RemoteAddr: raddr, RKey: rkey, Flags: ibv.SendSignaled}
+	var err error
+	switch op {
+	case opWrite:
+		err = p.qp.PostWrite(wr)
+	case opRead:
+		err = p.qp.PostRead(wr)
+	case opFetchAdd:
+		wr.Len = 8
+		err = p.qp.PostFetchAdd(wr, 1)
+	}
+	if err != nil {
+		p.t.Fatalf("raw peer: post %v: %v", op, err)
 	}
 	return id
 }
@@ -228,11 +310,21 @@ func (p *rawPeer) poll() {
 				continue
 			}
 			m := rawMsg{status: wc.Status}
+			if wc.Status != ibv.WCSuccess && wc.Status != ibv.WCFlushErr {
+				p.t.Logf("raw peer: a receive completed with %q", ibv.StatusString(wc.Status))
+			}
 			if wc.Status == ibv.WCSuccess {
 				m.typ, m.ctrlAck, m.credits = rdma.ParseHeader(wc.Imm)
-				off := int(wc.WRID) * rawBufSize
-				m.data = append([]byte(nil), p.mem[off:off+int(wc.ByteLen)]...)
-				if err := p.repost(int(wc.WRID)); err != nil {
+				if wc.Opcode == ibv.WCOpRecvWriteImm {
+					// The server placed it in our ring as the rule
+					// says (we never read so slowly that it wraps
+					// over unread bytes: the tests send little).
+					start := rdma.RingPlace(p.rxTail, p.span, p.maxMsg)
+					p.rxTail = rdma.RingEnd(start, int(wc.ByteLen))
+					off := int(start % uint64(p.span))
+					m.data = append([]byte(nil), p.mem[off:off+int(wc.ByteLen)]...)
+				}
+				if err := p.repost(); err != nil {
 					p.t.Fatalf("raw peer: post receive: %v", err)
 				}
 			}
@@ -282,12 +374,14 @@ func (p *rawPeer) waitRecv(n int, within time.Duration) []rawMsg {
 // close disconnects and releases everything, in the order the verbs
 // require; it is idempotent and copes with a half-built peer.
 func (p *rawPeer) close() {
-	if p.id != nil {
-		if p.qp != nil {
-			p.id.Disconnect()
+	if p.id != nil && p.qp != nil {
+		p.id.Disconnect()
+		if p.established {
 			p.id.DestroyQP()
-			p.qp = nil
+		} else {
+			rdmacm.DestroyOwnQP(p.ownQP)
 		}
+		p.qp = nil
 	}
 	if p.cq != nil {
 		p.cq.Destroy()
@@ -296,6 +390,10 @@ func (p *rawPeer) close() {
 	if p.mr != nil {
 		p.mr.Dereg()
 		p.mr = nil
+	}
+	if p.ringMR != nil {
+		p.ringMR.Dereg()
+		p.ringMR = nil
 	}
 	if p.mem != nil {
 		unix.Munmap(p.mem)
@@ -395,7 +493,9 @@ func floodHalfOpen(t testing.TB, addr string, n int) *halfOpen {
 	}
 	await(rdmacm.EventRouteResolved)
 	stopRun()
-	h := rdma.MarshalHello(rdma.WireHello{RecvDepth: rawRecvDepth, CtrlDepth: rdma.CtrlDepth, BufSize: rawBufSize})
+	// A valid hello whose ring no one will ever write: there is no QP.
+	h := rdma.MarshalHello(rdma.WireHello{RecvDepth: rawRecvDepth, CtrlDepth: rdma.CtrlDepth, BufSize: rawBufSize,
+		RingSize: rawRing, RingAddr: 0x10000, RKey: 1})
 	for i, id := range f.ids {
 		if err := id.ConnectNoQP(h, uint32(0x10000+i)); err != nil {
 			t.Fatalf("half-open: connect %d: %v", i, err)

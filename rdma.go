@@ -4,12 +4,15 @@
 // InfiniBand, RoCE or Soft-RoCE by changing how it dials and listens.
 //
 // Underneath, librdmacm sets connections up and libibverbs moves the data:
-// each connection is an RC queue pair with preregistered send and receive
-// buffers and pre-posted receives. A Write is copied into the registered
-// send buffers and sent with SEND in messages of at most the smaller of
-// the two sides' BufferSize; credits granted by the receiver guarantee a
-// posted receive for every message, so the NIC never meets a receiver
-// that is not ready. While the peer has no receive free, or is behind,
+// each connection is an RC queue pair with a preregistered send ring and
+// receive ring and pre-posted (zero-length) receives. A Write is copied
+// into the send ring and written with RDMA WRITE with immediate data into
+// the peer's receive ring, in messages of at most the smaller of the two
+// sides' BufferSize; credits granted by the receiver guarantee a posted
+// receive for every message and unread bytes that are never overwritten,
+// so the NIC never meets a receiver that is not ready. The receive ring
+// is the only memory a peer may touch, and only through its own
+// connection. While the peer has no receive free, or is behind,
 // small Writes gather into one message (see Conn.Write and SetNoDelay); a
 // writer far ahead of its reader blocks instead of overrunning it. One
 // goroutine per device polls the shared completion queue and, when idle,
@@ -169,16 +172,20 @@ const (
 // Options are the per-connection resource settings shared by Dialer and
 // ListenConfig. Zero values pick the defaults.
 type Options struct {
-	// BufferSize is the size of each registered send and receive buffer.
-	// The largest message on a connection is the smaller of the two
-	// sides' BufferSize (headers travel apart, as immediate data); bigger
-	// Writes are split. Default 64 KiB.
+	// BufferSize is the largest message: on a connection, the smaller of
+	// the two sides' BufferSize (headers travel apart, as immediate data);
+	// bigger Writes are split. Each side's send and receive rings hold
+	// two of them (see RegisteredMemory); a message takes only its own
+	// length in the peer's ring (rounded up to 64 bytes), so many small
+	// messages fit where one large one does. Default 64 KiB.
 	BufferSize int
-	// SendDepth is the number of send buffers, the most messages in flight
-	// from this side. Default 16.
+	// SendDepth is the most data messages in flight from this side in the
+	// send queue. It costs no memory. Default 16.
 	SendDepth int
-	// RecvDepth is the number of pre-posted receive buffers, the most
-	// messages the peer may have in flight to this side. Default 16.
+	// RecvDepth is the number of receives posted for the peer's data
+	// messages, the most messages it may have in flight to this side
+	// (besides what the ring's bytes allow). Receives are zero-length:
+	// it costs no memory. Default 16.
 	RecvDepth int
 	// Poll chooses how a Read or Write that must wait learns that it can
 	// go on: PollAdaptive (the default) spins for SpinTime and then parks,
@@ -207,11 +214,11 @@ type Options struct {
 }
 
 // RegisteredMemory returns how many bytes of memory a connection with
-// these options registers with the device: RecvDepth + SendDepth + 5
-// buffers of BufferSize bytes (the 5 are receives reserved for the peer's
-// credit messages and its fin: any posted receive may get any message, so
-// each is full size), rounded up to a page. That is what each connection pins, whatever its
-// traffic; it returns an error for options Dial and Listen would refuse.
+// these options registers with the device: a receive ring and a send
+// ring of 2 × BufferSize bytes each, rounded up to a page (256 KiB with the
+// defaults); SendDepth and RecvDepth cost none. That is what each
+// connection pins, whatever its traffic; it returns an error for options
+// Dial and Listen would refuse.
 func (o Options) RegisteredMemory() (int, error) {
 	o, err := o.normalized()
 	if err != nil {

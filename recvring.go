@@ -9,49 +9,83 @@ type recvPoster interface {
 
 // rxMsg is an arrived message waiting for Read.
 type rxMsg struct {
-	slot int32
-	n    int32 // payload bytes; -1 for the fin
-	more bool  // a fragment: the peer's Write goes on in the next message
+	off  int32  // where its payload is in the receive ring
+	n    int32  // payload bytes; -1 for the fin
+	more bool   // a fragment: the peer's Write goes on in the next message
+	end  uint64 // the ring's running count after it: consumed up to here once it is read
 }
 
-// recvRing is a connection's receive side: the buffers' work requests, the
-// messages that arrived and wait for Read (in arrival order, the fin
-// last), how much of the head one was read, and the consumed buffers
-// waiting to be posted again. It has no lock; Conn.mu guards it, except
-// the payload of queued messages, which a Read copies out without it (the
-// completion side only appends behind them).
+// recvRing is a connection's receive side: the receive ring the peer
+// writes into, the messages that arrived and wait for Read (in arrival
+// order, the fin last), how much of the head one was read, and the
+// receives consumed and waiting to be posted again. Every receive is
+// zero-length: it only takes a message's immediate data (its header)
+// and length, the payload being in the ring already. The ring's running
+// counts follow the peer's placement (ringPlace): tail is where the
+// messages that arrived end, read where the consumed ones do, and a
+// message that would end more than a ring beyond read overwrote unread
+// bytes, which a peer that honours the credits never does. It has no
+// lock; Conn.mu guards it, except the payload of queued messages, which a
+// Read copies out without it (the completion side only appends behind
+// them).
 type recvRing struct {
-	slots   int    // receive buffers, posted at arena offset 0
-	bufSize int    // bytes per buffer
-	base    uint64 // the arena's address for the NIC
-	lkey    uint32
+	memOff   int // arena offset of the receive ring
+	span     int // ring bytes both sides use; 0 until the handshake is done
+	maxMsg   int
+	tail     uint64
+	read     uint64
+	reported uint64 // read, as far as the peer has been told (credits reported)
 
-	q      []rxMsg // a ring of slots entries
-	head   int
-	n      int
-	off    int          // bytes of the head message already read
-	repost []ibv.RecvWR // consumed buffers not yet posted again
-	one    [1]ibv.RecvWR
-	posted int // receives on the QP
+	q       []rxMsg // a ring of slots entries
+	head    int
+	n       int
+	off     int // bytes of the head message already read
+	reposts int // consumed receives not yet posted again
+	wrs     [ibv.MaxRecvBatch]ibv.RecvWR
+	posted  int // receives on the QP
 }
 
-func newRecvRing(slots, bufSize int, base uint64, lkey uint32) recvRing {
-	return recvRing{
-		slots: slots, bufSize: bufSize, base: base, lkey: lkey,
-		q:      make([]rxMsg, slots),
-		repost: make([]ibv.RecvWR, 0, ibv.MaxRecvBatch),
+func newRecvRing(slots, memOff int) recvRing {
+	r := recvRing{memOff: memOff, q: make([]rxMsg, slots)}
+	for i := range r.wrs {
+		r.wrs[i] = ibv.RecvWR{ID: recvWRID}
 	}
+	return r
 }
 
-// bufOff is the arena offset of receive buffer slot.
-func (r *recvRing) bufOff(slot int) int { return slot * r.bufSize }
+// open sets the geometry agreed with the peer.
+func (r *recvRing) open(span, maxMsg int) { r.span, r.maxMsg = span, maxMsg }
 
-func (r *recvRing) wr(slot int) ibv.RecvWR {
-	return ibv.RecvWR{ID: uint64(slot), Addr: r.base + uint64(r.bufOff(slot)), Len: uint32(r.bufSize), LKey: r.lkey}
+// opened reports whether the geometry is known: data can be placed.
+func (r *recvRing) opened() bool { return r.span > 0 }
+
+// arrived places a data message of n bytes that the peer wrote into the
+// ring, as the peer placed it, and returns it (without queueing it); it
+// fails for a message the peer could not have sent without breaking the
+// protocol.
+func (r *recvRing) arrived(n uint32, more bool) (rxMsg, error) {
+	if n == 0 {
+		return rxMsg{}, &protocolError{"empty data message"}
+	}
+	if n > uint32(r.maxMsg) {
+		return rxMsg{}, &protocolError{"data message larger than the largest agreed"}
+	}
+	start := ringPlace(r.tail, r.span, r.maxMsg)
+	end := ringEnd(start, int(n))
+	if end-r.read > uint64(r.span) {
+		return rxMsg{}, &protocolError{"peer overran the receive ring: a message over bytes not yet read"}
+	}
+	r.tail = end
+	return rxMsg{off: int32(start % uint64(r.span)), n: int32(n), more: more, end: end}, nil
 }
 
-// valid reports whether a receive completion's id names one of our buffers.
-func (r *recvRing) valid(slot uint64) bool { return slot < uint64(r.slots) }
+// halfUnreported reports whether the peer has not yet been told of half
+// the ring's bytes being read: then credits go back at once, not in a
+// batch of messages. A ring holds only a couple of the largest messages,
+// and a writer that waits for a batch of them to be consumed would find
+// the ring full long before: it would alternate with the reader instead
+// of writing the next message while this one is read.
+func (r *recvRing) halfUnreported() bool { return r.read-r.reported >= uint64(r.span/2) }
 
 // push queues an arrived message; it reports false when the queue is full,
 // which only a peer that sent more than its credits allow can cause.
@@ -68,38 +102,33 @@ func (r *recvRing) push(m rxMsg) bool {
 // it has been read.
 func (r *recvRing) finAtHead() bool { return r.n > 0 && r.q[r.head].n < 0 }
 
-// queueRepost queues a consumed buffer to be posted again.
-func (r *recvRing) queueRepost(slot int) { r.repost = append(r.repost, r.wr(slot)) }
+// queueRepost queues a consumed receive to be posted again.
+func (r *recvRing) queueRepost() { r.reposts++ }
 
-// repostFull reports whether no more buffers can be queued for reposting
-// before the queued ones are posted.
-func (r *recvRing) repostFull() bool { return len(r.repost) == cap(r.repost) }
-
-// postReposts posts the queued buffers in chains of at most
+// postReposts posts the queued receives in chains of at most
 // ibv.MaxRecvBatch and returns how many it posted. The queue is emptied
 // whatever happens: a failed post means a failed connection.
 func (r *recvRing) postReposts(p recvPoster) (int, error) {
 	posted := 0
 	var err error
-	for wrs := r.repost; len(wrs) > 0 && err == nil; {
-		k := min(len(wrs), ibv.MaxRecvBatch)
-		if err = p.PostRecvs(wrs[:k]); err == nil {
+	for left := r.reposts; left > 0 && err == nil; {
+		k := min(left, ibv.MaxRecvBatch)
+		if err = p.PostRecvs(r.wrs[:k]); err == nil {
 			posted += k
 		}
-		wrs = wrs[k:]
+		left -= k
 	}
-	r.repost = r.repost[:0]
+	r.reposts = 0
 	r.posted += posted
 	return posted, err
 }
 
-// dropReposts forgets the queued buffers: no one will post them.
-func (r *recvRing) dropReposts() { r.repost = r.repost[:0] }
+// dropReposts forgets the queued receives: no one will post them.
+func (r *recvRing) dropReposts() { r.reposts = 0 }
 
-// postOne posts one buffer again at once, on its own.
-func (r *recvRing) postOne(p recvPoster, slot int) error {
-	r.one[0] = r.wr(slot)
-	if err := p.PostRecvs(r.one[:]); err != nil {
+// postOne posts one receive again at once, on its own.
+func (r *recvRing) postOne(p recvPoster) error {
+	if err := p.PostRecvs(r.wrs[:1]); err != nil {
 		return err
 	}
 	r.posted++
@@ -107,10 +136,13 @@ func (r *recvRing) postOne(p recvPoster, slot int) error {
 }
 
 // readable returns what a Read may copy without the lock: from the head,
-// avail messages (no more than the repost queue has room for), starting
-// off bytes into the first.
-func (r *recvRing) readable() (head, avail, off int) {
-	return r.head, min(r.n, cap(r.repost)-len(r.repost)), r.off
+// avail messages, starting off bytes into the first.
+func (r *recvRing) readable() (head, avail, off int) { return r.head, r.n, r.off }
+
+// payload is the part of message m from byte off on, in mem (the arena).
+func (r *recvRing) payload(mem []byte, m rxMsg, off int) []byte {
+	start := r.memOff + int(m.off)
+	return mem[start+off : start+int(m.n)]
 }
 
 // copyOut copies into b the payload of up to avail messages from head on,
@@ -126,8 +158,7 @@ func (r *recvRing) copyOut(b, mem []byte, head, avail, off int, messages bool) (
 		if m.n < 0 {
 			break
 		}
-		start := r.bufOff(int(m.slot))
-		k := copy(b[n:], mem[start+off:start+int(m.n)])
+		k := copy(b[n:], r.payload(mem, m, off))
 		n += k
 		if off += k; off < int(m.n) {
 			break
@@ -141,23 +172,27 @@ func (r *recvRing) copyOut(b, mem []byte, head, avail, off int, messages bool) (
 	return n, used, off, false
 }
 
-// consume drops used messages from the head, queueing their buffers to be
-// posted again, and records how far into the next one Read got.
+// consume drops used messages from the head, freeing their ring bytes and
+// queueing their receives to be posted again, and records how far into
+// the next one Read got.
 func (r *recvRing) consume(used, off int) {
 	for range used {
-		r.queueRepost(int(r.q[r.head].slot))
+		r.read = r.q[r.head].end
+		r.queueRepost()
 		r.head = (r.head + 1) % len(r.q)
 		r.n--
 	}
 	r.off = off
 }
 
-// discard drops every queued message (CloseRead), queueing the data
-// buffers to be posted again; the fin's buffer is never reposted.
+// discard drops every queued message (CloseRead), freeing their ring bytes
+// and queueing their receives to be posted again; the fin's receive is
+// never reposted.
 func (r *recvRing) discard() {
 	for ; r.n > 0; r.n-- {
 		if m := r.q[r.head]; m.n >= 0 {
-			r.queueRepost(int(m.slot))
+			r.read = m.end
+			r.queueRepost()
 		}
 		r.head = (r.head + 1) % len(r.q)
 	}

@@ -9,10 +9,10 @@ import (
 	"github.com/goverbs/rdma/internal/ibv"
 )
 
-// testRecvRing returns a ring of slots buffers of 8 bytes over mem, with
-// each buffer filled with its slot's letter.
+// testRecvRing returns the receive side of slots receives over mem, a ring
+// of slots × 8 bytes whose every 8 bytes are filled with one letter.
 func testRecvRing(slots int) (recvRing, []byte) {
-	r := newRecvRing(slots, 8, testBase, testLKey)
+	r := newRecvRing(slots, 0)
 	mem := make([]byte, slots*8)
 	for i := range mem {
 		mem[i] = byte('a' + i/8)
@@ -23,23 +23,20 @@ func testRecvRing(slots int) (recvRing, []byte) {
 func TestRecvRingPushFullAndFin(t *testing.T) {
 	r, _ := testRecvRing(3)
 	require.False(t, r.finAtHead())
-	require.True(t, r.push(rxMsg{slot: 0, n: 8}))
-	require.True(t, r.push(rxMsg{slot: 1, n: 8}))
-	require.True(t, r.push(rxMsg{slot: 2, n: -1}))
-	require.False(t, r.push(rxMsg{slot: 0, n: 1}), "more messages than receives: only a peer over its credits")
+	require.True(t, r.push(rxMsg{off: 0, n: 8}))
+	require.True(t, r.push(rxMsg{off: 8, n: 8}))
+	require.True(t, r.push(rxMsg{off: 16, n: -1}))
+	require.False(t, r.push(rxMsg{off: 0, n: 1}), "more messages than receives: only a peer over its credits")
 	require.False(t, r.finAtHead())
 	r.consume(2, 0)
 	require.True(t, r.finAtHead())
-	require.True(t, r.valid(2))
-	require.False(t, r.valid(3))
-	require.False(t, r.valid(1<<63|2), "a send's id is no receive buffer")
 }
 
 func TestRecvRingCopyOutAcrossMessages(t *testing.T) {
 	r, mem := testRecvRing(4)
-	r.push(rxMsg{slot: 2, n: 5})
-	r.push(rxMsg{slot: 0, n: 3})
-	r.push(rxMsg{slot: 3, n: 8})
+	r.push(rxMsg{off: 16, n: 5})
+	r.push(rxMsg{off: 0, n: 3})
+	r.push(rxMsg{off: 24, n: 8})
 
 	// A 6-byte Read takes the first message and one byte of the second.
 	head, avail, off := r.readable()
@@ -50,8 +47,7 @@ func TestRecvRingCopyOutAcrossMessages(t *testing.T) {
 	require.Equal(t, 1, next)
 	require.Equal(t, "ccccca", string(b))
 	r.consume(used, next)
-	require.Len(t, r.repost, 1)
-	require.Equal(t, ibv.RecvWR{ID: 2, Addr: testBase + 16, Len: 8, LKey: testLKey}, r.repost[0])
+	require.Equal(t, 1, r.reposts, "the consumed message's receive is queued to be posted again")
 
 	// The next Read resumes inside the second message.
 	head, avail, off = r.readable()
@@ -66,8 +62,8 @@ func TestRecvRingCopyOutAcrossMessages(t *testing.T) {
 
 func TestRecvRingCopyOutStopsAtFin(t *testing.T) {
 	r, mem := testRecvRing(4)
-	r.push(rxMsg{slot: 1, n: 2})
-	r.push(rxMsg{slot: 2, n: -1})
+	r.push(rxMsg{off: 8, n: 2})
+	r.push(rxMsg{off: 16, n: -1})
 	head, avail, off := r.readable()
 	b := make([]byte, 10)
 	n, used, _, _ := r.copyOut(b, mem, head, avail, off, false)
@@ -77,9 +73,9 @@ func TestRecvRingCopyOutStopsAtFin(t *testing.T) {
 
 func TestRecvRingCopyOutStopsAtWriteEnd(t *testing.T) {
 	r, mem := testRecvRing(4)
-	r.push(rxMsg{slot: 0, n: 8, more: true})
-	r.push(rxMsg{slot: 1, n: 3})
-	r.push(rxMsg{slot: 2, n: 8})
+	r.push(rxMsg{off: 0, n: 8, more: true})
+	r.push(rxMsg{off: 8, n: 3})
+	r.push(rxMsg{off: 16, n: 8})
 	b := make([]byte, 100)
 	head, avail, off := r.readable()
 	n, used, next, ended := r.copyOut(b, mem, head, avail, off, true)
@@ -101,19 +97,6 @@ func TestRecvRingCopyOutStopsAtWriteEnd(t *testing.T) {
 	require.False(t, ended)
 }
 
-func TestRecvRingReadableBoundedByRepostRoom(t *testing.T) {
-	r, _ := testRecvRing(ibv.MaxRecvBatch + 8)
-	for i := range ibv.MaxRecvBatch + 8 {
-		r.push(rxMsg{slot: int32(i), n: 8})
-	}
-	for i := range ibv.MaxRecvBatch - 3 {
-		r.queueRepost(i)
-	}
-	_, avail, _ := r.readable()
-	require.Equal(t, 3, avail, "a Read consumes no more buffers than can be queued without growing")
-	require.False(t, r.repostFull())
-}
-
 func TestRecvRingPostReposts(t *testing.T) {
 	r, _ := testRecvRing(4)
 	q := &fakeQP{}
@@ -121,39 +104,40 @@ func TestRecvRingPostReposts(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n)
 
-	r.queueRepost(1)
-	r.queueRepost(3)
+	r.queueRepost()
+	r.queueRepost()
 	n, err = r.postReposts(q)
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
 	require.Equal(t, 2, r.posted)
-	require.Equal(t, []uint64{1, 3}, []uint64{q.recvs[0].ID, q.recvs[1].ID})
-	require.Empty(t, r.repost)
+	require.Zero(t, r.reposts)
 
-	require.NoError(t, r.postOne(q, 0))
+	require.NoError(t, r.postOne(q))
 	require.Equal(t, 3, r.posted)
-	require.Equal(t, uint64(testBase), q.recvs[2].Addr)
+	for _, wr := range q.recvs {
+		require.Equal(t, ibv.RecvWR{ID: recvWRID}, wr, "every receive is zero-length: the payload is in the ring")
+	}
 
 	fail := errors.New("post failed")
 	q.recvErr = fail
-	r.queueRepost(2)
+	r.queueRepost()
 	_, err = r.postReposts(q)
 	require.ErrorIs(t, err, fail)
-	require.Empty(t, r.repost, "a failed post is not retried")
-	require.ErrorIs(t, r.postOne(q, 2), fail)
+	require.Zero(t, r.reposts, "a failed post is not retried")
+	require.ErrorIs(t, r.postOne(q), fail)
 	require.Equal(t, 3, r.posted)
 
-	r.queueRepost(2)
+	r.queueRepost()
 	r.dropReposts()
-	require.Empty(t, r.repost)
+	require.Zero(t, r.reposts)
 }
 
 func TestRecvRingPostRepostsInChains(t *testing.T) {
 	n := 2*ibv.MaxRecvBatch + 5
 	r, _ := testRecvRing(n)
 	q := &countingQP{}
-	for i := range n {
-		r.queueRepost(i)
+	for range n {
+		r.queueRepost()
 	}
 	posted, err := r.postReposts(q)
 	require.NoError(t, err)
@@ -175,14 +159,65 @@ func (q *countingQP) PostRecvs(wrs []ibv.RecvWR) error {
 
 func TestRecvRingDiscard(t *testing.T) {
 	r, _ := testRecvRing(4)
-	r.push(rxMsg{slot: 1, n: 8})
-	r.push(rxMsg{slot: 3, n: 4})
-	r.push(rxMsg{slot: 0, n: -1})
+	r.push(rxMsg{off: 8, n: 8})
+	r.push(rxMsg{off: 24, n: 4})
+	r.push(rxMsg{off: 0, n: -1})
 	r.off = 2
 	r.discard()
 	require.Zero(t, r.n)
 	require.Zero(t, r.off)
-	require.Len(t, r.repost, 2, "data buffers go back to the peer; the fin's does not")
-	require.Equal(t, uint64(1), r.repost[0].ID)
-	require.Equal(t, uint64(3), r.repost[1].ID)
+	require.Equal(t, 2, r.reposts, "data receives go back to the peer; the fin's does not")
+}
+
+// The receive side places messages as the sender does (ringPlace) and
+// fails what a sender that honours the credits never sends.
+func TestRecvRingArrivedPlacesAndChecks(t *testing.T) {
+	r := newRecvRing(8, 0)
+	r.open(1024, 300) // span 1024, messages of at most 300 bytes
+
+	m, err := r.arrived(300, false)
+	require.NoError(t, err)
+	require.Equal(t, rxMsg{off: 0, n: 300, end: 320}, m, "a message takes whole 64-byte units")
+	m, err = r.arrived(300, true)
+	require.NoError(t, err)
+	require.Equal(t, rxMsg{off: 320, n: 300, more: true, end: 640}, m)
+	m, err = r.arrived(100, false)
+	require.NoError(t, err)
+	require.Equal(t, rxMsg{off: 640, n: 100, end: 768}, m)
+	// 768 + 300 > 1024 would not fit a largest message: the next one
+	// starts at 0 whatever its own length, and the skipped bytes count.
+	// Nothing has been read, so a message at 1024 (ring offset 0) would
+	// overwrite unread bytes.
+	_, err = r.arrived(10, false)
+	require.ErrorContains(t, err, "overran the receive ring")
+	require.Equal(t, uint64(768), r.tail, "a refused message is not placed")
+
+	r.read = 320 // the first message was read
+	m, err = r.arrived(10, false)
+	require.NoError(t, err)
+	require.Equal(t, rxMsg{off: 0, n: 10, end: 1088}, m, "placed at the ring's start, the skipped bytes used up")
+	_, err = r.arrived(300, false)
+	require.ErrorContains(t, err, "overran", "1088 + 320 - 320 > 1024: over the second message, unread")
+	m, err = r.arrived(200, false)
+	require.NoError(t, err, "1088 + 256 - 320 = 1024: up to the unread bytes, not over them")
+	require.Equal(t, rxMsg{off: 64, n: 200, end: 1344}, m)
+
+	_, err = r.arrived(0, false)
+	require.ErrorContains(t, err, "empty")
+	_, err = r.arrived(301, false)
+	require.ErrorContains(t, err, "larger than the largest")
+}
+
+func TestRecvRingConsumeFreesRing(t *testing.T) {
+	r := newRecvRing(4, 0)
+	r.open(1024, 512)
+	for _, n := range []uint32{100, 200} {
+		m, err := r.arrived(n, false)
+		require.NoError(t, err)
+		require.True(t, r.push(m))
+	}
+	r.consume(1, 0)
+	require.Equal(t, uint64(128), r.read)
+	r.discard()
+	require.Equal(t, uint64(384), r.read, "discarded messages free their bytes too")
 }

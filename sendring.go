@@ -7,25 +7,98 @@ type sendPoster interface {
 	PostSends(wrs []ibv.SendWR) error
 }
 
-// sendRing is a connection's send side below the credits: the ring of send
-// buffers, the sequence numbers of posted messages and of those known
-// complete, the buffer that gathers Writes while no credit allows it out
-// (pending), and the queue of prepared work requests with the double
-// buffer that lets one goroutine post them while others queue more. It
-// has no lock; Conn.mu guards it, except the batch being posted, which is
-// the poster's alone.
+// ringTx is the sender's view of the peer's receive ring, which its own
+// send ring mirrors byte for byte: where the next message goes (tail),
+// how far the peer has consumed (acked), and the end of every message the
+// peer has not given a credit back for yet (ends, oldest first). Data
+// credits come back in the order the peer consumed the messages, so each
+// one returned frees the ring up to the end of the oldest message
+// outstanding. It is plain arithmetic, with no lock (Conn.mu guards it).
+type ringTx struct {
+	span   int // ring bytes both sides use (see ringGeometry); 0 until the handshake is done
+	maxMsg int
+	tail   uint64 // running count: where the messages sent so far end
+	acked  uint64 // running count: what the peer has consumed
+	ends   []uint64
+	head   int
+	n      int
+}
+
+// open sets the geometry agreed with the peer; window is the peer's
+// RecvDepth. No more messages can be outstanding than it grants, nor than
+// the ring holds (each takes ringAlign bytes at least), which bounds what
+// a peer's hello makes us allocate.
+func (r *ringTx) open(span, maxMsg, window int) {
+	r.span, r.maxMsg = span, maxMsg
+	r.ends = make([]uint64, min(window, span/ringAlign))
+}
+
+// at returns where a message that follows running count t starts, and how
+// large it may be while the peer has consumed up to acked: the largest
+// message, unless that would overwrite bytes the peer has not read (then
+// less, possibly nothing).
+func (r *ringTx) at(t, acked uint64) (start uint64, room int) {
+	start = ringPlace(t, r.span, r.maxMsg)
+	used := start - acked
+	if used >= uint64(r.span) {
+		return start, 0
+	}
+	return start, min(r.maxMsg, r.span-int(used))
+}
+
+// room is how large the message at the tail may be now.
+func (r *ringTx) room() int {
+	_, n := r.at(r.tail, r.acked)
+	return n
+}
+
+// offset is a running count's offset in the ring.
+func (r *ringTx) offset(t uint64) int { return int(t % uint64(r.span)) }
+
+// sent records a message of n bytes at the tail, which the caller checked
+// room for, and returns its ring offset.
+func (r *ringTx) sent(n int) int {
+	start := ringPlace(r.tail, r.span, r.maxMsg)
+	r.tail = ringEnd(start, n)
+	r.ends[(r.head+r.n)%len(r.ends)] = r.tail
+	r.n++
+	return r.offset(start)
+}
+
+// ack takes k data credits back: the peer has consumed the k oldest
+// messages outstanding. The ledger has checked that k is no more than were
+// sent (ledger.received).
+func (r *ringTx) ack(k int) {
+	for ; k > 0 && r.n > 0; k-- {
+		r.acked = r.ends[r.head]
+		r.head = (r.head + 1) % len(r.ends)
+		r.n--
+	}
+}
+
+// sendRing is a connection's send side below the credits: the send ring
+// (ringTx), the sequence numbers of posted messages and of those known
+// complete, the message that gathers Writes at the tail while no credit
+// allows it out (pending), and the queue of prepared work requests with
+// the double buffer that lets one goroutine post them while others queue
+// more. It has no lock; Conn.mu guards it, except the batch being posted,
+// which is the poster's alone.
 //
 // Sequence numbers count posted messages, data and control apart; the
 // done numbers trail them as signaled completions come back. A send's
 // work request id carries both numbers reached by that send (RC completes
 // sends in order), so a signaled completion retires every unsignaled send
-// before it.
+// before it. Data messages in flight in the send queue are bounded by
+// depth (SendDepth); the ring's bytes are free again when the peer has
+// consumed them (ringTx), which implies our NIC has read them.
 type sendRing struct {
-	slots     int    // send buffers
-	bufSize   int    // bytes per buffer
-	off       int    // arena offset of the first send buffer
-	base      uint64 // the arena's address for the NIC
+	ring      ringTx
+	depth     int    // data messages in flight in the send queue
+	memOff    int    // arena offset of the send ring
+	base      uint64 // the send ring's address for the NIC
 	lkey      uint32
+	raddr     uint64 // the peer's receive ring, for RDMA WRITE
+	rkey      uint32
 	maxInline int // bytes the QP sends inline
 
 	dataSeq, dataDone uint32
@@ -33,9 +106,9 @@ type sendRing struct {
 	lastSig           uint32 // dataSeq at the last signaled send
 	probeSeq          uint32 // ctrlSeq of the last keepalive probe
 
-	pendLen   int  // bytes waiting in the buffer at dataSeq for a credit
+	pendLen   int  // bytes of the message gathering at the tail, waiting for a credit
 	pendMore  bool // the pending bytes are a fragment: their Write goes on
-	filling   bool // a Write is copying into buffers without the lock
+	filling   bool // a Write is copying into the ring without the lock
 	finQueued bool // the fin waits behind pending data
 
 	sends    []ibv.SendWR // prepared, not yet posted
@@ -44,48 +117,60 @@ type sendRing struct {
 	draining bool         // the teardown owns the send queue: nothing more is posted
 }
 
-// newSendRing returns a ring of slots buffers of bufSize bytes at arena
-// offset off; ctrl is how many control messages may be in flight besides
-// (and a keepalive probe: see QPSendDepth).
-func newSendRing(slots, ctrl, bufSize, off int, base uint64, lkey uint32, maxInline int) sendRing {
+// newSendRing returns the send side of depth data messages in flight, with
+// the send ring at arena offset memOff and NIC address base; ctrl is how
+// many control messages may be in flight besides (and a keepalive probe:
+// see QPSendDepth).
+func newSendRing(depth, ctrl, memOff int, base uint64, lkey uint32, maxInline int) sendRing {
 	// Room for everything that can be queued at once, so appending never
 	// allocates.
-	n := slots + ctrl + 1
+	n := depth + ctrl + 1
 	return sendRing{
-		slots: slots, bufSize: bufSize, off: off, base: base, lkey: lkey, maxInline: maxInline,
+		depth: depth, memOff: memOff, base: base, lkey: lkey, maxInline: maxInline,
 		sends: make([]ibv.SendWR, 0, n),
 		spare: make([]ibv.SendWR, 0, n),
 	}
 }
 
-// free is how many send buffers are not in flight (the first may hold
-// pending bytes).
-func (r *sendRing) free() int { return r.slots - int(r.dataSeq-r.dataDone) }
+// open connects the send side to the peer's receive ring.
+func (r *sendRing) open(raddr uint64, rkey uint32, span, maxMsg, window int) {
+	r.raddr, r.rkey = raddr, rkey
+	r.ring.open(span, maxMsg, window)
+}
 
-// bufOff is the arena offset of the buffer that data message seq uses.
-func (r *sendRing) bufOff(seq uint32) int {
-	return r.off + int(seq%uint32(r.slots))*r.bufSize
+// free is how many more data messages the send queue takes.
+func (r *sendRing) free() int { return r.depth - int(r.dataSeq-r.dataDone) }
+
+// pendOff is the arena offset of the message at the tail (pending or
+// about to be).
+func (r *sendRing) pendOff() int {
+	return r.memOff + r.ring.offset(ringPlace(r.ring.tail, r.ring.span, r.ring.maxMsg))
 }
 
 // ctrlInFlight is how many control messages are posted and not known
 // complete.
 func (r *sendRing) ctrlInFlight() int { return int(r.ctrlSeq - r.ctrlDone) }
 
-// queue prepares a message: a data message whose n payload bytes are in the
-// next send buffer, or a control message (credit, fin), which has none.
+// queue prepares a message: a data message whose n payload bytes are at
+// the tail of the send ring (the caller checked the ring's room and the
+// send queue's), written to the same offset of the peer's ring, or a
+// control message (credit, fin), which has none.
 // finSent says the write side is shut (the fin is queued, or went):
 // every control message from then on is signaled, because Close waits for
 // all of them.
 func (r *sendRing) queue(h header, n int, finSent bool) {
-	var addr uint64
-	// Signal every half ring (so buffers come back while the rest are in
-	// flight) and whenever a ring becomes full (so a waiting writer is
-	// always woken).
+	var addr, raddr uint64
+	var rkey uint32
+	// Signal every half queue (so send queue entries come back while the
+	// rest are in flight) and whenever the queue's data share becomes full
+	// (so a waiting writer is always woken).
 	flags := 0
 	if h.typ == msgData || h.typ == msgDataMore {
-		addr = r.base + uint64(r.bufOff(r.dataSeq))
+		off := r.ring.sent(n)
+		addr, raddr, rkey = r.base+uint64(off), r.raddr+uint64(off), r.rkey
+		flags |= ibv.SendWriteImm
 		r.dataSeq++
-		if r.dataSeq-r.lastSig >= uint32(max(1, r.slots/2)) || r.free() == 0 {
+		if r.dataSeq-r.lastSig >= uint32(max(1, r.depth/2)) || r.free() == 0 {
 			flags |= ibv.SendSignaled
 		}
 	} else {
@@ -101,12 +186,14 @@ func (r *sendRing) queue(h header, n int, finSent bool) {
 		flags |= ibv.SendInline
 	}
 	r.sends = append(r.sends, ibv.SendWR{
-		ID:    sendWRID(r.dataSeq, r.ctrlSeq),
-		Addr:  addr,
-		Len:   uint32(n),
-		LKey:  r.lkey,
-		Flags: int32(flags),
-		Imm:   h.imm(),
+		ID:         sendWRID(r.dataSeq, r.ctrlSeq),
+		Addr:       addr,
+		Len:        uint32(n),
+		LKey:       r.lkey,
+		Flags:      int32(flags),
+		Imm:        h.imm(),
+		RemoteAddr: raddr,
+		RKey:       rkey,
 	})
 }
 

@@ -64,12 +64,23 @@ func (q *fakeQP) posted() []ibv.SendWR {
 }
 
 const (
-	testBase = 0x10000
-	testLKey = 77
+	testBase  = 0x10000
+	testLKey  = 77
+	testRAddr = 0x990000 // the peer's receive ring
+	testRKey  = 88
 )
 
+// testSendRing returns a send side of depth messages in flight whose ring
+// (of span bytes, messages of at most maxMsg) is at testBase, opened to a
+// peer that granted window data credits.
+func testSendRing(depth, span, maxMsg, window, maxInline int) sendRing {
+	r := newSendRing(depth, ctrlDepth+finSlots, 0, testBase, testLKey, maxInline)
+	r.open(testRAddr, testRKey, span, maxMsg, window)
+	return r
+}
+
 func TestSendRingQueueData(t *testing.T) {
-	r := newSendRing(4, ctrlDepth+finSlots, 1024, 8*1024, testBase, testLKey, 128)
+	r := testSendRing(4, 8192, 1024, 8, 128)
 	for i := range 4 {
 		require.Equal(t, 4-i, r.free())
 		r.queue(header{typ: msgData, credits: uint16(i)}, 100*(i+1), false)
@@ -77,8 +88,13 @@ func TestSendRingQueueData(t *testing.T) {
 	require.Zero(t, r.free())
 	wrs := r.take()
 	require.Len(t, wrs, 4)
+	off := 0
 	for i, wr := range wrs {
-		require.Equal(t, uint64(testBase+8*1024+i*1024), wr.Addr, "buffer %d", i)
+		require.Equal(t, uint64(testBase+off), wr.Addr, "message %d", i)
+		require.Equal(t, uint64(testRAddr+off), wr.RemoteAddr, "message %d: the same offset in the peer's ring", i)
+		require.Equal(t, uint32(testRKey), wr.RKey)
+		require.NotZero(t, wr.Flags&ibv.SendWriteImm, "data is an RDMA WRITE with immediate")
+		off += (100*(i+1) + 63) &^ 63
 		require.Equal(t, uint32(100*(i+1)), wr.Len)
 		require.Equal(t, uint32(testLKey), wr.LKey)
 		require.Equal(t, header{typ: msgData, credits: uint16(i)}, headerOf(wr.Imm))
@@ -88,24 +104,24 @@ func TestSendRingQueueData(t *testing.T) {
 	}
 	require.NotZero(t, wrs[0].Flags&ibv.SendInline, "100 bytes fit inline")
 	require.Zero(t, wrs[1].Flags&ibv.SendInline, "200 bytes do not")
-	// Signaled every half ring: the second and the fourth.
+	// Signaled every half queue: the second and the fourth.
 	sig := []bool{false, true, false, true}
 	for i, wr := range wrs {
 		require.Equal(t, sig[i], wr.Flags&ibv.SendSignaled != 0, "send %d", i)
 	}
 	require.Empty(t, r.sends, "take leaves an empty queue")
 
-	// The ring wraps: completions free the buffers, the fifth send reuses
-	// the first buffer.
+	// Completions free the send queue, not the ring: that takes the
+	// peer's credits. The fifth message follows the fourth in the ring.
 	r.completed(wrs[3].ID)
 	require.True(t, r.idle())
 	require.Equal(t, 4, r.free())
 	r.queue(header{typ: msgData}, 1, false)
-	require.Equal(t, uint64(testBase+8*1024), r.take()[0].Addr)
+	require.Equal(t, uint64(testBase+off), r.take()[0].Addr)
 }
 
 func TestSendRingQueueFullRingSignals(t *testing.T) {
-	r := newSendRing(8, ctrlDepth+finSlots, 1024, 0, testBase, testLKey, 0)
+	r := testSendRing(8, 1<<16, 1024, 16, 0)
 	for range 3 {
 		r.queue(header{typ: msgData}, 1, false)
 	}
@@ -117,11 +133,11 @@ func TestSendRingQueueFullRingSignals(t *testing.T) {
 	require.Equal(t, 1, r.free())
 	r.queue(header{typ: msgData}, 1, false)
 	wrs := r.take()
-	require.NotZero(t, wrs[len(wrs)-1].Flags&ibv.SendSignaled, "the send that fills the ring is signaled, so a waiting writer wakes")
+	require.NotZero(t, wrs[len(wrs)-1].Flags&ibv.SendSignaled, "the send that fills the queue is signaled, so a waiting writer wakes")
 }
 
 func TestSendRingControl(t *testing.T) {
-	r := newSendRing(4, ctrlDepth+finSlots, 1024, 0, testBase, testLKey, 64)
+	r := testSendRing(4, 1<<16, 1024, 16, 64)
 	r.queue(header{typ: msgCredit}, 0, false)
 	r.queue(header{typ: msgCredit}, 0, false)
 	r.queue(header{typ: msgFin}, 0, true)
@@ -134,7 +150,7 @@ func TestSendRingControl(t *testing.T) {
 	require.NotZero(t, wrs[3].Flags&ibv.SendSignaled, "everything after the fin: Close waits for it")
 	for _, wr := range wrs {
 		require.Zero(t, wr.Len, "control messages carry no payload")
-		require.Zero(t, wr.Flags&ibv.SendInline)
+		require.Zero(t, wr.Flags&(ibv.SendInline|ibv.SendWriteImm), "control messages are SENDs")
 	}
 	r.completed(wrs[1].ID)
 	require.Equal(t, 2, r.ctrlInFlight())
@@ -149,7 +165,7 @@ func TestSendRingControl(t *testing.T) {
 }
 
 func TestSendRingControlSequenceWraps(t *testing.T) {
-	r := newSendRing(4, ctrlDepth+finSlots, 1024, 0, testBase, testLKey, 0)
+	r := testSendRing(4, 1<<16, 1024, 16, 0)
 	// The id keeps 31 bits of the control sequence number.
 	r.ctrlSeq, r.ctrlDone = 1<<31-1, 1<<31-1
 	r.queue(header{typ: msgCredit}, 0, false)
@@ -161,7 +177,7 @@ func TestSendRingControlSequenceWraps(t *testing.T) {
 }
 
 func TestSendRingTakeDoubleBuffers(t *testing.T) {
-	r := newSendRing(4, ctrlDepth+finSlots, 1024, 0, testBase, testLKey, 0)
+	r := testSendRing(4, 1<<16, 1024, 16, 0)
 	r.queue(header{typ: msgData}, 1, false)
 	first := r.take()
 	r.queue(header{typ: msgCredit}, 0, false)
@@ -187,4 +203,72 @@ func TestPostChain(t *testing.T) {
 	q = &fakeQP{sendErr: fail}
 	require.ErrorIs(t, postChain(q, wrs), fail)
 	require.NoError(t, postChain(q, nil))
+}
+
+// The placement rule at the sender: where messages go, when the ring's
+// end makes one start over at 0, and how the credits' FIFO of message
+// ends frees ring bytes.
+func TestRingTxPlacementAndRoom(t *testing.T) {
+	var r ringTx
+	r.open(1024, 300, 4)
+	require.Equal(t, 300, r.room(), "an empty ring has room for a largest message")
+	require.Zero(t, r.sent(300))
+	require.Equal(t, 320, r.sent(300), "messages take whole 64-byte units")
+	require.Equal(t, 640, r.sent(100))
+	require.Equal(t, uint64(768), r.tail)
+
+	// 768 + 300 > 1024: the next message starts at 0 (running count
+	// 1024) whatever its length, and nothing is consumed yet.
+	start, room := r.at(r.tail, r.acked)
+	require.Equal(t, uint64(1024), start)
+	require.Zero(t, room, "the ring is full of bytes the peer has not read")
+
+	r.ack(1) // the peer consumed the first message
+	require.Equal(t, uint64(320), r.acked)
+	require.Equal(t, 300, r.room())
+	require.Zero(t, r.sent(10), "placed at the ring's start")
+	require.Equal(t, uint64(1088), r.tail)
+	start, room = r.at(r.tail, r.acked)
+	require.Equal(t, uint64(1088), start)
+	require.Equal(t, 256, room, "up to the second message, which is unread")
+
+	r.ack(3)
+	require.Equal(t, uint64(1088), r.acked, "every credit back: the ring is empty")
+	require.Equal(t, 300, r.room())
+	require.Zero(t, r.n)
+	r.ack(1)
+	require.Equal(t, uint64(1088), r.acked, "no message outstanding: nothing to free")
+}
+
+// Wherever the tail is, an empty ring has room for a largest message: a
+// writer that waits for room never waits for nothing.
+func TestRingTxEmptyRingHasRoom(t *testing.T) {
+	for _, g := range []struct{ span, maxMsg int }{{1024, 512}, {1024, 500}, {576, 288}, {4096, 1}, {131072, 65536}} {
+		var r ringTx
+		r.open(g.span, g.maxMsg, 1)
+		for t0 := 0; t0 < 3*g.span; t0 += ringAlign {
+			r.tail, r.acked = uint64(t0), uint64(t0)
+			start, room := r.at(r.tail, r.acked)
+			require.Equal(t, g.maxMsg, room, "span %d, max %d, tail %d", g.span, g.maxMsg, t0)
+			require.LessOrEqual(t, r.offset(start)+g.maxMsg, g.span, "a message never crosses the ring's end")
+		}
+	}
+}
+
+// A peer that grants more receives than the ring has 64-byte units gets
+// no more FIFO entries than messages that can be outstanding: each takes
+// 64 bytes of ring at least.
+func TestRingTxFIFOBoundedByRing(t *testing.T) {
+	var r ringTx
+	r.open(1024, 64, 0xffff)
+	require.Len(t, r.ends, 16)
+	for i := range 16 {
+		_, room := r.at(r.tail, r.acked)
+		require.Positive(t, room, "message %d", i)
+		r.sent(1)
+	}
+	_, room := r.at(r.tail, r.acked)
+	require.Zero(t, room, "sixteen one-byte messages fill a 1 KiB ring")
+	r.ack(16)
+	require.Equal(t, r.tail, r.acked)
 }

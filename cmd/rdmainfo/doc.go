@@ -21,7 +21,8 @@
 // 5 reserved for credits and the fin, sends, 5 control sends, 1 spare):
 // one process's connections share CQs of at most max_cqe entries, as many
 // as needed up to the device's max_cq; each also takes one of the device's
-// max_qp queue pairs and one of its max_mr memory regions. Both figures are
+// max_qp queue pairs and two of its max_mr memory regions (and a protection
+// domain of its own). Both figures are
 // per process.
 //
 // The exit status is 0 when some port is ACTIVE, 1 when no device has an
@@ -40,8 +41,8 @@
 //	      "node_guid": "3cf9:ebff:fe8b:de84",
 //	      "firmware": "0.0.0",
 //	      "max_qp": 1048560, "max_qp_wr": 1048576, "max_cq": 16384, "max_cqe": 32767,
-//	      "max_mr": 524287, "max_mr_size": 18446744073709551615,
-//	      "connections": 262144,      // connection ends of one process that fit: min(max_cq × ⌊max_cqe / cq_entries⌋, max_qp, max_mr)
+//	      "max_mr": 524287, "max_pd": 1048576, "max_mr_size": 18446744073709551615,
+//	      "connections": 262143,      // connection ends of one process that fit: min(max_cq × ⌊max_cqe / cq_entries⌋, max_qp, ⌊max_mr / 2⌋, max_pd)
 //	      "ports": [
 //	        {
 //	          "port": 1,

@@ -31,8 +31,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	fs.BoolVar(&asJSON, "json", false, "print one JSON document (its schema: go doc github.com/goverbs/rdma/cmd/rdmainfo)")
 	fs.IntVar(&opts.BufferSize, "buffer", 0, "Options.BufferSize in bytes (0: library default)")
-	fs.IntVar(&opts.SendDepth, "send-depth", 0, "Options.SendDepth, send buffers per connection (0: library default)")
-	fs.IntVar(&opts.RecvDepth, "recv-depth", 0, "Options.RecvDepth, receive buffers per connection (0: library default)")
+	fs.IntVar(&opts.SendDepth, "send-depth", 0, "Options.SendDepth, data messages in flight per connection (0: library default)")
+	fs.IntVar(&opts.RecvDepth, "recv-depth", 0, "Options.RecvDepth, receives posted per connection (0: library default)")
 	fs.IntVar(&opts.SendDepth, "sdepth", 0, "alias of -send-depth (rdmaperf)")
 	fs.IntVar(&opts.RecvDepth, "rdepth", 0, "alias of -recv-depth (rdmaperf)")
 	fs.Usage = func() {
@@ -106,7 +106,7 @@ func device(d ibv.DeviceInfo, cqEntries int) Device {
 	out.VendorID, out.VendorPartID = d.VendorID, d.VendorPartID
 	out.NodeGUID = formatGUID(d.NodeGUID)
 	out.Firmware = d.FWVersion
-	out.MaxQP, out.MaxQPWR, out.MaxCQ, out.MaxCQE, out.MaxMR, out.MaxMRSize = d.MaxQP, d.MaxQPWR, d.MaxCQ, d.MaxCQE, d.MaxMR, d.MaxMRSize
+	out.MaxQP, out.MaxQPWR, out.MaxCQ, out.MaxCQE, out.MaxMR, out.MaxPD, out.MaxMRSize = d.MaxQP, d.MaxQPWR, d.MaxCQ, d.MaxCQE, d.MaxMR, d.MaxPD, d.MaxMRSize
 	out.Connections, _ = deviceFit(out, cqEntries)
 	for _, p := range d.Ports {
 		out.Ports = append(out.Ports, port(p))

@@ -122,11 +122,13 @@ func TestDeviceJSON(t *testing.T) {
 	require.Positive(t, d.MaxCQ)
 	require.Positive(t, d.MaxMR)
 
-	require.Equal(t, OptionsInfo{BufferSize: 4096, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 45 * 4096, CQEntries: 51}, r.Options)
+	// Two rings of two 4 KiB messages; the depths cost no memory.
+	require.Equal(t, OptionsInfo{BufferSize: 4096, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 4 * 4096, CQEntries: 51}, r.Options)
 	mem, err := testOpts.RegisteredMemory()
 	require.NoError(t, err)
 	require.Equal(t, mem, r.Options.RegisteredBytes)
-	require.Equal(t, min(d.MaxCQ*(d.MaxCQE/51), d.MaxQP, d.MaxMR), d.Connections)
+	require.Positive(t, d.MaxPD)
+	require.Equal(t, min(d.MaxCQ*(d.MaxCQE/51), d.MaxQP, d.MaxMR/2, d.MaxPD), d.Connections)
 
 	// The test bed runs as root with ulimit -l unlimited.
 	if os.Geteuid() == 0 {
@@ -177,7 +179,7 @@ func dialUntilRefused(addr string) {
 
 // TestDeviceUnprivileged: as user nobody with an 8 MiB limit (as a service
 // without LimitMEMLOCK meets it), the limit is finite, the capability
-// absent, 3 connection ends of 2368 KiB fit, and the text advises raising
+// absent, 32 connection ends of 256 KiB fit, and the text advises raising
 // it; and a process under that limit does dial 3 connections, the 4th
 // failing for locked memory.
 func TestDeviceUnprivileged(t *testing.T) {
@@ -209,14 +211,14 @@ func TestDeviceUnprivileged(t *testing.T) {
 	r := decode(t, doc)
 	_, p, _ := testPort(t, r)
 	require.Equal(t, "ACTIVE", p.State)
-	require.Equal(t, Memlock{Soft: Limit{N: limit}, Hard: Limit{N: limit}, Connections: Limit{N: 3}}, r.Memlock)
+	require.Equal(t, Memlock{Soft: Limit{N: limit}, Hard: Limit{N: limit}, Connections: Limit{N: 32}}, r.Memlock)
 
 	text := string(child("RDMAINFO_TEST_MAIN=1"))
 	t.Logf("rdmainfo as nobody:\n%s", text)
 	require.Contains(t, text, "soft 8 MiB, hard 8 MiB; CAP_IPC_LOCK no")
-	require.Contains(t, text, "3 within memlock")
+	require.Contains(t, text, "32 within memlock")
 	require.Contains(t, text, "raise the memlock limit: ulimit -l unlimited, or LimitMEMLOCK=infinity for a systemd service; "+
-		"each connection registers 2368 KiB with these Options")
+		"each connection registers 256 KiB with these Options")
 
 	// What the figure promises holds: 3 connections, then ENOMEM.
 	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))

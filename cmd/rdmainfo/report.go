@@ -36,6 +36,7 @@ type Device struct {
 	MaxCQ        int    `json:"max_cq"`
 	MaxCQE       int    `json:"max_cqe"`
 	MaxMR        int    `json:"max_mr"`
+	MaxPD        int    `json:"max_pd"`
 	MaxMRSize    uint64 `json:"max_mr_size"`
 	Connections  int    `json:"connections"`
 	Ports        []Port `json:"ports"`
@@ -161,8 +162,10 @@ func memlockFit(soft Limit, capIPCLock bool, perConn int) Limit {
 // deviceFit is how many connection ends of one process a device holds, and
 // the device limit that binds: each takes CQ entries (a process's
 // connections share CQs of at most max_cqe entries each, and the device
-// has at most max_cq of them), one QP of max_qp and one memory region of
-// max_mr.
+// has at most max_cq of them), one QP of max_qp, two memory regions of
+// max_mr (its receive ring and its send ring) and one protection domain of
+// max_pd (its own, so that no other connection's peer can use its ring's
+// key).
 func deviceFit(d Device, cqEntries int) (int, string) {
 	if cqEntries <= 0 || cqEntries > d.MaxCQE {
 		return 0, "max_cqe"
@@ -171,8 +174,11 @@ func deviceFit(d Device, cqEntries int) (int, string) {
 	if d.MaxQP < n {
 		n, bound = d.MaxQP, "max_qp"
 	}
-	if d.MaxMR < n {
-		n, bound = d.MaxMR, "max_mr"
+	if d.MaxMR/2 < n {
+		n, bound = d.MaxMR/2, "max_mr"
+	}
+	if d.MaxPD < n {
+		n, bound = d.MaxPD, "max_pd"
 	}
 	return max(0, n), bound
 }

@@ -23,12 +23,13 @@ func TestPerConnection(t *testing.T) {
 		want OptionsInfo
 	}{
 		{"defaults", rdma.Options{},
-			OptionsInfo{BufferSize: 64 << 10, SendDepth: 16, RecvDepth: 16, RegisteredBytes: 37 * 64 << 10, CQEntries: 43}},
+			OptionsInfo{BufferSize: 64 << 10, SendDepth: 16, RecvDepth: 16, RegisteredBytes: 256 << 10, CQEntries: 43}},
+		// Two rings of two messages each; the depths cost no memory.
 		{"small", rdma.Options{BufferSize: 4096, SendDepth: 8, RecvDepth: 32},
-			OptionsInfo{BufferSize: 4096, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 45 * 4096, CQEntries: 51}},
-		// 45 × 1000 bytes, rounded up to whole pages.
+			OptionsInfo{BufferSize: 4096, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 4 * 4096, CQEntries: 51}},
+		// Rings of 2 × 1000 bytes, rounded up to whole pages.
 		{"odd size", rdma.Options{BufferSize: 1000, SendDepth: 8, RecvDepth: 32},
-			OptionsInfo{BufferSize: 1000, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 11 * 4096, CQEntries: 51}},
+			OptionsInfo{BufferSize: 1000, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 2 * 4096, CQEntries: 51}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := perConnection(tc.opts)
@@ -44,18 +45,18 @@ func TestPerConnection(t *testing.T) {
 }
 
 func TestMemlockFit(t *testing.T) {
-	const perConn = 37 * 64 << 10 // the defaults: 2368 KiB
+	const perConn = 256 << 10 // the defaults: two rings of 128 KiB
 	for _, tc := range []struct {
 		name string
 		soft Limit
 		cap  bool
 		want Limit
 	}{
-		{"8 MiB", Limit{N: 8 << 20}, false, Limit{N: 3}},
+		{"8 MiB", Limit{N: 8 << 20}, false, Limit{N: 32}},
 		{"exactly two", Limit{N: 2 * perConn}, false, Limit{N: 2}},
 		{"one byte short of two", Limit{N: 2*perConn - 1}, false, Limit{N: 1}},
-		{"256 KiB", Limit{N: 256 << 10}, false, Limit{N: 0}},
-		{"64 GiB", Limit{N: 64 << 30}, false, Limit{N: 28339}},
+		{"128 KiB", Limit{N: 128 << 10}, false, Limit{N: 0}},
+		{"64 GiB", Limit{N: 64 << 30}, false, Limit{N: 262144}},
 		{"unlimited", unlimited, false, unlimited},
 		{"CAP_IPC_LOCK", Limit{N: 64 << 10}, true, unlimited},
 	} {
@@ -66,18 +67,20 @@ func TestMemlockFit(t *testing.T) {
 }
 
 func TestDeviceFit(t *testing.T) {
-	rxe := Device{MaxCQ: 16384, MaxCQE: 32767, MaxQP: 1048560, MaxMR: 262144}
+	rxe := Device{MaxCQ: 16384, MaxCQE: 32767, MaxQP: 1048560, MaxMR: 262144, MaxPD: 1048576}
 	fit := func(d Device, cqe int) string {
 		n, bound := deviceFit(d, cqe)
 		return fmt.Sprintf("%d %s", n, bound)
 	}
-	require.Equal(t, "262144 max_mr", fit(rxe, 43)) // rxe, the defaults
+	require.Equal(t, "131072 max_mr", fit(rxe, 43)) // rxe, the defaults: two regions per connection
 	few := rxe
 	few.MaxCQ = 2
 	require.Equal(t, "1524 max_cq × max_cqe", fit(few, 43))
 	few.MaxQP = 100
 	require.Equal(t, "100 max_qp", fit(few, 43))
 	require.Equal(t, "0 max_cqe", fit(Device{MaxCQ: 4, MaxCQE: 40, MaxQP: 100, MaxMR: 100}, 43))
+	require.Equal(t, "50 max_mr", fit(Device{MaxCQ: 4, MaxCQE: 4000, MaxQP: 100, MaxMR: 100, MaxPD: 100}, 43))
+	require.Equal(t, "30 max_pd", fit(Device{MaxCQ: 4, MaxCQE: 4000, MaxQP: 100, MaxMR: 100, MaxPD: 30}, 43))
 	require.Equal(t, "0 max_cqe", fit(rxe, 0))
 }
 
@@ -118,7 +121,7 @@ func TestGID(t *testing.T) {
 
 func TestBytesIEC(t *testing.T) {
 	for n, want := range map[uint64]string{
-		0: "0 B", 1000: "1000 B", 64 << 10: "64 KiB", 37 * 64 << 10: "2368 KiB", 8 << 20: "8 MiB",
+		0: "0 B", 1000: "1000 B", 64 << 10: "64 KiB", 37 * 64 << 10: "2368 KiB", 256 << 10: "256 KiB", 8 << 20: "8 MiB",
 		1_000_000: "976.6 KiB", 1<<64 - 1: "16.0 EiB", 3 << 30: "3 GiB", 3<<30 + 512<<20: "3584 MiB",
 	} {
 		require.Equal(t, want, bytesIEC(n), "%d", n)
@@ -131,8 +134,8 @@ func testReport(soft Limit, capIPCLock bool) *Report {
 	return &Report{
 		Devices: []Device{{
 			Name: "rxe0", NodeType: "InfiniBand channel adapter", VendorID: 0xffffff, NodeGUID: "5054:00ff:fe12:3456",
-			MaxQP: 1048560, MaxQPWR: 1048576, MaxCQ: 16384, MaxCQE: 32767, MaxMR: 262144, MaxMRSize: 1<<64 - 1,
-			Connections: 262144,
+			MaxQP: 1048560, MaxQPWR: 1048576, MaxCQ: 16384, MaxCQE: 32767, MaxMR: 262144, MaxPD: 1048576, MaxMRSize: 1<<64 - 1,
+			Connections: 131072,
 			Ports: []Port{{
 				Port: 1, State: "ACTIVE", PhysState: "LINK_UP", LinkLayer: "Ethernet", ActiveMTU: 1024, MaxMTU: 4096,
 				ActiveWidth: "1X", ActiveSpeed: "2.5 Gbps",
@@ -155,11 +158,11 @@ func TestText(t *testing.T) {
 		fit     string
 		advised bool
 	}{
-		{"root", unlimited, true, "unlimited within memlock, 262144 within rxe0's max_mr", false},
-		{"8 MiB", Limit{N: 8 << 20}, false, "3 within memlock, 262144 within rxe0's max_mr", true},
+		{"root", unlimited, true, "unlimited within memlock, 131072 within rxe0's max_mr", false},
+		{"8 MiB", Limit{N: 8 << 20}, false, "32 within memlock, 131072 within rxe0's max_mr", true},
 		{"8 MiB with CAP_IPC_LOCK", Limit{N: 8 << 20}, true, "unlimited within memlock", false},
-		{"enough", Limit{N: 1 << 40}, false, "453438 within memlock", false},
-		{"less than the device holds", Limit{N: 64 << 30}, false, "28339 within memlock", true},
+		{"enough", Limit{N: 1 << 40}, false, "4194304 within memlock", false},
+		{"less than the device holds", Limit{N: 16 << 30}, false, "65536 within memlock", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var b bytes.Buffer
@@ -169,7 +172,7 @@ func TestText(t *testing.T) {
 			require.Contains(t, out, "  port 1: ACTIVE (LINK_UP), Ethernet, MTU 1024 (max 4096), 1X 2.5 Gbps\n")
 			require.Contains(t, out, tc.fit)
 			advice := "raise the memlock limit: ulimit -l unlimited, or LimitMEMLOCK=infinity for a systemd service; " +
-				"each connection registers 2368 KiB with these Options"
+				"each connection registers 256 KiB with these Options"
 			require.Equal(t, tc.advised, strings.Contains(out, advice))
 			// The GID columns line up.
 			var cols []int

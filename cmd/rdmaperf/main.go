@@ -155,8 +155,8 @@ func parseArgs(args []string, out io.Writer) (*config, error) {
 	fs.BoolVar(&cfg.stats, "stats", false, "rdma client: print the connections' counters (Conn.Stats) summed, and the devices' totals")
 	fs.BoolVar(&cfg.messages, "messages", false, "rdma: message-oriented Reads at both ends (Options.Messages): every Write travels as a message of its own, never gathered with others; a rate test then reports workload rate-msg")
 	fs.IntVar(&cfg.bufSize, "buffer", 0, "rdma: per-connection buffer size in bytes (0: library default)")
-	fs.IntVar(&cfg.sdepth, "sdepth", 0, "rdma: send buffers per connection (0: library default)")
-	fs.IntVar(&cfg.rdepth, "rdepth", 0, "rdma: receive buffers per connection (0: library default)")
+	fs.IntVar(&cfg.sdepth, "sdepth", 0, "rdma: data messages in flight per connection (0: library default)")
+	fs.IntVar(&cfg.rdepth, "rdepth", 0, "rdma: receives posted per connection (0: library default)")
 	poll := fs.String("poll", "adaptive", "rdma: how a waiting Read/Write learns of completions: adaptive (spin, then park), busy (spin) or event (park)")
 	fs.DurationVar(&cfg.spin, "spin", 0, "rdma: with -poll adaptive, how long a waiting Read/Write polls before it parks (0: library default, 50µs, longer while recent waits were short)")
 	// iperf3's names for the same settings, for its users' fingers.

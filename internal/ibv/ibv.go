@@ -29,8 +29,10 @@ package ibv
 #define GV_MAX_POLL 32
 #define GV_MAX_SEND 32
 #define GV_MAX_RECV 64
-// Not an ibv_send_flags bit: a zero-length RDMA WRITE instead of the SEND.
+// Not ibv_send_flags bits: a zero-length RDMA WRITE instead of the SEND,
+// and an RDMA WRITE with immediate data instead of the SEND.
 #define GV_EMPTY_WRITE (1 << 30)
+#define GV_WRITE_IMM (1 << 29)
 
 // gv_wc is the part of ibv_wc the Go side reads; its layout is mirrored by
 // the Go type WC.
@@ -88,7 +90,7 @@ static int gv_post_recvs(uintptr_t qpp, int n, const struct gv_recv *in) {
 		sge[i].lkey = in[i].lkey;
 		wr[i].wr_id = in[i].wr_id;
 		wr[i].sg_list = &sge[i];
-		wr[i].num_sge = 1;
+		wr[i].num_sge = in[i].length ? 1 : 0;
 		wr[i].next = i + 1 < n ? &wr[i + 1] : NULL;
 	}
 	return ibv_post_recv(qp, wr, &bad);
@@ -102,13 +104,17 @@ struct gv_send {
 	uint32_t lkey;
 	int32_t flags;
 	uint32_t imm; // host order
+	uint64_t remote_addr; // GV_WRITE_IMM: where in the peer's region of rkey
+	uint32_t rkey;
 };
 
 // gv_post_sends posts n SENDs with immediate data as one chain (one
 // doorbell, one system call on providers that need one); a zero length
 // sends no payload. A send flagged GV_EMPTY_WRITE is a zero-length RDMA
 // WRITE instead: no memory is read or written at either end, so it needs
-// no rkey. Returns 0 or an errno value.
+// no rkey. One flagged GV_WRITE_IMM is an RDMA WRITE with immediate data
+// to remote_addr under rkey: the payload lands there and the immediate
+// consumes one of the peer's receives. Returns 0 or an errno value.
 static int gv_post_sends(uintptr_t qpp, int n, const struct gv_send *in) {
 	struct ibv_qp *qp = (struct ibv_qp *)qpp;
 	struct ibv_send_wr wr[GV_MAX_SEND], *bad;
@@ -127,6 +133,12 @@ static int gv_post_sends(uintptr_t qpp, int n, const struct gv_send *in) {
 			wr[i].opcode = IBV_WR_RDMA_WRITE;
 			wr[i].num_sge = 0;
 			wr[i].send_flags = in[i].flags & ~GV_EMPTY_WRITE;
+		} else if (in[i].flags & GV_WRITE_IMM) {
+			wr[i].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+			wr[i].imm_data = htonl(in[i].imm);
+			wr[i].send_flags = in[i].flags & ~GV_WRITE_IMM;
+			wr[i].wr.rdma.remote_addr = in[i].remote_addr;
+			wr[i].wr.rdma.rkey = in[i].rkey;
 		} else {
 			wr[i].opcode = IBV_WR_SEND_WITH_IMM;
 			wr[i].imm_data = htonl(in[i].imm);
@@ -137,11 +149,13 @@ static int gv_post_sends(uintptr_t qpp, int n, const struct gv_send *in) {
 	return ibv_post_send(qp, wr, &bad);
 }
 
-// gv_post_write posts one RDMA WRITE of length bytes from addr (under
-// lkey) to raddr in the peer's region of rkey; a zero length writes
-// nothing. Returns 0 or an errno value.
-static int gv_post_write(uintptr_t qpp, uint64_t wr_id, uint64_t addr, uint32_t length, uint32_t lkey,
-                         uint64_t raddr, uint32_t rkey, int flags) {
+// gv_post_rdma posts one RDMA operation of the peer's memory at raddr in
+// its region of rkey: a WRITE of length bytes from addr (under lkey; a
+// zero length writes nothing), a READ of length bytes into addr, or an
+// atomic fetch-and-add of add to the 8 bytes there, whose old value lands
+// in addr. Returns 0 or an errno value.
+static int gv_post_rdma(uintptr_t qpp, int opcode, uint64_t wr_id, uint64_t addr, uint32_t length, uint32_t lkey,
+                        uint64_t raddr, uint32_t rkey, int flags, uint64_t add) {
 	struct ibv_qp *qp = (struct ibv_qp *)qpp;
 	struct ibv_send_wr wr, *bad;
 	struct ibv_sge sge;
@@ -152,10 +166,16 @@ static int gv_post_write(uintptr_t qpp, uint64_t wr_id, uint64_t addr, uint32_t 
 	wr.wr_id = wr_id;
 	wr.sg_list = &sge;
 	wr.num_sge = length ? 1 : 0;
-	wr.opcode = IBV_WR_RDMA_WRITE;
+	wr.opcode = opcode;
 	wr.send_flags = flags;
-	wr.wr.rdma.remote_addr = raddr;
-	wr.wr.rdma.rkey = rkey;
+	if (opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+		wr.wr.atomic.remote_addr = raddr;
+		wr.wr.atomic.rkey = rkey;
+		wr.wr.atomic.compare_add = add;
+	} else {
+		wr.wr.rdma.remote_addr = raddr;
+		wr.wr.rdma.rkey = rkey;
+	}
 	return ibv_post_send(qp, &wr, &bad);
 }
 
@@ -258,6 +278,12 @@ var (
 	_ [C.IBV_SEND_INLINE - SendInline]struct{}
 	_ [SendEmptyWrite - C.GV_EMPTY_WRITE]struct{}
 	_ [C.GV_EMPTY_WRITE - SendEmptyWrite]struct{}
+	_ [SendWriteImm - C.GV_WRITE_IMM]struct{}
+	_ [C.GV_WRITE_IMM - SendWriteImm]struct{}
+	_ [WCOpRecv - C.IBV_WC_RECV]struct{}
+	_ [C.IBV_WC_RECV - WCOpRecv]struct{}
+	_ [WCOpRecvWriteImm - C.IBV_WC_RECV_RDMA_WITH_IMM]struct{}
+	_ [C.IBV_WC_RECV_RDMA_WITH_IMM - WCOpRecvWriteImm]struct{}
 	_ [EventCQErr - C.IBV_EVENT_CQ_ERR]struct{}
 	_ [C.IBV_EVENT_CQ_ERR - EventCQErr]struct{}
 	_ [EventQPFatal - C.IBV_EVENT_QP_FATAL]struct{}
@@ -407,21 +433,33 @@ func (pd *PD) Dealloc() error {
 	return nil
 }
 
-// MR is a memory region registered for local access only: no peer can read
-// or write it.
+// MR is a registered memory region: for local access only (RegMR), or
+// writable by the peers of QPs in the same PD too (RegMRRemoteWrite).
 type MR struct {
 	m    *C.struct_ibv_mr
 	LKey uint32
+	RKey uint32 // the key a peer names the region by; useless to it without remote access
 }
 
 // RegMR registers mem, which must not be Go heap memory (C keeps pointers
-// into it), with IBV_ACCESS_LOCAL_WRITE only.
+// into it), with IBV_ACCESS_LOCAL_WRITE only: no peer can read or write it.
 func (pd *PD) RegMR(mem []byte) (*MR, error) {
-	m, err := C.ibv_reg_mr(pd.p, unsafe.Pointer(unsafe.SliceData(mem)), C.size_t(len(mem)), C.IBV_ACCESS_LOCAL_WRITE)
+	return pd.regMR(mem, C.IBV_ACCESS_LOCAL_WRITE)
+}
+
+// RegMRRemoteWrite registers mem like RegMR, and lets the peers of QPs in
+// this PD write it with RDMA WRITE (never read it: no remote read or
+// atomic access).
+func (pd *PD) RegMRRemoteWrite(mem []byte) (*MR, error) {
+	return pd.regMR(mem, C.IBV_ACCESS_LOCAL_WRITE|C.IBV_ACCESS_REMOTE_WRITE)
+}
+
+func (pd *PD) regMR(mem []byte, access C.int) (*MR, error) {
+	m, err := C.ibv_reg_mr(pd.p, unsafe.Pointer(unsafe.SliceData(mem)), C.size_t(len(mem)), access)
 	if m == nil {
 		return nil, os.NewSyscallError("ibv_reg_mr", errnoOr(err))
 	}
-	return &MR{m: m, LKey: uint32(m.lkey)}, nil
+	return &MR{m: m, LKey: uint32(m.lkey), RKey: uint32(m.rkey)}, nil
 }
 
 // Dereg deregisters the region (ibv_dereg_mr).
@@ -560,7 +598,8 @@ func QPFrom(p unsafe.Pointer) *QP {
 	return &QP{qp: q, Num: uint32(q.qp_num)}
 }
 
-// PostSends posts up to MaxSendBatch SENDs as one chain (ibv_post_send).
+// PostSends posts up to MaxSendBatch SENDs (or RDMA WRITEs, see SendWR)
+// as one chain (ibv_post_send).
 func (qp *QP) PostSends(wrs []SendWR) error {
 	if len(wrs) == 0 {
 		return nil
@@ -574,10 +613,25 @@ func (qp *QP) PostSends(wrs []SendWR) error {
 
 // PostWrite posts one RDMA WRITE (ibv_post_send). The peer's region must
 // allow remote writes, or the peer's NIC refuses it (a remote access
-// error); this package registers none that do (see RegMR).
-func (qp *QP) PostWrite(wr WriteWR) error {
-	r := C.gv_post_write(C.uintptr_t(uintptr(unsafe.Pointer(qp.qp))), C.uint64_t(wr.ID), C.uint64_t(wr.Addr),
-		C.uint32_t(wr.Len), C.uint32_t(wr.LKey), C.uint64_t(wr.RemoteAddr), C.uint32_t(wr.RKey), C.int(wr.Flags))
+// error; see RegMRRemoteWrite).
+func (qp *QP) PostWrite(wr WriteWR) error { return qp.postRDMA(C.IBV_WR_RDMA_WRITE, wr, 0) }
+
+// PostRead posts one RDMA READ of Len bytes at RemoteAddr into Addr. The
+// peer's region must allow remote reads; this package registers none
+// that do.
+func (qp *QP) PostRead(wr WriteWR) error { return qp.postRDMA(C.IBV_WR_RDMA_READ, wr, 0) }
+
+// PostFetchAdd posts one atomic fetch-and-add of add to the 8 bytes at
+// RemoteAddr (8-byte aligned), their old value landing at Addr (Len 8).
+// The peer's region must allow remote atomics; this package registers
+// none that do.
+func (qp *QP) PostFetchAdd(wr WriteWR, add uint64) error {
+	return qp.postRDMA(C.IBV_WR_ATOMIC_FETCH_AND_ADD, wr, add)
+}
+
+func (qp *QP) postRDMA(op C.int, wr WriteWR, add uint64) error {
+	r := C.gv_post_rdma(C.uintptr_t(uintptr(unsafe.Pointer(qp.qp))), op, C.uint64_t(wr.ID), C.uint64_t(wr.Addr),
+		C.uint32_t(wr.Len), C.uint32_t(wr.LKey), C.uint64_t(wr.RemoteAddr), C.uint32_t(wr.RKey), C.int(wr.Flags), C.uint64_t(add))
 	if r != 0 {
 		return os.NewSyscallError("ibv_post_send", syscall.Errno(r))
 	}

@@ -15,6 +15,11 @@ const (
 	// peer's NIC acknowledges it without touching memory or consuming a
 	// receive, which makes it a keepalive probe.
 	SendEmptyWrite = 1 << 30
+	// SendWriteImm is this package's own flag too: post an RDMA WRITE
+	// with immediate data to SendWR.RemoteAddr under SendWR.RKey instead
+	// of the SEND. The payload lands in the peer's memory and the
+	// immediate data consumes one of its receives.
+	SendWriteImm = 1 << 29
 )
 
 // Completion statuses and flags the library distinguishes.
@@ -23,6 +28,12 @@ const (
 	WCFlushErr    = 5      // IBV_WC_WR_FLUSH_ERR
 	WCRetryExcErr = 12     // IBV_WC_RETRY_EXC_ERR
 	WCWithImm     = 1 << 1 // IBV_WC_WITH_IMM, in WC.Flags
+)
+
+// Opcodes of receive completions (enum ibv_wc_opcode), in WC.Opcode.
+const (
+	WCOpRecv         = 1 << 7       // IBV_WC_RECV: a SEND consumed the receive
+	WCOpRecvWriteImm = WCOpRecv + 1 // IBV_WC_RECV_RDMA_WITH_IMM: an RDMA WRITE with immediate data did
 )
 
 // WC is one work completion; its layout mirrors struct gv_wc.
@@ -36,7 +47,10 @@ type WC struct {
 	Flags   uint32
 }
 
-// RecvWR is one receive to post; its layout mirrors struct gv_recv.
+// RecvWR is one receive to post; its layout mirrors struct gv_recv. Len 0
+// posts a receive without a scatter entry: it takes the immediate data of
+// a SEND without payload or of an RDMA WRITE with immediate data, whose
+// payload goes where the writer put it.
 type RecvWR struct {
 	ID   uint64
 	Addr uint64
@@ -45,15 +59,18 @@ type RecvWR struct {
 }
 
 // SendWR is one SEND with immediate data to post (or, with
-// SendEmptyWrite, a zero-length RDMA WRITE); its layout mirrors struct
-// gv_send. Len 0 sends no payload.
+// SendEmptyWrite, a zero-length RDMA WRITE; with SendWriteImm, an RDMA
+// WRITE with immediate data to RemoteAddr under RKey); its layout mirrors
+// struct gv_send. Len 0 sends no payload.
 type SendWR struct {
-	ID    uint64
-	Addr  uint64
-	Len   uint32
-	LKey  uint32
-	Flags int32
-	Imm   uint32 // host order
+	ID         uint64
+	Addr       uint64
+	Len        uint32
+	LKey       uint32
+	Flags      int32
+	Imm        uint32 // host order
+	RemoteAddr uint64 // SendWriteImm only
+	RKey       uint32 // SendWriteImm only
 }
 
 // WriteWR is one RDMA WRITE to post (QP.PostWrite): Len bytes from Addr,

@@ -128,7 +128,9 @@ static int gv_connect(struct rdma_cm_id *id, const void *pd, uint8_t pdlen, int 
 	p.private_data = pd;
 	p.private_data_len = pdlen;
 	p.qp_num = qp_num;
-	// SEND/RECV only: no RDMA READ/atomic resources are needed.
+	// SENDs and RDMA WRITEs only: no RDMA READ/atomic resources are
+	// needed, and none are granted, so the QP refuses a peer's READ or
+	// atomic whatever memory it names.
 	p.responder_resources = 0;
 	p.initiator_depth = 0;
 	// Both QPs take the dialer's retry count: the most a hardware NIC
@@ -166,6 +168,74 @@ static int gv_create_qp(struct rdma_cm_id *id, void *pd, void *cq, uint32_t send
 			return -1;
 	}
 	*max_inline = a.cap.max_inline_data;
+	return 0;
+}
+
+// gv_create_own_qp creates an RC QP that is not the id's, so librdmacm
+// leaves its states to the caller, and moves it to INIT. Returns NULL with
+// errno on failure.
+static struct ibv_qp *gv_create_own_qp(struct rdma_cm_id *id, void *pd, void *cq, uint32_t send_wr, uint32_t recv_wr) {
+	struct ibv_qp_init_attr a;
+	memset(&a, 0, sizeof(a));
+	a.send_cq = cq;
+	a.recv_cq = cq;
+	a.qp_type = IBV_QPT_RC;
+	a.cap.max_send_wr = send_wr;
+	a.cap.max_recv_wr = recv_wr;
+	a.cap.max_send_sge = 1;
+	a.cap.max_recv_sge = 1;
+	struct ibv_qp *qp = ibv_create_qp(pd, &a);
+	if (!qp)
+		return NULL;
+	struct ibv_qp_attr attr;
+	int mask, r;
+	memset(&attr, 0, sizeof(attr));
+	attr.qp_state = IBV_QPS_INIT;
+	if (rdma_init_qp_attr(id, &attr, &mask)) {
+		r = errno;
+	} else {
+		// Before the request, the CM's INIT attributes grant no remote
+		// access; the peer's RDMA WRITEs need it.
+		attr.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+		r = ibv_modify_qp(qp, &attr, mask | IBV_QP_ACCESS_FLAGS);
+	}
+	if (r) {
+		ibv_destroy_qp(qp);
+		errno = r;
+		return NULL;
+	}
+	return qp;
+}
+
+// gv_establish_own_qp moves a QP of gv_create_own_qp to RTR and RTS as the
+// connect response says, but with max_rd_atomic RDMA READs and atomics
+// outstanding whatever the peer granted, completes the handshake
+// (rdma_establish) and makes the QP the id's (rdma_disconnect then moves
+// it to the error state). Returns 0, or -1 with errno.
+static int gv_establish_own_qp(struct rdma_cm_id *id, struct ibv_qp *qp, int max_rd_atomic) {
+	struct ibv_qp_attr attr;
+	int mask, r;
+	memset(&attr, 0, sizeof(attr));
+	attr.qp_state = IBV_QPS_RTR;
+	if (rdma_init_qp_attr(id, &attr, &mask))
+		return -1;
+	if ((r = ibv_modify_qp(qp, &attr, mask))) {
+		errno = r;
+		return -1;
+	}
+	memset(&attr, 0, sizeof(attr));
+	attr.qp_state = IBV_QPS_RTS;
+	if (rdma_init_qp_attr(id, &attr, &mask))
+		return -1;
+	attr.max_rd_atomic = max_rd_atomic;
+	mask |= IBV_QP_MAX_QP_RD_ATOMIC;
+	if ((r = ibv_modify_qp(qp, &attr, mask))) {
+		errno = r;
+		return -1;
+	}
+	if (rdma_establish(id))
+		return -1;
+	id->qp = qp;
 	return 0;
 }
 
@@ -460,6 +530,37 @@ func (id *ID) CreateQP(pd, cq unsafe.Pointer, sendWR, recvWR, inline int) (unsaf
 // DestroyQP destroys the id's QP (ibv_destroy_qp).
 func (id *ID) DestroyQP() error {
 	if r := C.gv_destroy_qp(id.id); r != 0 {
+		return os.NewSyscallError("ibv_destroy_qp", syscall.Errno(r))
+	}
+	return nil
+}
+
+// CreateOwnQP creates an RC QP on pd and cq, in the INIT state, that is not
+// the id's: librdmacm does not move it through its states, so the caller
+// may set what the handshake would not (EstablishOwnQP). It is for tests
+// of peers that break the rules; connect with ConnectNoQP naming its
+// number.
+func (id *ID) CreateOwnQP(pd, cq unsafe.Pointer, sendWR, recvWR int) (unsafe.Pointer, error) {
+	qp, err := C.gv_create_own_qp(id.id, pd, cq, C.uint32_t(sendWR), C.uint32_t(recvWR))
+	if qp == nil {
+		return nil, os.NewSyscallError("ibv_create_qp", err)
+	}
+	return unsafe.Pointer(qp), nil
+}
+
+// EstablishOwnQP, after the connect response, moves a QP of CreateOwnQP to
+// RTS with maxRdAtomic RDMA READs and atomics outstanding (whatever the
+// peer granted), completes the handshake and gives the QP to the id.
+func (id *ID) EstablishOwnQP(qp unsafe.Pointer, maxRdAtomic int) error {
+	if r, err := C.gv_establish_own_qp(id.id, (*C.struct_ibv_qp)(qp), C.int(maxRdAtomic)); r != 0 {
+		return os.NewSyscallError("rdma_establish", err)
+	}
+	return nil
+}
+
+// DestroyOwnQP destroys a QP of CreateOwnQP that the id never took.
+func DestroyOwnQP(qp unsafe.Pointer) error {
+	if r := C.ibv_destroy_qp((*C.struct_ibv_qp)(qp)); r != 0 {
 		return os.NewSyscallError("ibv_destroy_qp", syscall.Errno(r))
 	}
 	return nil
