@@ -288,8 +288,8 @@ func (r *Report) writeText(w io.Writer) error {
 		if d.Firmware != "" {
 			fmt.Fprintf(tw, ", firmware %s", d.Firmware)
 		}
-		fmt.Fprintf(tw, "\n  max_qp %d, max_qp_wr %d, max_cq %d, max_cqe %d, max_mr %d, max_mr_size %s\n",
-			d.MaxQP, d.MaxQPWR, d.MaxCQ, d.MaxCQE, d.MaxMR, bytesIEC(d.MaxMRSize))
+		fmt.Fprintf(tw, "\n  max_qp %d, max_qp_wr %d, max_cq %d, max_cqe %d, max_mr %d, max_pd %d, max_mr_size %s\n",
+			d.MaxQP, d.MaxQPWR, d.MaxCQ, d.MaxCQE, d.MaxMR, d.MaxPD, bytesIEC(d.MaxMRSize))
 		for _, p := range d.Ports {
 			if p.Error != "" {
 				fmt.Fprintf(tw, "  port %d: %s\n", p.Port, p.Error)
