@@ -78,8 +78,14 @@ type Conn struct {
 	rdl     *deadline
 	wdl     *deadline
 
+	// regMu is held while a region is registered and while the release
+	// frees the regions: no region is registered in the arena's PD after
+	// the arena went to another connection.
+	regMu sync.Mutex
+
 	mu       sync.Mutex
 	st       ConnStats
+	os       oneSided // regions and one-sided operations (region.go)
 	life     lifecycle
 	cr       ledger
 	tx       sendRing
