@@ -31,7 +31,7 @@ type connSys struct {
 	// reqInit and reqResp are the RDMA READ depths a connect request
 	// offered (see rdmacm.Event): an accept grants no more.
 	reqInit, reqResp uint8
-	cmEv   chan rdmacm.Event
+	cmEv             chan rdmacm.Event
 
 	releaseOnce sync.Once // the verbs objects go once: by Close, or when the device goes
 	// dialing is set while dial has not returned the connection (under

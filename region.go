@@ -488,12 +488,12 @@ type osSlot struct {
 // WriteAt. Conn.mu guards it.
 type oneSided struct {
 	slots    [oneSidedDepth]osSlot
-	free     []uint8 // indexes of free slots
-	inFlight int     // posted, completion not yet seen
-	posting  int     // being posted with the lock dropped
+	free     []uint8       // indexes of free slots
+	inFlight int           // posted, completion not yet seen
+	posting  int           // being posted with the lock dropped
 	room     chan struct{} // capacity 1: a slot came back
 
-	chunkRoom  chan struct{} // capacity 1: a bounce chunk came back
+	chunkRoom chan struct{} // capacity 1: a bounce chunk came back
 
 	regions    []*Region
 	bounce     *Region
