@@ -73,7 +73,7 @@ func dialBlocks(addr string) (*blockClient, error) {
 	}
 	b := make([]byte, rdma.RemoteKeyLen)
 	var key rdma.RemoteKey
-	if _, err := io.ReadFull(c, b); err == nil {
+	if _, err = io.ReadFull(c, b); err == nil {
 		err = key.UnmarshalBinary(b)
 	}
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -494,6 +495,7 @@ type oneSided struct {
 	room     chan struct{} // capacity 1: a slot came back
 
 	chunkRoom chan struct{} // capacity 1: a bounce chunk came back
+	avgWait   atomic.Int64  // moving average of the waits, in ns (see waitOneSided)
 
 	regions    []*Region
 	bounce     *Region
@@ -670,9 +672,24 @@ func (c *Conn) startOneSided(ctx context.Context, op uint8, local *Region, lo, n
 }
 
 // waitOneSided waits for slot i's completion, or for ctx: then the slot
-// is left to the completion, which frees it (and unpins its region).
+// is left to the completion, which frees it (and unpins its region). It
+// waits as the connection's Reads and Writes do (Options.Poll): an
+// operation takes about a round trip, which spinning catches without a
+// wakeup.
 func (c *Conn) waitOneSided(ctx context.Context, i int) error {
 	s := &c.os.slots[i]
+	start := time.Now()
+	switch c.w.mode {
+	case PollBusy:
+		for c.w.spin(s.done, c.closing, time.Millisecond) && ctx.Err() == nil {
+		}
+	case PollAdaptive:
+		budget := c.w.spinTime
+		if avg := time.Duration(c.os.avgWait.Load()); avg < maxAdaptiveSpin {
+			budget = max(budget, 2*avg)
+		}
+		c.w.spin(s.done, c.closing, budget)
+	}
 	select {
 	case <-s.done:
 	case <-ctx.Done():
@@ -687,6 +704,10 @@ func (c *Conn) waitOneSided(ctx context.Context, i int) error {
 	case <-s.done: // when ctx won the race with a completion
 	default:
 	}
+	// A moving average, as a Read's (see waiter.wait); concurrent
+	// callers may lose each other's updates, which only blurs it.
+	avg := time.Duration(c.os.avgWait.Load())
+	c.os.avgWait.Store(int64(avg + (min(time.Since(start), 2*maxAdaptiveSpin)-avg)/8))
 	status := s.status
 	c.os.put(i)
 	return c.oneSidedErr(status)

@@ -18,6 +18,10 @@ import (
 // the client's start byte before it sends. An older server refuses the
 // unknown kind (it closes the connection), and an older client never asks
 // for it, so both pairs of versions go on working for every other test.
+// The one-sided tests' kinds (kindRegion, kindRegionPong) came the same
+// way: after the ready byte the server sends its region's key
+// (rdma.RemoteKeyLen bytes), and for the ping-pong the client answers with
+// its own.
 
 const (
 	magic      = "rprf"
@@ -34,12 +38,14 @@ const (
 type kind byte
 
 const (
-	kindEcho      kind = 1 + iota // ping-pong: read size bytes, write them back
-	kindSink                      // read to EOF, then report the byte count
-	kindIdle                      // like echo; a separate kind so logs tell them apart
-	kindCopy                      // io.Copy(io.Discard, conn) to EOF, then report the byte count
-	kindCopyPlain                 // the same, hiding the connection's WriteTo
-	kindSource                    // reverse: write size-byte messages to the client
+	kindEcho       kind = 1 + iota // ping-pong: read size bytes, write them back
+	kindSink                       // read to EOF, then report the byte count
+	kindIdle                       // like echo; a separate kind so logs tell them apart
+	kindCopy                       // io.Copy(io.Discard, conn) to EOF, then report the byte count
+	kindCopyPlain                  // the same, hiding the connection's WriteTo
+	kindSource                     // reverse: write size-byte messages to the client
+	kindRegion                     // one-sided: expose a region of size bytes, send its key
+	kindRegionPong                 // one-sided ping-pong: regions both ways, answer each WRITE with one
 )
 
 func (k kind) String() string {
@@ -56,6 +62,10 @@ func (k kind) String() string {
 		return "copy (plain)"
 	case kindSource:
 		return "source"
+	case kindRegion:
+		return "region"
+	case kindRegionPong:
+		return "region ping-pong"
 	}
 	return fmt.Sprintf("kind(%d)", byte(k))
 }
@@ -88,7 +98,7 @@ func readHeader(r io.Reader) (header, error) {
 	}
 	h := header{kind: kind(b[5]), size: int(binary.BigEndian.Uint32(b[8:]))}
 	switch {
-	case h.kind < kindEcho || h.kind > kindSource:
+	case h.kind < kindEcho || h.kind > kindRegionPong:
 		return h, fmt.Errorf("unknown test kind %d", h.kind)
 	case h.size < 1 || h.size > maxMsgSize:
 		return h, fmt.Errorf("message size %d outside [1, %d]", h.size, maxMsgSize)

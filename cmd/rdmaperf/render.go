@@ -58,14 +58,24 @@ var metricsOf = map[string][]metric{
 	"rate": {{"msg_s", "msg/s"}},
 	"idle": {{"cpu_s", "CPU s"}, {"reg_kib", "registered KiB per connection"}},
 	"copy": {{"mb_s", "MB/s"}, {"cpu_s", "CPU s"}},
+	// One-sided, against ib_write_lat, ib_read_lat, ib_write_bw and
+	// ib_read_bw (-R).
+	"write-lat": {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"avg_us", "avg µs"}},
+	"read-lat":  {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"avg_us", "avg µs"}},
+	"write-bw":  {{"mb_s", "MB/s"}},
+	"read-bw":   {{"mb_s", "MB/s"}},
 }
 
 var workloadNames = map[string]string{
-	"lat":  "latency (one-way)",
-	"bw":   "throughput",
-	"rate": "message rate",
-	"idle": "idle connection",
-	"copy": "io.Copy file → conn → io.Discard",
+	"lat":       "latency (one-way)",
+	"bw":        "throughput",
+	"rate":      "message rate",
+	"idle":      "idle connection",
+	"copy":      "io.Copy file → conn → io.Discard",
+	"write-lat": "one-sided WRITE latency (one-way)",
+	"read-lat":  "one-sided READ latency",
+	"write-bw":  "one-sided WRITE throughput",
+	"read-bw":   "one-sided READ throughput",
 }
 
 func renderFile(w io.Writer, path string) error {

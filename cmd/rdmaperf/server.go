@@ -49,6 +49,8 @@ func handle(c net.Conn, verbose bool) error {
 		return copySink(c, h.kind == kindCopyPlain)
 	case kindSource:
 		return source(c, h.size, h.count)
+	case kindRegion, kindRegionPong:
+		return serveRegion(c, h.size, h.kind == kindRegionPong)
 	default:
 		return echo(c, h.size)
 	}
