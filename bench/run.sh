@@ -6,7 +6,9 @@
 #   - perftest:      ib_send_lat / ib_send_bw over rdma_cm (-R), busy polling and -e (events)
 #   - rsockets:      rstream
 # for: latency 64 B and 4 KiB, throughput with 4 KiB, 64 KiB and 1 MiB writes, 64 B message rate
-# over 1 and 8 connections, and the CPU an idle connection costs.
+# over 1 and 8 connections, and the CPU an idle connection costs; and one-sided RDMA between
+# registered regions (rdmaperf -test write-lat, read-lat, write-bw, read-bw) beside perftest's
+# ib_write_lat, ib_read_lat, ib_write_bw and ib_read_bw (-R).
 #
 #   bench/run.sh [RESULTS.json [RDMAPERF]]
 #
@@ -15,7 +17,8 @@
 # given. RDMAPERF defaults to the repository's .testbed-out/rdmaperf, then to PATH.
 # Environment: RDMA_TEST_ADDR (default 10.77.0.1); BENCH_ROUNDS (5): every test is repeated that
 # many times, the tools interleaved per workload so that a slow spell of the (emulated) machine
-# hits them alike; BENCH_SECONDS (2): length of each rdmaperf test; BENCH_BUDGET (780): no new
+# hits them alike; BENCH_ONLY (all): onesided runs the one-sided section alone;
+# BENCH_SECONDS (2): length of each rdmaperf test; BENCH_BUDGET (780): no new
 # round starts when it might end after this many seconds; BENCH_COPY_BYTES (256 MiB): the file
 # io.Copy sends; BENCH_ENVIRONMENT: the machine's
 # description in the results (default: the Soft-RoCE VM's).
@@ -35,6 +38,7 @@ rounds=${BENCH_ROUNDS:-5}
 copy_bytes=${BENCH_COPY_BYTES:-268435456}
 secs=${BENCH_SECONDS:-2}
 budget=${BENCH_BUDGET:-780}
+only=${BENCH_ONLY:-all}
 environment=${BENCH_ENVIRONMENT:-"Soft-RoCE (rdma_rxe) in a $(nproc)-vCPU TCG VM; only ratios within one run mean anything"}
 tool_timeout=60 # seconds any one process may take; a hung tool becomes a failed measurement
 
@@ -243,6 +247,33 @@ perftest_bw() {
 	fi
 }
 
+# perftest_onesided WORKLOAD TOOL SIZE ITERS: ib_write_lat, ib_read_lat, ib_write_bw or
+# ib_read_bw over rdma_cm (-R), the row's workload being rdmaperf's name for the same test.
+perftest_onesided() {
+	local workload=$1 tool=$2 size=$3 n=$4 rc mbs
+	next_port
+	pair "$tool" -R -p "$port" -s "$size" -n "$n" -- "$tool" -R -p "$port" -s "$size" -n "$n" "$addr"
+	rc=$?
+	if ((rc)); then
+		fail perftest "$workload" "$size" 1 "$tool exit $rc: $(tail_of "$work/client.log")"
+		return
+	fi
+	if ! perftest_fields "$work/client.log"; then
+		fail perftest "$workload" "$size" 1 "no result row in $tool output: $(tail_of "$work/client.log")"
+		return
+	fi
+	case $workload in
+	*-lat)
+		emit perftest "$workload" "$size" 1 \
+			"p50_us=${pf[t_typical]:-}" "p99_us=${pf[p99]:-}" "avg_us=${pf[t_avg]:-}" "count=${pf[iterations]:-}"
+		;;
+	*)
+		mbs=$(awk -v m="${pf[bw_avg]:-}" 'BEGIN { printf "%.4f", m * 1.048576 }')
+		emit perftest "$workload" "$size" 1 "mb_s=$mbs" "count=${pf[iterations]:-0}"
+		;;
+	esac
+}
+
 # rstream_run WORKLOAD SIZE COUNT ITERS: rstream's custom test sends COUNT transfers one way and
 # COUNT back, ITERS times, and reports usec/xfer = time / (2 * COUNT * ITERS). With COUNT 1 that is
 # a ping-pong (usec/xfer is half the round trip); with ITERS 1 it is streaming.
@@ -271,8 +302,31 @@ rstream_run() {
 
 # ---- the run -------------------------------------------------------------------------------
 
+# The one-sided section: this library's RemoteRegion between registered regions and perftest's
+# one-sided tools, on the same sizes, interleaved.
+onesided_round() {
+	local size
+	echo "== one-sided RDMA (round $round)"
+	for size in 64 4096; do
+		run_rdmaperf rdma write-lat "$size" 1 -test write-lat -size "$size" -duration "${secs}s"
+		perftest_onesided write-lat ib_write_lat "$size" 2000
+		run_rdmaperf rdma read-lat "$size" 1 -test read-lat -size "$size" -duration "${secs}s"
+		perftest_onesided read-lat ib_read_lat "$size" 2000
+	done
+	for size in 65536 1048576; do
+		run_rdmaperf rdma write-bw "$size" 1 -test write-bw -size "$size" -duration "${secs}s"
+		perftest_onesided write-bw ib_write_bw "$size" $((size == 65536 ? 300 : 20))
+		run_rdmaperf rdma read-bw "$size" 1 -test read-bw -size "$size" -duration "${secs}s"
+		perftest_onesided read-bw ib_read_bw "$size" $((size == 65536 ? 300 : 20))
+	done
+}
+
 one_round() {
 	local net size
+	if [[ $only == onesided ]]; then
+		onesided_round
+		return
+	fi
 	echo "== latency (round $round)"
 	for size in 64 4096; do
 		for net in rdma tcp; do run_rdmaperf "$net" lat "$size" 1 -test lat -size "$size" -duration "${secs}s"; done
@@ -299,12 +353,14 @@ one_round() {
 	echo "== io.Copy of a file, $copy_bytes B (round $round)"
 	for net in rdma tcp; do run_rdmaperf "$net" copy "$copy_bytes" 1 -test copy -bytes "$copy_bytes"; done
 	run_rdmaperf rdma copy "$copy_bytes" 1 -test copy -bytes "$copy_bytes" -plain
+	onesided_round
 }
 
 echo "rdma bench: $(uname -r), $(nproc) CPUs, rdmaperf $rdmaperf, rounds: $rounds, ${secs} s per rdmaperf test"
 date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 # Bring every binary and its libraries in once: the first exec over 9p is slow.
-for t in "$rdmaperf" "$(command -v ib_send_lat)" "$(command -v ib_send_bw)" "$(command -v rstream)"; do
+for t in "$rdmaperf" "$(command -v ib_send_lat)" "$(command -v ib_send_bw)" "$(command -v rstream)" \
+	"$(command -v ib_write_lat)" "$(command -v ib_read_lat)" "$(command -v ib_write_bw)" "$(command -v ib_read_bw)"; do
 	[[ -n $t ]] && cat "$t" >/dev/null
 done
 start=$SECONDS
@@ -320,7 +376,7 @@ for ((r = 1; r <= rounds; r++)); do
 	one_round
 	last=$((SECONDS - t0))
 	done_rounds=$r
-	if ((r == 1)); then
+	if ((r == 1)) && [[ $only != onesided ]]; then
 		# Once is enough: idle CPU varies little, and it costs 5 s a transport.
 		echo "== idle connection, 5 s (round $round)"
 		for net in rdma tcp; do run_rdmaperf "$net" idle 64 1 -idle 5s; done
@@ -333,6 +389,7 @@ notes=(
 	"this library and Go TCP: rdmaperf, mode $go_mode (local: both ends in one Go process, unpinned; pinned: -s and -c as two processes on CPUs 0 and 1 like the C peers); latency is half the round trip, as perftest's; MB = 10^6 bytes; ${secs} s per test, after 100 unmeasured round trips for latency; default poll mode (adaptive: spin, then park) except the busy column (-poll busy, spinning like busy perftest); registered KiB per connection with the default options"
 	"perftest: ib_send_lat / ib_send_bw -R (rdma_cm), server pinned to CPU 0 and client to CPU 1 (unpinned, two busy-polling processes on 2 vCPUs often wait for 4 ms scheduler ticks); p50 is t_typical; MB/s converted from perftest's MiB/s; msg/s from MsgRate; 8 conns is -q 8 (8 QPs)"
 	"io.Copy: rdmaperf -test copy writes a file (in the VM's RAM-backed /tmp), then times io.Copy(conn, file) and, at the server, io.Copy(io.Discard, conn) until the server has counted every byte; this library goes through Conn.ReadFrom and Conn.WriteTo (the file is read straight into registered send buffers, received messages go to io.Discard straight from the receive buffers: one user-space copy per byte); plain hides them (io.Copy's 32 KiB buffer at the sender, io.Discard's 8 KiB buffer at the receiver: three copies per byte); Go TCP uses its own ReadFrom (sendfile)"
+	"one-sided: rdmaperf -test write-lat is a ping-pong of RDMA WRITEs between registered regions, each side polling the last 8 bytes of its block (as ib_write_lat), reported as half the round trip; read-lat times each RDMA READ to its completion (as ib_read_lat, not halved); write-bw and read-bw keep 16 operations in flight on one connection, all on the same bytes (perftest keeps 128); perftest's tools run with -R, pinned like the other peers, their MiB/s converted to MB/s"
 	"rsockets: rstream in its default non-blocking (busy-polling) mode, pinned like perftest; latency is -C 1 -I 2000, average only (usec/xfer, half the round trip); throughput and rate are -C N (N transfers one way, then N back), MB/s = size / usec-per-xfer"
 )
 {
