@@ -50,8 +50,8 @@ var (
 // payload, or to wait); their callers must re-check what they rely on.
 // Two things are touched without mu by design: the payload of queued
 // received messages (a Read copies it out while the completion side only
-// appends behind it) and the send buffers a Write fills while tx.filling
-// is set (flush leaves them alone). Once the teardown owns the send queue
+// appends behind it) and the send ring from its tail on, which a Write
+// fills while tx.filling is set (flush leaves it alone). Once the teardown owns the send queue
 // (tx.draining), it posts its drain marker with mu held: nobody else posts
 // then.
 type Conn struct {
@@ -69,7 +69,7 @@ type Conn struct {
 	rdWait  time.Duration // moving average of Read waits, under readMu
 	wrWait  time.Duration // moving average of Write waits, under writeMu
 	rxReady chan struct{} // capacity 1: a message or an error arrived
-	txReady chan struct{} // capacity 1: credits or send buffers came back
+	txReady chan struct{} // capacity 1: credits, ring room or send queue entries came back
 	drained chan struct{} // capacity 1: a completion arrived during teardown
 	closing chan struct{} // closed by Close
 
@@ -219,7 +219,7 @@ func (c *Conn) read(b []byte) (int, error) {
 				return n, err
 			}
 			// A message-oriented Read with room for more waits for the
-			// rest of the message, giving the fragments' buffers back
+			// rest of the message, giving the fragments' ring bytes back
 			// meanwhile (a message may be bigger than all of them).
 			continue
 		}
@@ -278,24 +278,25 @@ func (c *Conn) copyOutDroppingLock(b []byte) (int, bool, error) {
 	c.mu.Lock()
 	c.rx.consume(used, off)
 	if used > 0 {
-		c.returnCredits(false)
+		c.returnCredits(c.rx.halfUnreported())
 		c.flushDroppingLock()
 	}
 	return n, ended, nil
 }
 
 // Write writes b and returns once all of it is in the connection's
-// registered send buffers; b may be reused at once. The data goes out in
-// order, cut into messages of at most the peer's buffer size, as the peer
-// has receive buffers free: at once when it has, and otherwise Writes
-// gather in a pending buffer that goes out as one message when the peer
-// returns credit (so a fast writer of small messages is not held to one
-// message per peer receive). While the peer is behind, a small Write may
-// also gather with the next ones (see SetNoDelay). Write blocks while every
-// send buffer is in flight, or while the peer has no receive free and the
-// pending buffer (one message) is full. Close delivers what Write
-// accepted, unless the peer leaves no receive buffer free for the few
-// seconds Close waits; then Close reports the loss. If the peer's Reads
+// registered send ring; b may be reused at once. The data goes out in
+// order, cut into messages of at most the smaller BufferSize, as the peer
+// has receives free and room in its receive ring: at once when it has,
+// and otherwise Writes gather in a pending message that goes out when the
+// peer returns credit (so a fast writer of small messages is not held to
+// one message per peer receive). While the peer is behind, a small Write
+// may also gather with the next ones (see SetNoDelay). Write blocks while
+// SendDepth messages are in the send queue, while the peer's ring has no
+// room for the next message (the peer has not read what is there), or
+// while the peer has no receive free and the pending message is full.
+// Close delivers what Write accepted, unless the peer leaves no receive
+// free for the few seconds Close waits; then Close reports the loss. If the peer's Reads
 // are message-oriented (its Options.Messages), a Write is never merged
 // with another: it travels as messages of its own, the last marked, and a
 // Write waits while an earlier one's last bytes are still pending; a Write

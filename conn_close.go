@@ -31,7 +31,7 @@ func (c *Conn) CloseWrite() error {
 }
 
 // CloseRead shuts down the reading side: Reads return io.EOF from now on,
-// and data that arrives is discarded, its buffers returned to the peer so
+// and data that arrives is discarded, its ring bytes returned to the peer so
 // that the peer's Writes do not block. Writing continues to work.
 func (c *Conn) CloseRead() error {
 	if !c.ok() {
@@ -83,7 +83,7 @@ func (c *Conn) sendFinDroppingLock() error {
 // wrapping net.ErrClosed. Close waits until the peer's NIC has acknowledged
 // everything sent and every buffer is released (about six seconds at most
 // if the peer is unreachable: three for the acknowledgement, three for the
-// queue to drain). If the peer leaves no receive buffer free for
+// queue to drain). If the peer leaves no receive free for
 // that long while Writes' data still waits for one, the data is discarded
 // and Close returns an error wrapping syscall.ETIMEDOUT.
 func (c *Conn) Close() error {
@@ -110,11 +110,11 @@ func (c *Conn) Close() error {
 }
 
 // undeliveredError is Close's error when data Write accepted could not be
-// delivered: the peer left no receive buffer free for the linger time.
+// delivered: the peer left no receive free for the linger time.
 type undeliveredError struct{}
 
 func (undeliveredError) Error() string {
-	return "written data discarded: the peer granted no receive buffer before the close timeout"
+	return "written data discarded: the peer granted no receive before the close timeout"
 }
 func (undeliveredError) Unwrap() error { return syscall.ETIMEDOUT }
 

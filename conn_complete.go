@@ -141,7 +141,7 @@ func (c *Conn) recvMsg(wc ibv.WC) {
 			// receive back to the peer.
 			c.rx.read = m.end
 			c.rx.queueRepost()
-			c.returnCredits(false)
+			c.returnCredits(c.rx.halfUnreported())
 			return
 		}
 		if c.push(m) {
@@ -243,7 +243,7 @@ func (c *Conn) postReposts() {
 	c.cr.unreported += n
 }
 
-// returnCredits posts consumed receive buffers again and tells the peer,
+// returnCredits posts consumed receives again and tells the peer,
 // in a credit message, once a batch of them is ready, or at once when force
 // is set (the reader is about to wait, so the writer must not be left
 // without credits). Credits still flow after our fin: the peer may go on
@@ -265,7 +265,7 @@ func (c *Conn) returnCredits(force bool) {
 }
 
 // queueSend prepares a message for flush (see sendRing.queue); its header
-// piggybacks every credit owed to the peer, including the receive buffers
+// piggybacks every credit owed to the peer, including the receives
 // posted again on the way.
 func (c *Conn) queueSend(typ uint8, n int) {
 	switch typ {
@@ -276,6 +276,10 @@ func (c *Conn) queueSend(typ uint8, n int) {
 	}
 	c.postReposts()
 	c.tx.queue(c.cr.header(typ), n, c.life.has(shutWrite))
+	// Every message consumed so far has its receive posted again, and
+	// this header reports them all: the peer knows the ring is free up to
+	// here.
+	c.rx.reported = c.rx.read
 }
 
 // queuePending queues the pending message, spending a credit the caller

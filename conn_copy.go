@@ -150,7 +150,7 @@ func (c *Conn) writeTo(w io.Writer) (int64, error) {
 			c.st.BytesRead += uint64(n)
 			if n == len(b) {
 				c.rx.consume(1, 0)
-				c.returnCredits(false)
+				c.returnCredits(c.rx.halfUnreported())
 				c.flushDroppingLock()
 			} else {
 				c.rx.off += n

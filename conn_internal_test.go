@@ -627,3 +627,24 @@ func TestConnMessagesBeforeOpen(t *testing.T) {
 	_, err = c.Read(b)
 	require.Equal(t, io.EOF, err, "the fin came after the data, and is read after it")
 }
+
+// Credits go back once half the ring has been read, even short of a batch
+// of messages: the writer's next large message needs the room.
+func TestConnReturnsCreditsAtHalfRing(t *testing.T) {
+	p := newFakeConn(t, 16, 1024) // batch 4; a ring of 4096 bytes
+	p.deliver(header{typ: msgData}, []byte("small"))
+	p.deliver(header{typ: msgData}, []byte("small"))
+	b := make([]byte, 4096)
+	_, err := p.c.Read(b)
+	require.NoError(t, err)
+	require.Empty(t, p.sent(), "two small messages read: less than a batch, a fraction of the ring")
+
+	p.deliver(header{typ: msgData}, bytes.Repeat([]byte("L"), 1024))
+	p.deliver(header{typ: msgData}, bytes.Repeat([]byte("L"), 1024))
+	n, err := p.c.Read(b)
+	require.NoError(t, err)
+	require.Equal(t, 2048, n)
+	s := p.sent()
+	require.Len(t, s, 1, "half the ring read: its credits go back at once")
+	require.Equal(t, header{typ: msgCredit, credits: 4}, headerOf(s[0].Imm))
+}

@@ -99,7 +99,7 @@ func (l *ledger) header(typ uint8) header {
 	return h
 }
 
-// repostNow reports whether n consumed receive buffers should be posted
+// repostNow reports whether n consumed receives should be posted
 // again now: once a batch is ready, or at once when force is set (the
 // reader is about to wait).
 func (l *ledger) repostNow(n int, force bool) bool {
@@ -126,7 +126,7 @@ func (l *ledger) creditDue(force, open bool, ctrlInFlight int) bool {
 	return true
 }
 
-// hold reports whether a send buffer holding n of at most maxMsg bytes
+// hold reports whether a pending message holding n of at most maxMsg bytes
 // should wait for more Writes rather than go out now. A buffer that is not
 // full waits while the connection streams: from the moment holdAt earlier
 // messages are unconsumed at the peer until the peer has consumed all of

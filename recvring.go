@@ -29,11 +29,12 @@ type rxMsg struct {
 // Read copies out without it (the completion side only appends behind
 // them).
 type recvRing struct {
-	memOff int // arena offset of the receive ring
-	span   int // ring bytes both sides use; 0 until the handshake is done
-	maxMsg int
-	tail   uint64
-	read   uint64
+	memOff   int // arena offset of the receive ring
+	span     int // ring bytes both sides use; 0 until the handshake is done
+	maxMsg   int
+	tail     uint64
+	read     uint64
+	reported uint64 // read, as far as the peer has been told (credits reported)
 
 	q       []rxMsg // a ring of slots entries
 	head    int
@@ -77,6 +78,14 @@ func (r *recvRing) arrived(n uint32, more bool) (rxMsg, error) {
 	r.tail = end
 	return rxMsg{off: int32(start % uint64(r.span)), n: int32(n), more: more, end: end}, nil
 }
+
+// halfUnreported reports whether the peer has not yet been told of half
+// the ring's bytes being read: then credits go back at once, not in a
+// batch of messages. A ring holds only a couple of the largest messages,
+// and a writer that waits for a batch of them to be consumed would find
+// the ring full long before: it would alternate with the reader instead
+// of writing the next message while this one is read.
+func (r *recvRing) halfUnreported() bool { return r.read-r.reported >= uint64(r.span/2) }
 
 // push queues an arrived message; it reports false when the queue is full,
 // which only a peer that sent more than its credits allow can cause.

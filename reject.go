@@ -20,7 +20,7 @@ type RefuseReason uint8
 // Reasons a listener refuses a connection request.
 const (
 	RefusedUnknown      RefuseReason = iota // the server gave no reason (not this package, or an older version)
-	RefusedLockedMemory                     // registering the connection's buffers exceeded the server's locked-memory limit
+	RefusedLockedMemory                     // registering the connection's rings exceeded the server's locked-memory limit
 	RefusedResources                        // the server ran out of another resource (memory, QPs, completion queue entries)
 	RefusedBacklog                          // the backlog, or the room for handshakes in progress, is full
 	RefusedShutdown                         // the listener is closing

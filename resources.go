@@ -8,7 +8,7 @@ import (
 // Errors of a connection's setup that tell what to do: which limit was
 // hit, its value, what the connection needed, and the knob.
 
-// memlockError: registering a connection's buffers exceeded the
+// memlockError: registering a connection's rings exceeded the
 // locked-memory limit (RLIMIT_MEMLOCK): the NIC may only use pinned
 // memory, and without CAP_IPC_LOCK the kernel counts it against that limit.
 type memlockError struct {
@@ -18,23 +18,23 @@ type memlockError struct {
 }
 
 func (e *memlockError) Error() string {
-	return fmt.Sprintf("%v: registering %d KiB for this connection's buffers exceeds the locked-memory limit "+
+	return fmt.Sprintf("%v: registering %d KiB for this connection's rings exceeds the locked-memory limit "+
 		"(RLIMIT_MEMLOCK %d KiB, shared by every registration of the process): raise it (ulimit -l unlimited, "+
 		"or LimitMEMLOCK=infinity for a systemd service) or register less per connection "+
-		"(Options.BufferSize, SendDepth and RecvDepth; Options.RegisteredMemory says how much)",
+		"(Options.BufferSize; Options.RegisteredMemory says how much)",
 		e.err, e.need>>10, e.limit>>10)
 }
 
 func (e *memlockError) Unwrap() error { return e.err }
 
-// mmapError: the connection's buffers could not be mapped.
+// mmapError: the connection's rings could not be mapped.
 type mmapError struct {
 	need int
 	err  error
 }
 
 func (e *mmapError) Error() string {
-	return fmt.Sprintf("%v: %d KiB for this connection's buffers (Options.RegisteredMemory): the host is out of "+
+	return fmt.Sprintf("%v: %d KiB for this connection's rings (Options.RegisteredMemory): the host is out of "+
 		"memory, or the process hit its address-space or map-count limit", e.err, e.need>>10)
 }
 

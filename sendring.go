@@ -139,10 +139,6 @@ func (r *sendRing) open(raddr uint64, rkey uint32, span, maxMsg, window int) {
 // free is how many more data messages the send queue takes.
 func (r *sendRing) free() int { return r.depth - int(r.dataSeq-r.dataDone) }
 
-// pendRoom is how many more bytes the pending message at the tail may
-// take now.
-func (r *sendRing) pendRoom() int { return max(0, r.ring.room()-r.pendLen) }
-
 // pendOff is the arena offset of the message at the tail (pending or
 // about to be).
 func (r *sendRing) pendOff() int {

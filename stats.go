@@ -8,7 +8,7 @@ import "time"
 type ConnStats struct {
 	BytesWritten     uint64 // payload bytes Writes accepted
 	BytesRead        uint64 // payload bytes Reads returned
-	MessagesSent     uint64 // data messages posted (a Write of several buffers is several)
+	MessagesSent     uint64 // data messages posted (a Write larger than a message is several)
 	MessagesReceived uint64 // data messages received
 	// CreditMessagesSent counts messages that only returned credits: when
 	// the reverse direction has no data to carry them.

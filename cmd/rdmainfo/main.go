@@ -31,8 +31,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	fs.BoolVar(&asJSON, "json", false, "print one JSON document (its schema: go doc github.com/goverbs/rdma/cmd/rdmainfo)")
 	fs.IntVar(&opts.BufferSize, "buffer", 0, "Options.BufferSize in bytes (0: library default)")
-	fs.IntVar(&opts.SendDepth, "send-depth", 0, "Options.SendDepth, send buffers per connection (0: library default)")
-	fs.IntVar(&opts.RecvDepth, "recv-depth", 0, "Options.RecvDepth, receive buffers per connection (0: library default)")
+	fs.IntVar(&opts.SendDepth, "send-depth", 0, "Options.SendDepth, data messages in flight per connection (0: library default)")
+	fs.IntVar(&opts.RecvDepth, "recv-depth", 0, "Options.RecvDepth, receives posted per connection (0: library default)")
 	fs.IntVar(&opts.SendDepth, "sdepth", 0, "alias of -send-depth (rdmaperf)")
 	fs.IntVar(&opts.RecvDepth, "rdepth", 0, "alias of -recv-depth (rdmaperf)")
 	fs.Usage = func() {

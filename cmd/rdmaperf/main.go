@@ -151,8 +151,8 @@ func parseArgs(args []string, out io.Writer) (*config, error) {
 	fs.BoolVar(&cfg.verbose, "v", false, "server: log every connection and error")
 	fs.BoolVar(&cfg.stats, "stats", false, "rdma client: print the connections' counters (Conn.Stats) summed, and the devices' totals")
 	fs.IntVar(&cfg.bufSize, "buffer", 0, "rdma: per-connection buffer size in bytes (0: library default)")
-	fs.IntVar(&cfg.sdepth, "sdepth", 0, "rdma: send buffers per connection (0: library default)")
-	fs.IntVar(&cfg.rdepth, "rdepth", 0, "rdma: receive buffers per connection (0: library default)")
+	fs.IntVar(&cfg.sdepth, "sdepth", 0, "rdma: data messages in flight per connection (0: library default)")
+	fs.IntVar(&cfg.rdepth, "rdepth", 0, "rdma: receives posted per connection (0: library default)")
 	poll := fs.String("poll", "adaptive", "rdma: how a waiting Read/Write learns of completions: adaptive (spin, then park), busy (spin) or event (park)")
 	fs.DurationVar(&cfg.spin, "spin", 0, "rdma: with -poll adaptive, how long a waiting Read/Write polls before it parks (0: library default, 50µs, longer while recent waits were short)")
 	// iperf3's names for the same settings, for its users' fingers.
