@@ -41,8 +41,9 @@
 // (io.EOF excepted: it is returned bare once the peer has closed and
 // everything it wrote has been read). What it wraps can be tested with
 // errors.Is: net.ErrClosed after Close; os.ErrDeadlineExceeded when a
-// deadline passes; ErrNoDevice, ErrProtocol, ErrUnsupported, ErrRemoteAccess and ErrOutOfBounds as their
-// docs say; syscall.ECONNREFUSED when the listener refuses (a
+// deadline passes; ErrNoDevice, ErrProtocol, ErrUnsupported,
+// ErrRemoteAccess and ErrOutOfBounds as their docs say;
+// syscall.ECONNREFUSED when the listener refuses (a
 // *RefusedError says why: see RefuseReason); syscall.EPIPE
 // for a Write after CloseWrite; syscall.ECONNRESET when the peer goes away
 // without closing or the connection breaks; syscall.ETIMEDOUT when the

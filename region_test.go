@@ -380,3 +380,38 @@ func TestRegionBlockStore(t *testing.T) {
 	}
 	require.ErrorIs(t, bc.readBlock(blockCount, got), io.EOF, "past the last block")
 }
+
+// TestRegionSteadyStateAllocs: a one-sided operation between registered
+// regions, and a ReadAt or WriteAt once the bounce memory exists, allocate
+// nothing.
+func TestRegionSteadyStateAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	client, _, _, remote := regionPair(t, 64<<10, rdma.RemoteRead|rdma.RemoteWrite)
+	local, err := client.RegisterRegion(64<<10, 0)
+	require.NoError(t, err)
+	defer local.Close()
+	ctx := context.Background()
+	p := make([]byte, 4096)
+	for name, op := range map[string]func() error{
+		"ReadAtContext":  func() error { return remote.ReadAtContext(ctx, local, 0, 4096, 0) },
+		"WriteAtContext": func() error { return remote.WriteAtContext(ctx, local, 0, 4096, 0) },
+		"ReadAt": func() error {
+			_, err := remote.ReadAt(p, 0)
+			return err
+		},
+		"WriteAt": func() error {
+			_, err := remote.WriteAt(p, 0)
+			return err
+		},
+	} {
+		require.NoError(t, op(), name)
+		allocs := testing.AllocsPerRun(100, func() {
+			if err := op(); err != nil {
+				panic(err)
+			}
+		})
+		require.Zero(t, allocs, "%s allocates", name)
+	}
+}
