@@ -231,7 +231,9 @@ func (r *Region) Key() RemoteKey {
 // Close revokes the region: once it returns, the peer's accesses fail (and
 // break the connection: see ErrRemoteAccess) and the memory is unmapped.
 // It waits for the local operations in flight that use the region, even
-// those whose caller gave up on its context, to complete first.
+// those whose caller gave up on its context, to complete first. Closing a
+// region again, or one its connection's Close closed, returns an error
+// wrapping net.ErrClosed.
 func (r *Region) Close() error {
 	if r == nil || r.c == nil {
 		return errInvalid("close")
@@ -715,9 +717,10 @@ func (c *Conn) waitOneSided(ctx context.Context, i int) error {
 
 // spinOneSided polls the completion queue until done is signaled, ctx is
 // done, the connection closes or, with a budget of zero or more, the
-// budget passes. It yields the CPU less often than waiter.spin: an
-// operation's completion follows its post within a round trip, and a
-// yield hands the vCPU to whatever else runs there.
+// budget passes. It looks at the clock and yields to the process's other
+// goroutines less often than waiter.spin: an operation's completion
+// follows its post within a round trip, which polls in a tighter loop
+// catch sooner (in the test bed, 4 KiB READs' median fell by 10-40 %).
 func (c *Conn) spinOneSided(done chan struct{}, ctx context.Context, budget time.Duration) {
 	c.w.sp.spinStart()
 	defer c.w.sp.spinEnd()
