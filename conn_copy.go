@@ -67,9 +67,9 @@ func (c *Conn) readFrom(r io.Reader) (int64, error) {
 		// Each Read of r may fill a whole message: the ring has room for
 		// one whenever the peer has consumed everything, so waiting for
 		// that room never waits for nothing.
-		noRoom := c.tx.pendLen > 0 || c.tx.ring.room() < c.maxMsg
-		if c.tx.free() == 0 || noRoom {
-			c.waitSendRoomDroppingLock(noRoom, &waited)
+		noRoom := c.tx.ring.room() < c.maxMsg
+		if c.tx.free() == 0 || c.tx.pendLen > 0 || noRoom {
+			c.waitSendRoomDroppingLock(noRoom || (c.tx.pendLen > 0 && c.cr.credits == 0), &waited)
 			continue
 		}
 		start := c.tx.pendOff()

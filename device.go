@@ -23,7 +23,6 @@ import (
 // clients, would otherwise pay for them on every connection.
 type device struct {
 	ctx *ibv.Context
-	pd  *ibv.PD
 	cqs []*cqShard // under devMu; only ever appended to while the device lives
 
 	async     *ibv.AsyncChannel // the context's asynchronous events
@@ -152,16 +151,13 @@ func (d *device) newCQ(size int) (*cqShard, error) {
 }
 
 func newDevice(ctx *ibv.Context) (*device, error) {
-	pd, err := ctx.AllocPD()
-	if err != nil {
-		return nil, err
-	}
+	// No protection domain: each connection's arena has its own (see
+	// arena).
 	async, err := ctx.OpenAsync()
 	if err != nil {
-		pd.Dealloc()
 		return nil, err
 	}
-	d := &device{ctx: ctx, pd: pd, ackTimeout: ackTimeoutHW, maxCQE: initialCQE,
+	d := &device{ctx: ctx, ackTimeout: ackTimeoutHW, maxCQE: initialCQE,
 		async: async, asyncDone: make(chan struct{})}
 	d.events.conns = d
 	go func() {
@@ -325,7 +321,7 @@ func markRemoved(verbs unsafe.Pointer) {
 }
 
 // forgetRemovedLocked lets the kernel finish removing a device once this
-// process holds nothing of it: no connection (the device's PD, CQ and
+// process holds nothing of it: no connection (the device's CQs and
 // channel are gone with the last one) and no listener bound to it. The
 // kernel waits until every file of the device is closed, and the context
 // (its command and event descriptors) belongs to librdmacm, which closes
@@ -376,5 +372,4 @@ func (d *device) destroy() {
 		s.ch.Destroy()
 	}
 	d.pool.drop()
-	d.pd.Dealloc()
 }

@@ -56,6 +56,20 @@ func TestMain(m *testing.M) {
 		before = resources()
 	}
 	code := m.Run()
+	// A test may leave the last teardown to a goroutine (a server side
+	// closed once its peer's fin arrives, a listener's eviction), and one
+	// whose peer vanished takes seconds: wait for the connections to be
+	// gone before the devices are let go. One never closed keeps its
+	// device, and goleak below finds the device's goroutines.
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		conns := 0
+		for _, d := range rdma.Devices() {
+			conns += d.Connections
+		}
+		if conns == 0 {
+			break
+		}
+	}
 	rdma.ReleaseIdleDevices()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {

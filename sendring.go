@@ -24,11 +24,13 @@ type ringTx struct {
 	n      int
 }
 
-// open sets the geometry agreed with the peer; window is the most data
-// messages that can be outstanding (the peer's RecvDepth).
+// open sets the geometry agreed with the peer; window is the peer's
+// RecvDepth. No more messages can be outstanding than it grants, nor than
+// the ring holds (each takes ringAlign bytes at least), which bounds what
+// a peer's hello makes us allocate.
 func (r *ringTx) open(span, maxMsg, window int) {
 	r.span, r.maxMsg = span, maxMsg
-	r.ends = make([]uint64, window)
+	r.ends = make([]uint64, min(window, span/ringAlign))
 }
 
 // at returns where a message that follows running count t starts, and how

@@ -254,3 +254,21 @@ func TestRingTxEmptyRingHasRoom(t *testing.T) {
 		}
 	}
 }
+
+// A peer that grants more receives than the ring has 64-byte units gets
+// no more FIFO entries than messages that can be outstanding: each takes
+// 64 bytes of ring at least.
+func TestRingTxFIFOBoundedByRing(t *testing.T) {
+	var r ringTx
+	r.open(1024, 64, 0xffff)
+	require.Len(t, r.ends, 16)
+	for i := range 16 {
+		_, room := r.at(r.tail, r.acked)
+		require.Positive(t, room, "message %d", i)
+		r.sent(1)
+	}
+	_, room := r.at(r.tail, r.acked)
+	require.Zero(t, room, "sixteen one-byte messages fill a 1 KiB ring")
+	r.ack(16)
+	require.Equal(t, r.tail, r.acked)
+}

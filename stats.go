@@ -13,9 +13,10 @@ type ConnStats struct {
 	// CreditMessagesSent counts messages that only returned credits: when
 	// the reverse direction has no data to carry them.
 	CreditMessagesSent uint64
-	// CreditWaits counts the Writes that waited because the peer had no
-	// receive free and the pending buffer was full; CreditWaitTime is how
-	// long they waited in all.
+	// CreditWaits counts the Writes that waited for the peer: it had no
+	// receive free and the pending message was full, or its receive ring
+	// had no room for the next message (it had not read what was there);
+	// CreditWaitTime is how long they waited in all.
 	CreditWaits    uint64
 	CreditWaitTime time.Duration
 	// CompletionErrors counts work completions that failed, not counting

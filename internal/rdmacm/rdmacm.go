@@ -475,12 +475,6 @@ func (id *ID) connect(private []byte, accept C.int, qpNum uint32, name string) e
 	return id.connectDepth(private, accept, qpNum, 0, 0, name)
 }
 
-// ConnectInitiator is Connect for a QP that may issue RDMA READs and
-// atomics, initiator of them outstanding (tests of peers that try them).
-func (id *ID) ConnectInitiator(private []byte, initiator uint8) error {
-	return id.connectDepth(private, 0, 0, initiator, 0, "rdma_connect")
-}
-
 // ConnectRead is Connect for a QP that issues up to initiator RDMA READs
 // at once and serves up to responder of the peer's (rdma_conn_param's
 // initiator_depth and responder_resources).
