@@ -684,13 +684,13 @@ func (c *Conn) waitOneSided(ctx context.Context, i int) error {
 	start := time.Now()
 	switch c.w.mode {
 	case PollBusy:
-		c.spinOneSided(s.done, ctx, -1)
+		c.spinOneSided(ctx, s.done, -1)
 	case PollAdaptive:
 		budget := c.w.spinTime
 		if avg := time.Duration(c.os.avgWait.Load()); avg < maxAdaptiveSpin {
 			budget = max(budget, 2*avg)
 		}
-		c.spinOneSided(s.done, ctx, budget)
+		c.spinOneSided(ctx, s.done, budget)
 	}
 	select {
 	case <-s.done:
@@ -721,7 +721,7 @@ func (c *Conn) waitOneSided(ctx context.Context, i int) error {
 // goroutines less often than waiter.spin: an operation's completion
 // follows its post within a round trip, which polls in a tighter loop
 // catch sooner (in the test bed, 4 KiB READs' median fell by 10-40 %).
-func (c *Conn) spinOneSided(done chan struct{}, ctx context.Context, budget time.Duration) {
+func (c *Conn) spinOneSided(ctx context.Context, done chan struct{}, budget time.Duration) {
 	c.w.sp.spinStart()
 	defer c.w.sp.spinEnd()
 	start := time.Now()
