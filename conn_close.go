@@ -99,6 +99,11 @@ func (c *Conn) Close() error {
 	}
 	c.life.set(shutClosed)
 	close(c.closing)
+	// Its regions close with it, now: the release, which may run after
+	// Close returns, frees them.
+	for _, r := range c.os.regions {
+		r.closed = true
+	}
 	c.mu.Unlock()
 	// Wait for Reads and Writes to leave: the teardown frees their buffers.
 	c.writeMu.Lock()
