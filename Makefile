@@ -49,7 +49,7 @@ endif
 # Every parser of peer-supplied bytes is fuzzed (fuzz_test.go, reject_test.go): FUZZTIME
 # each within make test; longer by hand (make fuzz FUZZTIME=10m).
 FUZZTIME    ?= 10s
-FUZZ_TARGETS = FuzzParseHello FuzzParseReject FuzzConnCompletions
+FUZZ_TARGETS = FuzzParseHello FuzzParseReject FuzzConnCompletions FuzzRemoteKey
 fuzz:
 	@for f in $(FUZZ_TARGETS); do \
 		echo "fuzz $$f for $(FUZZTIME)"; \

@@ -64,6 +64,26 @@ func useEveryExport(c *rdma.Conn, l *rdma.Listener) []error {
 	_ = c.Stats()
 	_ = rdma.Devices()
 
+	r, err := c.RegisterRegion(4096, rdma.RemoteRead|rdma.RemoteWrite)
+	add(err)
+	_, _, _, _ = r.Bytes(), r.Len(), r.Access(), r.Key()
+	add(r.Close())
+	rr := c.Remote(rdma.RemoteKey{})
+	_, _ = rr.Key(), rr.Size()
+	_, err = rr.ReadAt(nil, 0)
+	add(err)
+	_, err = rr.WriteAt(nil, 0)
+	add(err)
+	add(rr.ReadAtContext(context.Background(), r, 0, 0, 0))
+	add(rr.WriteAtContext(context.Background(), r, 0, 0, 0))
+	var k rdma.RemoteKey
+	b, _ := k.MarshalBinary()
+	_, _ = k.AppendBinary(b)
+	_ = k.UnmarshalBinary(b)
+	_ = rdma.Access(0).String()
+	_ = []error{rdma.ErrRemoteAccess, rdma.ErrOutOfBounds}
+	_ = []int{rdma.MaxRegionSize, rdma.MaxTransfer, rdma.RemoteKeyLen}
+
 	_, err = l.Accept()
 	add(err)
 	_ = l.Addr()
@@ -99,7 +119,7 @@ func TestZeroValuesFail(t *testing.T) {
 					n++
 				}
 			}
-			require.Equal(t, 14, n, "each Conn and Listener method that returns an error: %v", errs)
+			require.Equal(t, 20, n, "each Conn and Listener method that returns an error: %v", errs)
 		}
 	}
 }

@@ -42,10 +42,10 @@ func TestLayout(t *testing.T) {
 func TestCompletionQueueEntries(t *testing.T) {
 	n, err := Options{}.CompletionQueueEntries()
 	require.NoError(t, err)
-	require.Equal(t, DefaultRecvDepth+DefaultSendDepth+11, n, "receives (+4 control, +1 fin), sends, control sends (4 + fin), the drain marker")
+	require.Equal(t, DefaultRecvDepth+DefaultSendDepth+27, n, "receives (+4 control, +1 fin), sends, control sends (4 + fin), one-sided operations (16), the drain marker")
 	n, err = Options{SendDepth: 1024, RecvDepth: 1024}.CompletionQueueEntries()
 	require.NoError(t, err)
-	require.Equal(t, 2059, n)
+	require.Equal(t, 2075, n)
 	_, err = Options{SendDepth: -1}.CompletionQueueEntries()
 	require.Error(t, err)
 }

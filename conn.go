@@ -24,7 +24,8 @@ var (
 // A Conn orchestrates collaborators that each keep one concern: the
 // lifecycle (lifecycle.go), the credit ledger (credits.go), the send and
 // receive rings (sendring.go, recvring.go) and the waiting policy
-// (wait.go). This file holds Read and Write; conn_complete.go what
+// (wait.go), and, for one-sided RDMA, the regions and the slot table of
+// operations in flight (region.go). This file holds Read and Write; conn_complete.go what
 // completions do; conn_close.go the shutdown. The platform's part
 // (connSys: the rdma_cm id, the QP, the registered memory, the device) is
 // set up and torn down in conn_verbs.go.
@@ -78,8 +79,14 @@ type Conn struct {
 	rdl     *deadline
 	wdl     *deadline
 
+	// regMu is held while a region is registered and while the release
+	// frees the regions: no region is registered in the arena's PD after
+	// the arena went to another connection.
+	regMu sync.Mutex
+
 	mu       sync.Mutex
 	st       ConnStats
+	os       oneSided // regions and one-sided operations (region.go)
 	life     lifecycle
 	cr       ledger
 	tx       sendRing

@@ -99,6 +99,11 @@ func (c *Conn) Close() error {
 	}
 	c.life.set(shutClosed)
 	close(c.closing)
+	// Its regions close with it, now: the release, which may run after
+	// Close returns, frees them.
+	for _, r := range c.os.regions {
+		r.closed = true
+	}
 	c.mu.Unlock()
 	// Wait for Reads and Writes to leave: the teardown frees their buffers.
 	c.writeMu.Lock()
@@ -157,8 +162,8 @@ func (c *Conn) lingerDroppingLock() error {
 // destroyed under it), posts nothing more from then on, and waits until
 // every posted work request has completed (flushed), up to drainTimeout.
 func (c *Conn) drainDroppingLock() {
-	for c.tx.posting {
-		c.waitDroppingLock(drainTimeout, func() bool { return !c.tx.posting })
+	for c.tx.posting || c.os.posting > 0 {
+		c.waitDroppingLock(drainTimeout, func() bool { return !c.tx.posting && c.os.posting == 0 })
 	}
 	c.tx.draining = true
 	if !c.tx.idle() {
@@ -166,7 +171,9 @@ func (c *Conn) drainDroppingLock() {
 		// retires all earlier sends, signaled or not.
 		c.qp.PostSends([]ibv.SendWR{c.tx.marker()})
 	}
-	c.waitDroppingLock(drainTimeout, func() bool { return c.rx.posted == 0 && c.tx.idle() })
+	// One-sided operations are all signaled: each one's flushed
+	// completion comes by itself.
+	c.waitDroppingLock(drainTimeout, func() bool { return c.rx.posted == 0 && c.tx.idle() && c.os.idle() })
 }
 
 // waitDroppingLock waits, with mu held on entry and exit, until cond holds

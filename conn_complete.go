@@ -22,6 +22,8 @@ func (c *Conn) complete(wc ibv.WC) bool {
 	}
 	if wc.WRID&wrSend != 0 {
 		c.sendDone(wc)
+	} else if wc.WRID&wrOneSided != 0 {
+		c.oneSidedDone(wc)
 	} else {
 		c.recvDone(wc)
 	}

@@ -28,7 +28,10 @@ type connSys struct {
 	lay    layout
 	cqe    int       // CQ entries reserved on dev
 	lst    *Listener // while accepting
-	cmEv   chan rdmacm.Event
+	// reqInit and reqResp are the RDMA READ depths a connect request
+	// offered (see rdmacm.Event): an accept grants no more.
+	reqInit, reqResp uint8
+	cmEv             chan rdmacm.Event
 
 	releaseOnce sync.Once // the verbs objects go once: by Close, or when the device goes
 	// dialing is set while dial has not returned the connection (under
@@ -93,9 +96,7 @@ func (c *Conn) setup(opts Options) error {
 	}
 	dev.addRegistered(len(c.ar.mem))
 	// In the arena's PD: its receive ring's rkey works for this QP only.
-	// Two send queue entries more than messages: the keepalive probe and
-	// the drain marker of the teardown.
-	qp, inline, err := c.id.CreateQP(c.ar.pd.Ptr(), cqs.cq.Ptr(), c.lay.sendSlots+c.lay.ctrlSlots+2, c.lay.recvSlots, 256)
+	qp, inline, err := c.id.CreateQP(c.ar.pd.Ptr(), cqs.cq.Ptr(), c.lay.sendQueue(), c.lay.recvSlots, 256)
 	if err != nil {
 		return err
 	}
@@ -187,7 +188,7 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 	if err := c.id.SetAckTimeout(c.dev.ackTimeout); err != nil {
 		return err
 	}
-	if err := c.id.Connect(c.hello().marshal()); err != nil {
+	if err := c.id.ConnectRead(c.hello().marshal(), c.dev.initDepth, c.dev.respDepth); err != nil {
 		return err
 	}
 	if ev, err = c.waitCM(ctx); err != nil {
@@ -421,6 +422,8 @@ func (c *Conn) releaseVerbs() {
 			time.Sleep(time.Millisecond)
 		}
 	}
+	// Before the arena (and its PD) may go to another connection.
+	c.releaseRegions()
 	if c.ar != nil {
 		c.dev.addRegistered(-len(mem))
 		c.dev.pool.put(c.ar)

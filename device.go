@@ -31,6 +31,9 @@ type device struct {
 
 	ackTimeout uint8 // for its QPs (see ackTimeoutHW)
 	maxCQE     int   // the most entries a CQ may have
+	// initDepth and respDepth are the RDMA READs a QP issues and serves
+	// at once (see readDepth).
+	initDepth, respDepth uint8
 
 	refs       int         // under devMu
 	registered int         // bytes connections registered, under devMu
@@ -166,9 +169,18 @@ func newDevice(ctx *ibv.Context) (*device, error) {
 			d.ackTimeout = ackTimeoutRXE
 		}
 		d.maxCQE = a.MaxCQE
+		d.initDepth, d.respDepth = readDepth(a.MaxQPInitRdAtom), readDepth(a.MaxQPRdAtom)
 	}
 	return d, nil
 }
+
+// maxReadDepth bounds the RDMA READs a connection issues, and serves, at
+// once: as many as one-sided operations in flight (oneSidedDepth), which
+// a NIC's default usually allows; each costs the responder's NIC state.
+const maxReadDepth = oneSidedDepth
+
+// readDepth is min(maxReadDepth, what the device allows).
+func readDepth(dev int) uint8 { return uint8(max(0, min(maxReadDepth, dev))) }
 
 // conn returns the completer of a QP of the device, if any.
 func (d *device) conn(qpNum uint32) completer {

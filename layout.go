@@ -36,9 +36,15 @@ func newLayout(o Options) layout {
 }
 
 // cqEntries is what a connection reserves on its device's shared CQ: one
-// entry per receive, data message and control message it may have
-// outstanding, and one for the teardown's drain marker.
-func (l layout) cqEntries() int { return l.recvSlots + l.sendSlots + l.ctrlSlots + 1 }
+// entry per receive, data message, control message and one-sided
+// operation it may have outstanding, and one for the teardown's drain
+// marker.
+func (l layout) cqEntries() int { return l.recvSlots + l.sendSlots + l.ctrlSlots + oneSidedDepth + 1 }
+
+// sendQueue is the depth of a connection's send queue: the data and
+// control messages, the one-sided operations, the keepalive probe and the
+// teardown's drain marker.
+func (l layout) sendQueue() int { return l.sendSlots + l.ctrlSlots + oneSidedDepth + 2 }
 
 // recvOff and sendOff are the arena offsets of the two rings.
 func (l layout) recvOff() int { return 0 }

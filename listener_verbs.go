@@ -188,6 +188,7 @@ func (l *Listener) request(ev rdmacm.Event) {
 	c := newVerbsConn(cm, phaseAccepting)
 	c.lst = l
 	c.id = id
+	c.reqInit, c.reqResp = ev.Initiator, ev.Responder
 	c.handle = cm.register(c)
 	id.SetHandle(c.handle)
 	// The connection's memory, QP and receives are set up on a goroutine
@@ -236,7 +237,7 @@ func (l *Listener) accept(c *Conn, peer hello, remote *Addr) {
 	}
 	err = c.id.SetAckTimeout(c.dev.ackTimeout)
 	if err == nil {
-		err = c.id.Accept(c.hello().marshal())
+		err = c.id.AcceptRead(c.hello().marshal(), min(c.dev.initDepth, c.reqInit), min(c.dev.respDepth, c.reqResp))
 	}
 	if err != nil {
 		l.failed(c)

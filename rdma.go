@@ -28,12 +28,22 @@
 // protocol needs no framing of its own. Each side chooses for its own
 // Reads; the peer learns of the choice in the handshake.
 //
+// Besides the stream, a connection carries one-sided RDMA: a side
+// registers a Region with the access it grants (Conn.RegisterRegion) and
+// sends its RemoteKey to the peer over the connection; the peer reads and
+// writes it with RDMA READ and WRITE, without the owner's CPU, through a
+// RemoteRegion (an io.ReaderAt and io.WriterAt; ReadAtContext and
+// WriteAtContext move data between registered regions without a copy).
+// Nothing else is ever remotely accessible, and a key works on its own
+// connection only.
+//
 // Errors follow package net: every error is a *net.OpError with Net "rdma"
 // (io.EOF excepted: it is returned bare once the peer has closed and
 // everything it wrote has been read). What it wraps can be tested with
 // errors.Is: net.ErrClosed after Close; os.ErrDeadlineExceeded when a
-// deadline passes; ErrNoDevice, ErrProtocol and ErrUnsupported as their
-// docs say; syscall.ECONNREFUSED when the listener refuses (a
+// deadline passes; ErrNoDevice, ErrProtocol, ErrUnsupported,
+// ErrRemoteAccess and ErrOutOfBounds as their docs say;
+// syscall.ECONNREFUSED when the listener refuses (a
 // *RefusedError says why: see RefuseReason); syscall.EPIPE
 // for a Write after CloseWrite; syscall.ECONNRESET when the peer goes away
 // without closing or the connection breaks; syscall.ETIMEDOUT when the
@@ -229,8 +239,9 @@ func (o Options) RegisteredMemory() (int, error) {
 
 // CompletionQueueEntries returns how many entries of its device's shared
 // completion queue a connection with these options reserves: one per
-// receive and send it may have outstanding (RecvDepth + SendDepth + 10)
-// and one for its teardown. A device's queue holds at most its max_cqe
+// receive and send it may have outstanding (RecvDepth + SendDepth + 10),
+// one per one-sided operation (16: see RemoteRegion) and one for its
+// teardown. A device's queue holds at most its max_cqe
 // entries (cmd/rdmainfo reports it), which bounds the connections one
 // process can have on a device; it returns an error for options Dial and
 // Listen would refuse.

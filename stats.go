@@ -23,7 +23,9 @@ type ConnStats struct {
 	// the flushed ones every teardown produces.
 	CompletionErrors uint64
 	// RegisteredBytes is the memory the connection has registered with the
-	// device (see Options.RegisteredMemory).
+	// device: its rings (see Options.RegisteredMemory) and its regions
+	// (see RegisterRegion), and 256 KiB once RemoteRegion.ReadAt or
+	// WriteAt has been used.
 	RegisteredBytes int
 	// KeepAliveProbes counts the keepalive probes sent (see
 	// SetKeepAliveConfig): one per quiet spell of the peer.
@@ -43,7 +45,7 @@ func (c *Conn) Stats() ConnStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.st
-	s.RegisteredBytes = len(c.mem)
+	s.RegisteredBytes += len(c.mem) // the rings; c.st counts the regions
 	return s
 }
 

@@ -49,3 +49,8 @@ func listen(netip.AddrPort, int, Options, func(net.Addr, error)) (*Listener, err
 }
 
 func (l *Listener) halfOpenNow() int { return 0 }
+
+type regionSys struct{}
+
+func (c *Conn) registerMem(int, Access) (*Region, error) { return nil, ErrUnsupported }
+func (c *Conn) freeRegion(*Region)                       {}

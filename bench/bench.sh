@@ -4,7 +4,8 @@
 #
 #   bench/bench.sh
 #
-# Environment: GO (go), BENCH_ROUNDS (5), BENCH_SECONDS (2), BENCH_GO_MODE (pinned: two processes,
+# Environment: GO (go), BENCH_ROUNDS (5), BENCH_SECONDS (2), BENCH_ONLY (all; onesided: that section
+# alone), BENCH_GO_MODE (pinned: two processes,
 # as iperf users run rdmaperf and as the C peers run; local: both ends in one process): passed on
 # to run.sh.
 # The VM's whole output is kept in .testbed-out/bench.log.
@@ -12,7 +13,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 go=${GO:-go}
-trap 'rm -f bench/results.json.tmp bench/results.md.tmp' EXIT
+# A section run alone (BENCH_ONLY) writes results of its own name, leaving the whole run's.
+name=results
+[[ ${BENCH_ONLY:-all} != all ]] && name=results-${BENCH_ONLY}
+trap 'rm -f bench/$name.json.tmp bench/$name.md.tmp' EXIT
 out=.testbed-out
 mkdir -p "$out"
 "$go" build -o "$out/rdmaperf" ./cmd/rdmaperf
@@ -20,7 +24,7 @@ mkdir -p "$out"
 # vm.sh gives the job a clean environment: settings go in through env(1).
 log=$out/bench.log
 rc=0
-testbed/vm.sh --timeout 1200 -- env BENCH_ROUNDS="${BENCH_ROUNDS:-5}" BENCH_SECONDS="${BENCH_SECONDS:-2}" BENCH_GO_MODE="${BENCH_GO_MODE:-pinned}" \
+testbed/vm.sh --timeout 1200 -- env BENCH_ROUNDS="${BENCH_ROUNDS:-5}" BENCH_SECONDS="${BENCH_SECONDS:-2}" BENCH_GO_MODE="${BENCH_GO_MODE:-pinned}" BENCH_ONLY="${BENCH_ONLY:-all}" \
 	bench/run.sh "" "$out/rdmaperf" | tee "$log" || rc=$?
 # run.sh reports failed measurements in the JSON and exits 0; anything else is the test bed's
 # or run.sh's own failure, but whatever JSON came out is still worth keeping.
@@ -29,13 +33,13 @@ if [[ -z $json ]]; then
 	echo "bench: no results in the VM's output (exit $rc); see $log" >&2
 	exit $((rc ? rc : 1))
 fi
-printf '%s\n' "$json" >bench/results.json.tmp
+printf '%s\n' "$json" >"bench/$name.json.tmp"
 # Render before replacing: a broken document must not overwrite good results.
-"$out/rdmaperf" -render bench/results.json.tmp >bench/results.md.tmp
-mv bench/results.json.tmp bench/results.json
-mv bench/results.md.tmp bench/results.md
+"$out/rdmaperf" -render "bench/$name.json.tmp" >"bench/$name.md.tmp"
+mv "bench/$name.json.tmp" "bench/$name.json"
+mv "bench/$name.md.tmp" "bench/$name.md"
 echo
-cat bench/results.md
+cat "bench/$name.md"
 if ((rc)); then
 	echo "bench: the VM job exited $rc; the results may be incomplete (see $log)" >&2
 	exit "$rc"

@@ -8,7 +8,9 @@
 #   - cmtime:        rdma_cm's connection steps, timed by rdmacm-utils' cmtime
 # for: latency 64 B and 4 KiB, throughput with 4 KiB, 64 KiB and 1 MiB writes, 64 B message rate
 # over 1 and 8 connections, io.Copy of a file, connection setup (one dial, and bursts of 20; HTTP/1.1
-# with 20 clients), and the CPU an idle connection costs.
+# with 20 clients), and the CPU an idle connection costs; and one-sided RDMA between registered
+# regions (rdmaperf -test write-lat, read-lat, write-bw, read-bw) beside perftest's ib_write_lat,
+# ib_read_lat, ib_write_bw and ib_read_bw (-R).
 #
 #   bench/run.sh [RESULTS.json [RDMAPERF]]
 #
@@ -17,7 +19,8 @@
 # given. RDMAPERF defaults to the repository's .testbed-out/rdmaperf, then to PATH.
 # Environment: RDMA_TEST_ADDR (default 10.77.0.1); BENCH_ROUNDS (5): every test is repeated that
 # many times, the tools interleaved per workload so that a slow spell of the (emulated) machine
-# hits them alike; BENCH_SECONDS (2): length of each rdmaperf test; BENCH_BUDGET (780): no new
+# hits them alike; BENCH_ONLY (all): onesided runs the one-sided section alone;
+# BENCH_SECONDS (2): length of each rdmaperf test; BENCH_BUDGET (780): no new
 # round starts when it might end after this many seconds; BENCH_COPY_BYTES (256 MiB): the file
 # io.Copy sends; BENCH_ENVIRONMENT: the machine's
 # description in the results (default: the Soft-RoCE VM's).
@@ -37,6 +40,7 @@ rounds=${BENCH_ROUNDS:-5}
 copy_bytes=${BENCH_COPY_BYTES:-268435456}
 secs=${BENCH_SECONDS:-2}
 budget=${BENCH_BUDGET:-780}
+only=${BENCH_ONLY:-all}
 environment=${BENCH_ENVIRONMENT:-"Soft-RoCE (rdma_rxe) in a $(nproc)-vCPU TCG VM; only ratios within one run mean anything"}
 tool_timeout=60 # seconds any one process may take; a hung tool becomes a failed measurement
 
@@ -247,6 +251,33 @@ perftest_bw() {
 	fi
 }
 
+# perftest_onesided WORKLOAD TOOL SIZE ITERS: ib_write_lat, ib_read_lat, ib_write_bw or
+# ib_read_bw over rdma_cm (-R), the row's workload being rdmaperf's name for the same test.
+perftest_onesided() {
+	local workload=$1 tool=$2 size=$3 n=$4 rc mbs
+	next_port
+	pair "$tool" -R -p "$port" -s "$size" -n "$n" -- "$tool" -R -p "$port" -s "$size" -n "$n" "$addr"
+	rc=$?
+	if ((rc)); then
+		fail perftest "$workload" "$size" 1 "$tool exit $rc: $(tail_of "$work/client.log")"
+		return
+	fi
+	if ! perftest_fields "$work/client.log"; then
+		fail perftest "$workload" "$size" 1 "no result row in $tool output: $(tail_of "$work/client.log")"
+		return
+	fi
+	case $workload in
+	*-lat)
+		emit perftest "$workload" "$size" 1 \
+			"p50_us=${pf[t_typical]:-}" "p99_us=${pf[p99]:-}" "avg_us=${pf[t_avg]:-}" "count=${pf[iterations]:-}"
+		;;
+	*)
+		mbs=$(awk -v m="${pf[bw_avg]:-}" 'BEGIN { printf "%.4f", m * 1.048576 }')
+		emit perftest "$workload" "$size" 1 "mb_s=$mbs" "count=${pf[iterations]:-0}"
+		;;
+	esac
+}
+
 # rstream_run WORKLOAD SIZE COUNT ITERS: rstream's custom test sends COUNT transfers one way and
 # COUNT back, ITERS times, and reports usec/xfer = time / (2 * COUNT * ITERS). With COUNT 1 that is
 # a ping-pong (usec/xfer is half the round trip); with ITERS 1 it is streaming.
@@ -318,8 +349,31 @@ cmtime_run() {
 
 # ---- the run -------------------------------------------------------------------------------
 
+# The one-sided section: this library's RemoteRegion between registered regions and perftest's
+# one-sided tools, on the same sizes, interleaved.
+onesided_round() {
+	local size
+	echo "== one-sided RDMA (round $round)"
+	for size in 64 4096; do
+		run_rdmaperf rdma write-lat "$size" 1 -test write-lat -size "$size" -duration "${secs}s"
+		perftest_onesided write-lat ib_write_lat "$size" 2000
+		run_rdmaperf rdma read-lat "$size" 1 -test read-lat -size "$size" -duration "${secs}s"
+		perftest_onesided read-lat ib_read_lat "$size" 2000
+	done
+	for size in 65536 1048576; do
+		run_rdmaperf rdma write-bw "$size" 1 -test write-bw -size "$size" -duration "${secs}s"
+		perftest_onesided write-bw ib_write_bw "$size" $((size == 65536 ? 300 : 20))
+		run_rdmaperf rdma read-bw "$size" 1 -test read-bw -size "$size" -duration "${secs}s"
+		perftest_onesided read-bw ib_read_bw "$size" $((size == 65536 ? 300 : 20))
+	done
+}
+
 one_round() {
 	local net size
+	if [[ $only == onesided ]]; then
+		onesided_round
+		return
+	fi
 	echo "== latency (round $round)"
 	for size in 64 4096; do
 		for net in rdma tcp; do run_rdmaperf "$net" lat "$size" 1 -test lat -size "$size" -duration "${secs}s"; done
@@ -360,12 +414,14 @@ one_round() {
 		cmtime_run "$conns"
 	done
 	for net in rdma tcp; do run_rdmaperf "$net" http 64 20 -test http -size 64 -conns 20 -duration "${secs}s"; done
+	onesided_round
 }
 
 echo "rdma bench: $(uname -r), $(nproc) CPUs, rdmaperf $rdmaperf, rounds: $rounds, ${secs} s per rdmaperf test"
 date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 # Bring every binary and its libraries in once: the first exec over 9p is slow.
-for t in "$rdmaperf" "$(command -v ib_send_lat)" "$(command -v ib_send_bw)" "$(command -v rstream)" "$(command -v cmtime)"; do
+for t in "$rdmaperf" "$(command -v ib_send_lat)" "$(command -v ib_send_bw)" "$(command -v rstream)" "$(command -v cmtime)" \
+	"$(command -v ib_write_lat)" "$(command -v ib_read_lat)" "$(command -v ib_write_bw)" "$(command -v ib_read_bw)"; do
 	[[ -n $t ]] && cat "$t" >/dev/null
 done
 start=$SECONDS
@@ -381,7 +437,7 @@ for ((r = 1; r <= rounds; r++)); do
 	one_round
 	last=$((SECONDS - t0))
 	done_rounds=$r
-	if ((r == 1)); then
+	if ((r == 1)) && [[ $only != onesided ]]; then
 		# Once is enough: idle CPU varies little, and it costs 5 s a transport.
 		echo "== idle connection, 5 s (round $round)"
 		for net in rdma tcp; do run_rdmaperf "$net" idle 64 1 -idle 5s; done
@@ -394,6 +450,7 @@ notes=(
 	"this library and Go TCP: rdmaperf, mode $go_mode (local: both ends in one Go process, unpinned; pinned: -s and -c as two processes on CPUs 0 and 1 like the C peers); latency is half the round trip, as perftest's; MB = 10^6 bytes; ${secs} s per test, after 100 unmeasured round trips for latency; default poll mode (adaptive: spin, then park) except the busy column (-poll busy, spinning like busy perftest); registered KiB per connection with the default options"
 	"perftest: ib_send_lat / ib_send_bw -R (rdma_cm), server pinned to CPU 0 and client to CPU 1 (unpinned, two busy-polling processes on 2 vCPUs often wait for 4 ms scheduler ticks); p50 is t_typical; MB/s converted from perftest's MiB/s; msg/s from MsgRate; 8 conns is -q 8 (8 QPs)"
 	"io.Copy: rdmaperf -test copy writes a file (in the VM's RAM-backed /tmp), then times io.Copy(conn, file) and, at the server, io.Copy(io.Discard, conn) until the server has counted every byte; this library goes through Conn.ReadFrom and Conn.WriteTo (the file is read straight into registered send buffers, received messages go to io.Discard straight from the receive buffers: one user-space copy per byte); plain hides them (io.Copy's 32 KiB buffer at the sender, io.Discard's 8 KiB buffer at the receiver: three copies per byte); Go TCP uses its own ReadFrom (sendfile)"
+	"one-sided: rdmaperf -test write-lat is a ping-pong of RDMA WRITEs between registered regions, each side polling the last 8 bytes of its block (as ib_write_lat), reported as half the round trip; read-lat times each RDMA READ to its completion (as ib_read_lat, not halved); write-bw and read-bw keep 16 operations in flight on one connection, all on the same bytes (perftest keeps 128); perftest's tools run with -R, pinned like the other peers, their MiB/s converted to MB/s"
 	"rsockets: rstream in its default non-blocking (busy-polling) mode, pinned like perftest; latency is -C 1 -I 2000, average only (usec/xfer, half the round trip); throughput and rate are -C N (N transfers one way, then N back), MB/s = size / usec-per-xfer"
 	"connection setup: rdmaperf -test dial repeats, for ${secs} s, a sample of Dial, the first round trip (the test header out, the server's ready byte back) and Close; with 20 conns a sample is a burst of 20 goroutines doing that at once, timed until the last has closed; p50/p99 are of the samples (one dial, or one burst), conn/s is connections completed per second, setup is the p50 of the time until the sample's last Dial returned; one unmeasured burst first. HTTP/1.1: rdmaperf -test http, 20 goroutines sending GETs of 64 B bodies for ${secs} s on one http.Client with http.DefaultTransport's settings (2 idle connections per host kept, so requests often dial) dialing through the transport; p50/p99 are of a request, including any dial it waited for"
 	"cmtime (rdmacm-utils, C, the rdma_cm peer): server cmtime -b ADDR -c N, client cmtime -s ADDR -c N, pinned like perftest, one run per round (its figure is the median of the rounds, and it has no p99); its client takes all N connections through each rdma_cm step before the next (create id, resolve address, resolve route, create QP, connect; then disconnect, destroy) and prints each step's wall time; setup is the sum of the steps up to connect (all N established), p50 is that plus disconnect and destroy (all N torn down), conn/s is N over that. Unlike rdmaperf's figure it exchanges no data (no first round trip), its QPs have one send and one receive entry and no registered buffers, and with N > 1 every connection finishes a step before any starts the next"

@@ -123,7 +123,7 @@ func TestDeviceJSON(t *testing.T) {
 	require.Positive(t, d.MaxMR)
 
 	// Two rings of two 4 KiB messages; the depths cost no memory.
-	require.Equal(t, OptionsInfo{BufferSize: 4096, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 4 * 4096, CQEntries: 51}, r.Options)
+	require.Equal(t, OptionsInfo{BufferSize: 4096, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 4 * 4096, CQEntries: 67}, r.Options)
 	mem, err := testOpts.RegisteredMemory()
 	require.NoError(t, err)
 	require.Equal(t, mem, r.Options.RegisteredBytes)

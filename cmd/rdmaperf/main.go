@@ -9,6 +9,7 @@
 //	rdmaperf -c host:port -idle 5s                 # CPU used while idle
 //	rdmaperf -c host -test dial -P 20              # bursts of 20 dials, each with one round trip and Close
 //	rdmaperf -c host -test http -P 20              # 20 HTTP/1.1 clients on http.DefaultTransport's settings
+//	rdmaperf -c host -test write-lat -l 64         # one-sided: RDMA WRITE ping-pong (also read-lat, write-bw, read-bw)
 //	rdmaperf -local -addr 10.77.0.1:0 -test lat    # both ends in one process
 //	rdmaperf -render results.json                  # bench JSON to markdown
 //
@@ -32,6 +33,11 @@
 // -P clients on one http.Client with http.DefaultTransport's settings
 // (requests per second; p50 and p99 of a request, in µs). -json prints
 // one JSON object per test instead of a sentence.
+//
+// The one-sided tests (-net rdma only) move -size bytes between registered
+// regions with RDMA WRITE and READ (rdma.RemoteRegion), as perftest's
+// ib_write_lat, ib_read_lat, ib_write_bw and ib_read_bw do: see
+// onesided.go.
 //
 // The client tells the server what to do with a small header at the start
 // of each connection, so one server serves every test.
@@ -139,7 +145,7 @@ func parseArgs(args []string, out io.Writer) (*config, error) {
 	fs.StringVar(&cfg.render, "render", "", "print the bench results `file` (JSON) as a markdown table and exit")
 	fs.StringVar(&cfg.addr, "addr", "", "listen `address` (default :"+defaultPort+" for -s; $RDMA_TEST_ADDR:0 for -local)")
 	fs.StringVar(&cfg.netw, "net", "rdma", "transport: rdma (this library) or tcp (Go's net, for comparison)")
-	fs.StringVar(&cfg.test, "test", "lat", "client test: lat (ping-pong latency), bw (one-way throughput), rate (message rate), copy (io.Copy of a file to the connection, and to io.Discard at the server), dial (Dial, first round trip, Close) or http (HTTP/1.1 GETs of -size bytes)")
+	fs.StringVar(&cfg.test, "test", "lat", "client test: lat (ping-pong latency), bw (one-way throughput), rate (message rate), copy (io.Copy of a file to the connection, and to io.Discard at the server), dial (Dial, first round trip, Close), http (HTTP/1.1 GETs of -size bytes), or one-sided RDMA between registered regions: write-lat (WRITE ping-pong), read-lat, write-bw, read-bw")
 	fs.Int64Var(&cfg.copyLen, "bytes", 1<<30, "copy: the file's size in bytes")
 	fs.BoolVar(&cfg.plain, "plain", false, "copy: hide the connection's ReadFrom and WriteTo, so io.Copy goes through its own buffers")
 	fs.IntVar(&cfg.size, "size", 0, "message (write) size in bytes (default 64 for lat and rate, 65536 for bw)")
@@ -204,7 +210,7 @@ func parseArgs(args []string, out io.Writer) (*config, error) {
 	}
 	if cfg.size == 0 {
 		cfg.size = 64
-		if cfg.workload == "bw" {
+		if cfg.workload == "bw" || strings.HasSuffix(cfg.workload, "-bw") {
 			cfg.size = 64 << 10
 		}
 	}
@@ -221,6 +227,10 @@ func parseArgs(args []string, out io.Writer) (*config, error) {
 		return bad("-i must not be negative")
 	case cfg.reverse && cfg.workload != "bw" && cfg.workload != "rate":
 		return bad("-R reverses -test bw or rate, not %s", cfg.workload)
+	case isOneSided(cfg.workload) && cfg.netw != "rdma":
+		return bad("-test %s is one-sided RDMA: -net rdma only", cfg.workload)
+	case cfg.workload == "write-lat" && (cfg.size < 8 || cfg.size%8 != 0):
+		return bad("-test write-lat polls the block's last 8 bytes: -size must be a multiple of 8")
 	}
 	return cfg, nil
 }
@@ -339,8 +349,11 @@ func main() {
 		res.Metrics, err = r.dials()
 	case "http":
 		res.Metrics, err = r.httpLoad()
+	case "write-lat", "read-lat", "write-bw", "read-bw":
+		res.Conns = 1
+		res.Metrics, err = r.oneSided(workload)
 	default:
-		log.Fatalf("unknown -test %q (lat, bw, rate, copy, dial or http)", workload)
+		log.Fatalf("unknown -test %q (lat, bw, rate, copy, dial, http, write-lat, read-lat, write-bw or read-bw)", workload)
 	}
 	if err != nil {
 		res.Error = err.Error()
@@ -461,8 +474,11 @@ func describe(r Result) string {
 	case r.Workload == "http":
 		fmt.Fprintf(&b, ": %.0f req/s, p50 %.0f µs, p99 %.0f µs, avg %.0f µs a request (%.0f requests, %.0f connections dialed, in %.2f s, %.2f CPU s)",
 			m["req_s"], m["p50_us"], m["p99_us"], m["avg_us"], m["count"], m["dials"], m["seconds"], m["cpu_s"])
-	case r.Workload == "lat":
+	case r.Workload == "lat" || r.Workload == "write-lat":
 		fmt.Fprintf(&b, ": one-way p50 %.2f µs, p99 %.2f µs, avg %.2f µs (%.0f round trips in %.2f s)",
+			m["p50_us"], m["p99_us"], m["avg_us"], m["count"], m["seconds"])
+	case r.Workload == "read-lat":
+		fmt.Fprintf(&b, ": p50 %.2f µs, p99 %.2f µs, avg %.2f µs per READ (%.0f in %.2f s)",
 			m["p50_us"], m["p99_us"], m["avg_us"], m["count"], m["seconds"])
 	case r.Workload == "copy":
 		fmt.Fprintf(&b, ": %.2f MB/s (%.2f s, %.2f CPU s)", m["mb_s"], m["seconds"], m["cpu_s"])

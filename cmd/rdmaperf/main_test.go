@@ -97,6 +97,8 @@ func TestHeaderRejectsStrangers(t *testing.T) {
 		{kind: kindSource, size: 64, count: 1 << 40},
 		{kind: kindSource, size: 1000},
 		{kind: kindHTTP, size: 64},
+		{kind: kindRegion, size: 4096},
+		{kind: kindRegionPong, size: 64},
 	} {
 		b := h.marshal()
 		want := headerLen
@@ -112,13 +114,15 @@ func TestHeaderRejectsStrangers(t *testing.T) {
 		}
 	}
 	// The kind after the newest is refused, as an older server refuses
-	// kindHTTP; kindHTTP carries nothing after the header.
-	if _, err := readHeader(bytes.NewReader(header{kind: kindHTTP + 1, size: 64}.marshal())); err == nil ||
+	// kindHTTP and the one-sided kinds; they carry nothing after the header.
+	if _, err := readHeader(bytes.NewReader(header{kind: kindRegionPong + 1, size: 64}.marshal())); err == nil ||
 		!strings.Contains(err.Error(), "unknown test kind") {
-		t.Errorf("kind %d: %v, want unknown test kind", kindHTTP+1, err)
+		t.Errorf("kind %d: %v, want unknown test kind", kindRegionPong+1, err)
 	}
-	if kindHTTP.String() != "http" {
-		t.Errorf("kindHTTP is %q", kindHTTP)
+	for k, name := range map[kind]string{kindHTTP: "http", kindRegion: "region", kindRegionPong: "region ping-pong"} {
+		if k.String() != name {
+			t.Errorf("kind %d is %q, want %q", byte(k), k, name)
+		}
 	}
 	// A source header cut short is an error, not a count of zero.
 	b := header{kind: kindSource, size: 64, count: 5}.marshal()

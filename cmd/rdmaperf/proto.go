@@ -23,6 +23,11 @@ import (
 // connection carries HTTP/1.1 (the client's requests, the server's
 // responses of size bytes), and an older server refuses it as it refuses
 // kindSource.
+// The one-sided tests' kinds (kindRegion, kindRegionPong, after kindHTTP)
+// came the same way: after the ready byte the server sends its region's
+// key (rdma.RemoteKeyLen bytes), and for the ping-pong the client answers
+// with its own; an older server, one without HTTP tests included, refuses
+// them too.
 
 const (
 	magic      = "rprf"
@@ -39,13 +44,15 @@ const (
 type kind byte
 
 const (
-	kindEcho      kind = 1 + iota // ping-pong: read size bytes, write them back
-	kindSink                      // read to EOF, then report the byte count
-	kindIdle                      // like echo; a separate kind so logs tell them apart
-	kindCopy                      // io.Copy(io.Discard, conn) to EOF, then report the byte count
-	kindCopyPlain                 // the same, hiding the connection's WriteTo
-	kindSource                    // reverse: write size-byte messages to the client
-	kindHTTP                      // hand the connection to an HTTP/1.1 server answering with size bytes
+	kindEcho       kind = 1 + iota // ping-pong: read size bytes, write them back
+	kindSink                       // read to EOF, then report the byte count
+	kindIdle                       // like echo; a separate kind so logs tell them apart
+	kindCopy                       // io.Copy(io.Discard, conn) to EOF, then report the byte count
+	kindCopyPlain                  // the same, hiding the connection's WriteTo
+	kindSource                     // reverse: write size-byte messages to the client
+	kindHTTP                       // hand the connection to an HTTP/1.1 server answering with size bytes
+	kindRegion                     // one-sided: expose a region of size bytes, send its key
+	kindRegionPong                 // one-sided ping-pong: regions both ways, answer each WRITE with one
 )
 
 func (k kind) String() string {
@@ -64,6 +71,10 @@ func (k kind) String() string {
 		return "source"
 	case kindHTTP:
 		return "http"
+	case kindRegion:
+		return "region"
+	case kindRegionPong:
+		return "region ping-pong"
 	}
 	return fmt.Sprintf("kind(%d)", byte(k))
 }
@@ -96,7 +107,7 @@ func readHeader(r io.Reader) (header, error) {
 	}
 	h := header{kind: kind(b[5]), size: int(binary.BigEndian.Uint32(b[8:]))}
 	switch {
-	case h.kind < kindEcho || h.kind > kindHTTP:
+	case h.kind < kindEcho || h.kind > kindRegionPong:
 		return h, fmt.Errorf("unknown test kind %d", h.kind)
 	case h.size < 1 || h.size > maxMsgSize:
 		return h, fmt.Errorf("message size %d outside [1, %d]", h.size, maxMsgSize)

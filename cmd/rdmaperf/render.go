@@ -65,17 +65,27 @@ var metricsOf = map[string][]metric{
 	// last Dial returned), what cmtime's steps up to connect add up to.
 	"dial": {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"conn_s", "conn/s"}, {"setup_us", "setup p50 µs"}},
 	"http": {{"req_s", "req/s"}, {"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}},
+	// One-sided, against ib_write_lat, ib_read_lat, ib_write_bw and
+	// ib_read_bw (-R).
+	"write-lat": {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"avg_us", "avg µs"}},
+	"read-lat":  {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"avg_us", "avg µs"}},
+	"write-bw":  {{"mb_s", "MB/s"}},
+	"read-bw":   {{"mb_s", "MB/s"}},
 }
 
 var workloadNames = map[string]string{
-	"lat":      "latency (one-way)",
-	"bw":       "throughput",
-	"rate":     "message rate, Writes gathered while the peer is behind (not one message per Write)",
-	"rate-msg": "message rate, one message per Write (Options.Messages)",
-	"idle":     "idle connection",
-	"copy":     "io.Copy file → conn → io.Discard",
-	"dial":     "dial + round trip + close",
-	"http":     "HTTP/1.1 GET",
+	"lat":       "latency (one-way)",
+	"bw":        "throughput",
+	"rate":      "message rate, Writes gathered while the peer is behind (not one message per Write)",
+	"rate-msg":  "message rate, one message per Write (Options.Messages)",
+	"idle":      "idle connection",
+	"copy":      "io.Copy file → conn → io.Discard",
+	"dial":      "dial + round trip + close",
+	"http":      "HTTP/1.1 GET",
+	"write-lat": "one-sided WRITE latency (one-way)",
+	"read-lat":  "one-sided READ latency",
+	"write-bw":  "one-sided WRITE throughput",
+	"read-bw":   "one-sided READ throughput",
 }
 
 func renderFile(w io.Writer, path string) error {

@@ -63,6 +63,8 @@ func handle(c net.Conn, verbose bool, web *httpFront) (kept bool, err error) {
 			return false, errors.New("the server is shutting down")
 		}
 		return true, nil
+	case kindRegion, kindRegionPong:
+		return false, serveRegion(c, h.size, h.kind == kindRegionPong)
 	default:
 		return false, echo(c, h.size)
 	}

@@ -33,6 +33,10 @@ package ibv
 // and an RDMA WRITE with immediate data instead of the SEND.
 #define GV_EMPTY_WRITE (1 << 30)
 #define GV_WRITE_IMM (1 << 29)
+// And one-sided operations of regions the caller registered: an RDMA READ
+// of remote_addr into addr, an RDMA WRITE of addr to remote_addr.
+#define GV_RDMA_READ (1 << 28)
+#define GV_RDMA_WRITE (1 << 27)
 
 // gv_wc is the part of ibv_wc the Go side reads; its layout is mirrored by
 // the Go type WC.
@@ -110,7 +114,8 @@ struct gv_send {
 
 // gv_post_sends posts n SENDs with immediate data as one chain (one
 // doorbell, one system call on providers that need one); a zero length
-// sends no payload. A send flagged GV_EMPTY_WRITE is a zero-length RDMA
+// sends no payload. GV_RDMA_READ and GV_RDMA_WRITE make a send a plain
+// RDMA READ or WRITE between addr and remote_addr under rkey. A send flagged GV_EMPTY_WRITE is a zero-length RDMA
 // WRITE instead: no memory is read or written at either end, so it needs
 // no rkey. One flagged GV_WRITE_IMM is an RDMA WRITE with immediate data
 // to remote_addr under rkey: the payload lands there and the immediate
@@ -133,6 +138,11 @@ static int gv_post_sends(uintptr_t qpp, int n, const struct gv_send *in) {
 			wr[i].opcode = IBV_WR_RDMA_WRITE;
 			wr[i].num_sge = 0;
 			wr[i].send_flags = in[i].flags & ~GV_EMPTY_WRITE;
+		} else if (in[i].flags & (GV_RDMA_READ | GV_RDMA_WRITE)) {
+			wr[i].opcode = (in[i].flags & GV_RDMA_READ) ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+			wr[i].send_flags = in[i].flags & ~(GV_RDMA_READ | GV_RDMA_WRITE);
+			wr[i].wr.rdma.remote_addr = in[i].remote_addr;
+			wr[i].wr.rdma.rkey = in[i].rkey;
 		} else if (in[i].flags & GV_WRITE_IMM) {
 			wr[i].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
 			wr[i].imm_data = htonl(in[i].imm);
@@ -280,6 +290,16 @@ var (
 	_ [C.GV_EMPTY_WRITE - SendEmptyWrite]struct{}
 	_ [SendWriteImm - C.GV_WRITE_IMM]struct{}
 	_ [C.GV_WRITE_IMM - SendWriteImm]struct{}
+	_ [SendRead - C.GV_RDMA_READ]struct{}
+	_ [C.GV_RDMA_READ - SendRead]struct{}
+	_ [SendWrite - C.GV_RDMA_WRITE]struct{}
+	_ [C.GV_RDMA_WRITE - SendWrite]struct{}
+	_ [WCRemAccessErr - C.IBV_WC_REM_ACCESS_ERR]struct{}
+	_ [C.IBV_WC_REM_ACCESS_ERR - WCRemAccessErr]struct{}
+	_ [WCRemInvReqErr - C.IBV_WC_REM_INV_REQ_ERR]struct{}
+	_ [C.IBV_WC_REM_INV_REQ_ERR - WCRemInvReqErr]struct{}
+	_ [WCLocProtErr - C.IBV_WC_LOC_PROT_ERR]struct{}
+	_ [C.IBV_WC_LOC_PROT_ERR - WCLocProtErr]struct{}
 	_ [WCOpRecv - C.IBV_WC_RECV]struct{}
 	_ [C.IBV_WC_RECV - WCOpRecv]struct{}
 	_ [WCOpRecvWriteImm - C.IBV_WC_RECV_RDMA_WITH_IMM]struct{}
@@ -344,6 +364,10 @@ func (c *Context) Name() string { return C.GoString(C.ibv_get_device_name(c.c.de
 type DeviceAttr struct {
 	VendorID uint32 // IEEE vendor id
 	MaxCQE   int    // the most entries a CQ may have
+	// MaxQPRdAtom is the most RDMA READs (and atomics) a QP may serve
+	// for its peer at once; MaxQPInitRdAtom the most it may have
+	// outstanding itself.
+	MaxQPRdAtom, MaxQPInitRdAtom int
 }
 
 // Query returns the device's attributes (ibv_query_device).
@@ -352,7 +376,8 @@ func (c *Context) Query() (DeviceAttr, error) {
 	if r := C.ibv_query_device(c.c, &a); r != 0 {
 		return DeviceAttr{}, os.NewSyscallError("ibv_query_device", syscall.Errno(r))
 	}
-	return DeviceAttr{VendorID: uint32(a.vendor_id), MaxCQE: int(a.max_cqe)}, nil
+	return DeviceAttr{VendorID: uint32(a.vendor_id), MaxCQE: int(a.max_cqe),
+		MaxQPRdAtom: int(a.max_qp_rd_atom), MaxQPInitRdAtom: int(a.max_qp_init_rd_atom)}, nil
 }
 
 // AsyncChannel reads a context's asynchronous events (QP and CQ errors,
@@ -452,6 +477,20 @@ func (pd *PD) RegMR(mem []byte) (*MR, error) {
 // atomic access).
 func (pd *PD) RegMRRemoteWrite(mem []byte) (*MR, error) {
 	return pd.regMR(mem, C.IBV_ACCESS_LOCAL_WRITE|C.IBV_ACCESS_REMOTE_WRITE)
+}
+
+// RegMRAccess registers mem like RegMR, and lets the peers of QPs in this
+// PD read it (remoteRead) and write it (remoteWrite) with RDMA READ and
+// WRITE; never atomics.
+func (pd *PD) RegMRAccess(mem []byte, remoteRead, remoteWrite bool) (*MR, error) {
+	access := C.int(C.IBV_ACCESS_LOCAL_WRITE)
+	if remoteRead {
+		access |= C.IBV_ACCESS_REMOTE_READ
+	}
+	if remoteWrite {
+		access |= C.IBV_ACCESS_REMOTE_WRITE
+	}
+	return pd.regMR(mem, access)
 }
 
 func (pd *PD) regMR(mem []byte, access C.int) (*MR, error) {

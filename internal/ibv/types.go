@@ -20,14 +20,23 @@ const (
 	// of the SEND. The payload lands in the peer's memory and the
 	// immediate data consumes one of its receives.
 	SendWriteImm = 1 << 29
+	// SendRead and SendWrite are this package's own flags as well: post a
+	// plain RDMA READ of SendWR.RemoteAddr into Addr, or an RDMA WRITE of
+	// Addr to RemoteAddr, under RKey, instead of the SEND: the one-sided
+	// operations on regions an application registered.
+	SendRead  = 1 << 28
+	SendWrite = 1 << 27
 )
 
 // Completion statuses and flags the library distinguishes.
 const (
-	WCSuccess     = 0      // IBV_WC_SUCCESS
-	WCFlushErr    = 5      // IBV_WC_WR_FLUSH_ERR
-	WCRetryExcErr = 12     // IBV_WC_RETRY_EXC_ERR
-	WCWithImm     = 1 << 1 // IBV_WC_WITH_IMM, in WC.Flags
+	WCSuccess      = 0      // IBV_WC_SUCCESS
+	WCFlushErr     = 5      // IBV_WC_WR_FLUSH_ERR
+	WCLocProtErr   = 4      // IBV_WC_LOC_PROT_ERR: a local buffer outside its region
+	WCRemInvReqErr = 9      // IBV_WC_REM_INV_REQ_ERR: the responder found the request invalid
+	WCRemAccessErr = 10     // IBV_WC_REM_ACCESS_ERR: the responder refused the access
+	WCRetryExcErr  = 12     // IBV_WC_RETRY_EXC_ERR
+	WCWithImm      = 1 << 1 // IBV_WC_WITH_IMM, in WC.Flags
 )
 
 // Opcodes of receive completions (enum ibv_wc_opcode), in WC.Opcode.
@@ -60,8 +69,9 @@ type RecvWR struct {
 
 // SendWR is one SEND with immediate data to post (or, with
 // SendEmptyWrite, a zero-length RDMA WRITE; with SendWriteImm, an RDMA
-// WRITE with immediate data to RemoteAddr under RKey); its layout mirrors
-// struct gv_send. Len 0 sends no payload.
+// WRITE with immediate data to RemoteAddr under RKey; with SendRead or
+// SendWrite, a plain RDMA READ or WRITE); its layout mirrors struct
+// gv_send. Len 0 sends no payload.
 type SendWR struct {
 	ID         uint64
 	Addr       uint64
@@ -69,8 +79,8 @@ type SendWR struct {
 	LKey       uint32
 	Flags      int32
 	Imm        uint32 // host order
-	RemoteAddr uint64 // SendWriteImm only
-	RKey       uint32 // SendWriteImm only
+	RemoteAddr uint64 // SendWriteImm, SendRead, SendWrite only
+	RKey       uint32 // SendWriteImm, SendRead, SendWrite only
 }
 
 // WriteWR is one RDMA WRITE to post (QP.PostWrite): Len bytes from Addr,

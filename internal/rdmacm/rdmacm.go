@@ -122,17 +122,20 @@ static int gv_addr(struct rdma_cm_id *id, int which, uint8_t *ip, uint16_t *port
 // an id that has none (0 otherwise): librdmacm completes the handshake
 // (the RTU) from rdma_get_cm_event only for ids with a QP, so such a
 // request stays half-open unless the caller calls rdma_establish.
-static int gv_connect(struct rdma_cm_id *id, const void *pd, uint8_t pdlen, int accept, uint32_t qp_num) {
+// initiator is the RDMA READs and atomics the QP may have outstanding,
+// responder how many of the peer's it serves at once.
+static int gv_connect(struct rdma_cm_id *id, const void *pd, uint8_t pdlen, int accept, uint32_t qp_num,
+                      uint8_t initiator, uint8_t responder) {
 	struct rdma_conn_param p;
 	memset(&p, 0, sizeof(p));
 	p.private_data = pd;
 	p.private_data_len = pdlen;
 	p.qp_num = qp_num;
-	// SENDs and RDMA WRITEs only: no RDMA READ/atomic resources are
-	// needed, and none are granted, so the QP refuses a peer's READ or
-	// atomic whatever memory it names.
-	p.responder_resources = 0;
-	p.initiator_depth = 0;
+	// With no responder resources the QP refuses a peer's READ or atomic
+	// whatever memory it names; with some, the memory regions decide
+	// (rdma_cm grants the QP remote read and atomic access then).
+	p.responder_resources = responder;
+	p.initiator_depth = initiator;
 	// Both QPs take the dialer's retry count: the most a hardware NIC
 	// allows, so that a partition of several ACK timeouts (see
 	// SetAckTimeout) is survived. Soft-RoCE (rxe) takes 7 to mean "retry
@@ -319,6 +322,10 @@ type Event struct {
 	ListenHandle uintptr
 	ID           *ID
 	PrivateData  []byte
+	// Initiator and Responder are, in a connect request, the RDMA READ
+	// depths the requester offers from this side's point of view (the
+	// kernel swaps them): how many READs this side may issue, and serve.
+	Initiator, Responder uint8
 }
 
 // EventChannel is an rdma_event_channel driven through the netpoller.
@@ -369,6 +376,8 @@ func (c *EventChannel) copyEvent() Event {
 		Handle:       uintptr(e.handle),
 		ListenHandle: uintptr(e.listen_handle),
 		ID:           &ID{id: e.id},
+		Initiator:    uint8(e.initiator_depth),
+		Responder:    uint8(e.responder_resources),
 	}
 	if n := int(e.private_len); n > 0 {
 		ev.PrivateData = C.GoBytes(unsafe.Pointer(&e.private_data[0]), C.int(n))
@@ -463,12 +472,29 @@ func (id *ID) ResolveRoute(timeoutMs int) error {
 }
 
 func (id *ID) connect(private []byte, accept C.int, qpNum uint32, name string) error {
+	return id.connectDepth(private, accept, qpNum, 0, 0, name)
+}
+
+// ConnectRead is Connect for a QP that issues up to initiator RDMA READs
+// at once and serves up to responder of the peer's (rdma_conn_param's
+// initiator_depth and responder_resources).
+func (id *ID) ConnectRead(private []byte, initiator, responder uint8) error {
+	return id.connectDepth(private, 0, 0, initiator, responder, "rdma_connect")
+}
+
+// AcceptRead is Accept with RDMA READ depths as ConnectRead's; neither
+// may exceed what the request offered (Event.Initiator, Event.Responder).
+func (id *ID) AcceptRead(private []byte, initiator, responder uint8) error {
+	return id.connectDepth(private, 1, 0, initiator, responder, "rdma_accept")
+}
+
+func (id *ID) connectDepth(private []byte, accept C.int, qpNum uint32, initiator, responder uint8, name string) error {
 	var p unsafe.Pointer
 	if len(private) > 0 {
 		p = C.CBytes(private)
 		defer C.free(p)
 	}
-	if r, err := C.gv_connect(id.id, p, C.uint8_t(len(private)), accept, C.uint32_t(qpNum)); r != 0 {
+	if r, err := C.gv_connect(id.id, p, C.uint8_t(len(private)), accept, C.uint32_t(qpNum), C.uint8_t(initiator), C.uint8_t(responder)); r != 0 {
 		return os.NewSyscallError(name, err)
 	}
 	return nil

@@ -1,0 +1,124 @@
+package rdma_test
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+
+	"github.com/goverbs/rdma"
+)
+
+// A tiny remote block store: the server exposes a region of blocks, and
+// its clients read and write blocks with RDMA READ and WRITE, without the
+// server's CPU. The server sends each client the region's key over the
+// connection; the connection stays open as long as the client uses the
+// region (closing it revokes the region).
+
+// blockSize is the store's block; the region holds blockCount of them.
+const (
+	blockSize  = 4096
+	blockCount = 256
+)
+
+// serveBlocks gives every client of ln a store of its own, until ln is
+// closed.
+func serveBlocks(ln net.Listener) error {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		go func() {
+			if err := serveClient(c.(*rdma.Conn)); err != nil {
+				log.Print(err)
+			}
+		}()
+	}
+}
+
+func serveClient(c *rdma.Conn) error {
+	defer c.Close()
+	store, err := c.RegisterRegion(blockSize*blockCount, rdma.RemoteRead|rdma.RemoteWrite)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	key, err := store.Key().MarshalBinary()
+	if err != nil {
+		return err
+	}
+	if _, err := c.Write(key); err != nil {
+		return err
+	}
+	// The client reads and writes the blocks by itself; it hangs up when
+	// it is done.
+	if _, err := io.Copy(io.Discard, c); err != nil && !errors.Is(err, net.ErrClosed) {
+		return err
+	}
+	return nil
+}
+
+// blockClient reads and writes a server's blocks.
+type blockClient struct {
+	c      *rdma.Conn
+	blocks *rdma.RemoteRegion
+}
+
+func dialBlocks(addr string) (*blockClient, error) {
+	c, err := rdma.Dial("rdma", addr)
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, rdma.RemoteKeyLen)
+	var key rdma.RemoteKey
+	if _, err = io.ReadFull(c, b); err == nil {
+		err = key.UnmarshalBinary(b)
+	}
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return &blockClient{c: c, blocks: c.Remote(key)}, nil
+}
+
+func (bc *blockClient) readBlock(i int, p []byte) error {
+	_, err := bc.blocks.ReadAt(p[:blockSize], int64(i)*blockSize)
+	return err
+}
+
+func (bc *blockClient) writeBlock(i int, p []byte) error {
+	_, err := bc.blocks.WriteAt(p[:blockSize], int64(i)*blockSize)
+	return err
+}
+
+func (bc *blockClient) Close() error { return bc.c.Close() }
+
+// The client writes a block and reads it back. (Like the other examples
+// it needs an RDMA device at 10.0.0.1; the device tests run the same
+// server and client: TestRegionBlockStore.)
+func Example_blockStore() {
+	ln, err := rdma.Listen("rdma", "10.0.0.1:7472")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer ln.Close()
+	go serveBlocks(ln)
+
+	bc, err := dialBlocks(ln.Addr().String())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer bc.Close()
+	block := make([]byte, blockSize)
+	copy(block, "hello, block 7")
+	if err := bc.writeBlock(7, block); err != nil {
+		log.Fatal(err)
+	}
+	got := make([]byte, blockSize)
+	if err := bc.readBlock(7, got); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(string(got[:14]))
+}
