@@ -360,6 +360,9 @@ func (c *Conn) write(b []byte) (int, error) {
 		short := c.cr.credits > 0 && room < min(c.tx.pendLen+len(b)-n, c.maxMsg)
 		noRoom := grow == 0 || short || (c.cr.credits == 0 && waitMsg)
 		if free == 0 || noRoom || waitMsg {
+			// Messages a Write left queued (cork) go before anyone
+			// waits: the peer's answer to them is what ends the wait.
+			c.flushDroppingLock()
 			c.waitSendRoomDroppingLock(noRoom, &waited)
 			continue
 		}
@@ -437,6 +440,7 @@ func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
 	// every message planned with credits goes out, but for a last, partly
 	// filled one that hold keeps; without credits the one message stays
 	// pending.
+	before := c.cr.outstanding()
 	queued := c.tx.pendLen + off - n
 	for queued > 0 && c.cr.credits > 0 && c.tx.free() > 0 {
 		_, room := ring.at(ring.tail, acked)
@@ -454,7 +458,9 @@ func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
 	}
 	c.tx.pendLen = queued
 	c.tx.pendMore = c.msgWrite && queued > 0 && off < len(b)
-	c.flushDroppingLock()
+	if off < len(b) || !c.cr.cork(before, len(c.tx.sends), c.tx.carries) {
+		c.flushDroppingLock()
+	}
 	return off
 }
 

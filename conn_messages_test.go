@@ -24,16 +24,22 @@ func TestConnMessagesWritesNeverMerge(t *testing.T) {
 	}
 	require.Equal(t, uint32(452), s[2].Len)
 
-	// Small Writes while the peer is behind: one message each.
+	// Small Writes while the peer is behind: one message each, corked
+	// until the next completion, which posts them as one chain.
 	for _, w := range []string{"a", "b", "c"} {
 		_, err := p.c.Write([]byte(w))
 		require.NoError(t, err)
 	}
+	require.Empty(t, p.sent(), "the peer is behind: the Writes wait for its answer")
+	posts := p.q.postCalls()
+	p.ack()
 	s = p.sent()
 	require.Len(t, s, 3)
-	for _, wr := range s {
+	require.Equal(t, posts+1, p.q.postCalls(), "the corked messages go in one post")
+	for i, wr := range s {
 		require.Equal(t, uint8(msgData), headerOf(wr.Imm).typ)
 		require.Equal(t, uint32(1), wr.Len)
+		require.Equal(t, string("abc"[i]), p.payload(wr))
 	}
 	_, err = p.c.Write(nil)
 	require.NoError(t, err)
@@ -43,7 +49,8 @@ func TestConnMessagesWritesNeverMerge(t *testing.T) {
 func TestConnMessagesPendingWriteWaits(t *testing.T) {
 	p := newFakeConnOpts(t, Options{BufferSize: 64, SendDepth: 2, RecvDepth: 2, Poll: PollEvent}, true)
 	p.c.Write([]byte("1"))
-	p.c.Write([]byte("2"))
+	p.c.Write([]byte("2")) // corked: "1" is unconsumed
+	p.ack()                // posts "2"
 	p.ack()
 	require.Len(t, p.sent(), 2)
 	// No credit: the Write's bytes wait in the pending buffer...
@@ -153,4 +160,70 @@ func TestConnMessagesCutByDeadlineEndsWrites(t *testing.T) {
 	require.NoError(t, p.c.SetWriteDeadline(time.Time{}))
 	_, err = p.c.Write([]byte("next"))
 	require.ErrorContains(t, err, "cut short", "the next Write would continue the cut message at the reader")
+}
+
+func TestConnMessagesCork(t *testing.T) {
+	p := newFakeConnOpts(t, Options{BufferSize: 64, SendDepth: 8, RecvDepth: 8, Poll: PollEvent}, true)
+	write := func(s string) {
+		t.Helper()
+		_, err := p.c.Write([]byte(s))
+		require.NoError(t, err)
+	}
+	// The peer keeps up: every Write is posted at once.
+	write("a")
+	write("b")
+	require.Len(t, p.sent(), 2)
+	// Two unconsumed at the peer: Writes are corked...
+	write("c")
+	write("d")
+	require.Empty(t, p.sent())
+	// ...until a completion: here the peer's credits for a and b.
+	posts := p.q.postCalls()
+	p.deliver(header{typ: msgCredit, credits: 2}, nil)
+	s := p.sent()
+	require.Len(t, s, 2)
+	require.Equal(t, posts+1, p.q.postCalls(), "one post for the corked Writes")
+	require.Equal(t, "c", p.payload(s[0]))
+	require.Equal(t, "d", p.payload(s[1]))
+
+	// A header that acknowledges the peer's credit message never waits:
+	// the peer may need its control credit back.
+	write("e")
+	s = p.sent()
+	require.Len(t, s, 1)
+	require.Equal(t, uint8(1), headerOf(s[0].Imm).ctrlAck)
+
+	// SetNoDelay(true) posts every Write at once.
+	require.NoError(t, p.c.SetNoDelay(true))
+	write("f")
+	require.Len(t, p.sent(), 1)
+	require.NoError(t, p.c.SetNoDelay(false))
+
+	// A Write that must wait posts what is corked first: the peer's
+	// answer to it is what ends the wait.
+	p.ack() // the send queue has room for all
+	for _, w := range []string{"g", "h", "i", "j"} {
+		write(w) // corked: the peer is behind
+	}
+	require.Empty(t, p.sent())
+	require.Zero(t, p.c.cr.credits)
+	write("k") // no credit: pending
+	done := make(chan struct{})
+	go func() {
+		write("l") // waits for k to go
+		close(done)
+	}()
+	p.eventually(func(c *Conn) bool { return len(c.tx.sends) == 0 })
+	s = p.sent()
+	require.Len(t, s, 4)
+	for i, wr := range s {
+		require.Equal(t, string("ghij"[i]), p.payload(wr))
+	}
+	p.ack()
+	p.deliver(header{typ: msgCredit, credits: 8}, nil)
+	<-done
+	s = p.sent()
+	require.Len(t, s, 2, "the peer caught up: nothing is corked")
+	require.Equal(t, "k", p.payload(s[0]))
+	require.Equal(t, "l", p.payload(s[1]))
 }

@@ -150,3 +150,27 @@ func (l *ledger) hold(n, maxMsg int, finQueued bool) bool {
 	}
 	return l.streaming && n < maxMsg && !l.noDelay && !l.noMerge && !finQueued && l.ctrlOwed < ctrlDepth/2
 }
+
+// corkMax bounds the messages a Write leaves queued unposted (see cork):
+// one chain of work requests.
+const corkMax = 16
+
+// outstanding is how many data messages the peer has not given a credit
+// back for: unconsumed, or queued here and not yet posted.
+func (l *ledger) outstanding() int { return l.peerWindow - l.credits }
+
+// cork reports whether the messages a Write queued, queued in all, may
+// wait unposted for the next completion instead of being posted by that
+// Write. It is hold's rule for a message-oriented peer, whose Writes never
+// gather: when the Write began, before bytes holdAt messages were
+// outstanding at the peer, all of them posted (any completion posts what
+// is corked), so the peer is behind and its credits, and with them a
+// completion that posts the queue, will come; meanwhile back-to-back
+// Writes share one ibv_post_send (one system call on rxe), each still a
+// message of its own. carries says the queued headers return credits or
+// acknowledgements to the peer: those never wait, since the peer may need
+// them to send what would end the wait. SetNoDelay turns it off, and a
+// Write that must wait for credits or room posts everything first.
+func (l *ledger) cork(before, queued int, carries bool) bool {
+	return l.noMerge && !l.noDelay && !carries && before >= l.holdAt && queued < corkMax
+}

@@ -112,6 +112,7 @@ type sendRing struct {
 	finQueued bool // the fin waits behind pending data
 
 	sends    []ibv.SendWR // prepared, not yet posted
+	carries  bool         // a header in sends returns credits or acknowledgements
 	spare    []ibv.SendWR // the other half of the double buffer
 	posting  bool         // a goroutine is posting; others only queue
 	draining bool         // the teardown owns the send queue: nothing more is posted
@@ -185,6 +186,9 @@ func (r *sendRing) queue(h header, n int, finSent bool) {
 	if n > 0 && n <= r.maxInline {
 		flags |= ibv.SendInline
 	}
+	if h.credits > 0 || h.ctrlAck > 0 {
+		r.carries = true
+	}
 	r.sends = append(r.sends, ibv.SendWR{
 		ID:         sendWRID(r.dataSeq, r.ctrlSeq),
 		Addr:       addr,
@@ -242,6 +246,7 @@ func (r *sendRing) marker() ibv.SendWR {
 func (r *sendRing) take() []ibv.SendWR {
 	batch := r.sends
 	r.sends, r.spare = r.spare[:0], batch
+	r.carries = false
 	return batch
 }
 

@@ -33,6 +33,13 @@ func (q *fakeQP) PostSends(wrs []ibv.SendWR) error {
 	return nil
 }
 
+// postCalls is how many chains were posted (ibv_post_send calls).
+func (q *fakeQP) postCalls() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.sends)
+}
+
 func (q *fakeQP) PostRecvs(wrs []ibv.RecvWR) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()

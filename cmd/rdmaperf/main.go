@@ -53,6 +53,7 @@ import (
 	"log"
 	"net"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -102,6 +103,8 @@ type config struct {
 	rdepth        int
 	poll          rdma.PollMode
 	spin          time.Duration
+	cpuProfile    string
+	noDelay       bool
 }
 
 // seconds is a flag of a duration given as iperf3 does, in seconds ("10",
@@ -165,6 +168,8 @@ func parseArgs(args []string, out io.Writer) (*config, error) {
 	fs.IntVar(&cfg.rdepth, "rdepth", 0, "rdma: receives posted per connection (0: library default)")
 	poll := fs.String("poll", "adaptive", "rdma: how a waiting Read/Write learns of completions: adaptive (spin, then park), busy (spin) or event (park)")
 	fs.DurationVar(&cfg.spin, "spin", 0, "rdma: with -poll adaptive, how long a waiting Read/Write polls before it parks (0: library default, 50µs, longer while recent waits were short)")
+	fs.BoolVar(&cfg.noDelay, "nodelay", false, "rdma client: SetNoDelay(true) on every connection: a small Write goes out at once even while the peer is behind (Go's TCP connections have it on already)")
+	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write the process's CPU profile (runtime/pprof) to `file` when the client's test ends")
 	// iperf3's names for the same settings, for its users' fingers.
 	fs.Var(seconds{&cfg.duration}, "t", "alias of -duration (iperf3): `seconds`")
 	fs.IntVar(&cfg.conns, "P", cfg.conns, "alias of -conns (iperf3)")
@@ -257,6 +262,7 @@ func main() {
 		log.Fatal(err)
 	}
 	tr.keep = cfg.stats
+	tr.noDelay = cfg.noDelay
 
 	if cfg.server {
 		addr := cfg.addr
@@ -327,8 +333,27 @@ func main() {
 	if workload == "copy" && cfg.plain {
 		res.Impl += " plain"
 	}
+	if cfg.noDelay && tr.name == "rdma" {
+		res.Impl += " nodelay"
+	}
 	if cfg.reverse {
 		res.Impl += " reverse"
+	}
+	stopProfile := func() {}
+	if cfg.cpuProfile != "" {
+		f, err := os.Create(cfg.cpuProfile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		stopProfile = func() {
+			pprof.StopCPUProfile()
+			if err := f.Close(); err != nil {
+				log.Print(err)
+			}
+		}
 	}
 	switch workload {
 	case "lat":
@@ -355,6 +380,7 @@ func main() {
 	default:
 		log.Fatalf("unknown -test %q (lat, bw, rate, copy, dial, http, write-lat, read-lat, write-bw or read-bw)", workload)
 	}
+	stopProfile()
 	if err != nil {
 		res.Error = err.Error()
 	} else if tr.name == "rdma" && workload == "idle" {
@@ -392,9 +418,10 @@ type transport struct {
 
 	// keep says to remember the connections dialed, for -stats; not
 	// otherwise, since a dial test makes thousands.
-	keep  bool
-	mu    sync.Mutex
-	conns []*rdma.Conn // dialed (rdma), with keep
+	keep    bool
+	noDelay bool // rdma: SetNoDelay(true) on every connection dialed
+	mu      sync.Mutex
+	conns   []*rdma.Conn // dialed (rdma), with keep
 }
 
 // stats sums the counters of every rdma connection dialed.
@@ -431,6 +458,12 @@ func newTransport(name string, opts rdma.Options) (*transport, error) {
 		}
 		t.dial = func(a string) (net.Conn, error) {
 			c, err := d.Dial("rdma", a)
+			if err == nil && t.noDelay {
+				if err := c.(*rdma.Conn).SetNoDelay(true); err != nil {
+					c.Close()
+					return nil, err
+				}
+			}
 			if err == nil && t.keep {
 				t.mu.Lock()
 				t.conns = append(t.conns, c.(*rdma.Conn))
