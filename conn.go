@@ -471,7 +471,11 @@ func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
 // trades message rate for the latency of back-to-back small Writes;
 // request-response traffic, where the peer has consumed what was sent
 // before each Write, never waits. With no receive free at the peer,
-// Writes gather whatever the setting.
+// Writes gather whatever the setting. To a message-oriented peer
+// (Options.Messages) Writes never gather: by default, while it is behind,
+// they are queued unposted until its answer comes and then posted
+// together (one ibv_post_send, each Write still a message of its own);
+// with noDelay true each is posted at once.
 func (c *Conn) SetNoDelay(noDelay bool) error {
 	if !c.ok() {
 		return errInvalid("set")

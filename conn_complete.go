@@ -323,6 +323,7 @@ func (c *Conn) flushDroppingLock() {
 			break
 		}
 		batch := c.tx.take()
+		c.st.SendPosts += uint64((len(batch) + ibv.MaxSendBatch - 1) / ibv.MaxSendBatch)
 		c.mu.Unlock()
 		err := postChain(c.qp, batch)
 		c.mu.Lock()

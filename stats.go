@@ -13,6 +13,11 @@ type ConnStats struct {
 	// CreditMessagesSent counts messages that only returned credits: when
 	// the reverse direction has no data to carry them.
 	CreditMessagesSent uint64
+	// SendPosts counts ibv_post_send calls (a system call each on rxe):
+	// fewer than the messages when several go in one chain (a Write of
+	// several messages, or Writes to a message-oriented peer that waited
+	// for its answer while it was behind; see SetNoDelay).
+	SendPosts uint64
 	// CreditWaits counts the Writes that waited for the peer: it had no
 	// receive free and the pending message was full, or its receive ring
 	// had no room for the next message (it had not read what was there);
