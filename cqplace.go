@@ -3,7 +3,7 @@ package rdma
 // A device's connections share completion queues: one CQ at first, grown
 // as connections come (ibv_resize_cq), and more CQs, each with its own
 // poller goroutine and completion channel, once one has reached the
-// device's max_cqe (32,767 entries on rxe: 555 connections with the
+// device's max_cqe (32,767 entries on rxe: 306 connections with the
 // default Options). placeCQ decides where a new connection goes; it is
 // pure arithmetic, so that every branch is tested without a device.
 

@@ -168,7 +168,7 @@ func resolve(ctx context.Context, network, address string) (netip.AddrPort, erro
 const (
 	DefaultBufferSize = 64 << 10
 	DefaultSendDepth  = 16
-	DefaultRecvDepth  = 16
+	DefaultRecvDepth  = 64
 	DefaultSpinTime   = 50 * time.Microsecond
 )
 
@@ -195,7 +195,9 @@ type Options struct {
 	// RecvDepth is the number of receives posted for the peer's data
 	// messages, the most messages it may have in flight to this side
 	// (besides what the ring's bytes allow). Receives are zero-length:
-	// it costs no memory. Default 16.
+	// it costs no memory, only completion-queue entries. Default 64: deep
+	// enough that a stream of small messages rarely waits for a credit
+	// message (credits go back in batches of a quarter of it).
 	RecvDepth int
 	// Poll chooses how a Read or Write that must wait learns that it can
 	// go on: PollAdaptive (the default) spins for SpinTime and then parks,

@@ -9,7 +9,7 @@
 //	rdmainfo -buffer 16384 -recv-depth 64     # for these Options
 //
 // -buffer, -send-depth and -recv-depth are Options.BufferSize, SendDepth and
-// RecvDepth (0: the library's defaults, 64 KiB, 16 and 16; -sdepth and
+// RecvDepth (0: the library's defaults, 64 KiB, 16 and 64; -sdepth and
 // -rdepth are rdmaperf's names for the depths). Run it as the service's
 // user and under its limits (ulimit -l, LimitMEMLOCK): the limit and the
 // capability it reports are its own process's.

@@ -23,7 +23,7 @@ func TestPerConnection(t *testing.T) {
 		want OptionsInfo
 	}{
 		{"defaults", rdma.Options{},
-			OptionsInfo{BufferSize: 64 << 10, SendDepth: 16, RecvDepth: 16, RegisteredBytes: 256 << 10, CQEntries: 59}},
+			OptionsInfo{BufferSize: 64 << 10, SendDepth: 16, RecvDepth: 64, RegisteredBytes: 256 << 10, CQEntries: 107}},
 		// Two rings of two messages each; the depths cost no memory.
 		{"small", rdma.Options{BufferSize: 4096, SendDepth: 8, RecvDepth: 32},
 			OptionsInfo{BufferSize: 4096, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 4 * 4096, CQEntries: 67}},
