@@ -176,14 +176,20 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 	if err := c.id.ResolveRoute(ms); err != nil {
 		return noDevice(err)
 	}
+	// The id has its device once the address is resolved, and the data
+	// path (memory, QP, receives) needs nothing of the route: it is set
+	// up while the kernel resolves the route. (Binding the id to the
+	// source address first would give it the device before the address
+	// is resolved, but finding that address and binding cost about what
+	// an earlier setup saves.)
+	if err := c.setup(opts); err != nil {
+		return err
+	}
 	if ev, err = c.waitCM(ctx); err != nil {
 		return err
 	}
 	if ev.Type != rdmacm.EventRouteResolved {
 		return noDevice(os.NewSyscallError("rdma_resolve_route", eventErrno(ev, syscall.EHOSTUNREACH)))
-	}
-	if err := c.setup(opts); err != nil {
-		return err
 	}
 	if err := c.id.SetAckTimeout(c.dev.ackTimeout); err != nil {
 		return err
