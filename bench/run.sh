@@ -300,7 +300,7 @@ rstream_run() {
 	case $workload in
 	lat) emit rsockets lat "$size" 1 "avg_us=$us" "count=$iters" ;;
 	bw) emit rsockets bw "$size" 1 "mb_s=$(awk -v s="$size" -v u="$us" 'BEGIN { printf "%.4f", s / u }')" "count=$count" ;;
-	rate | rate-msg) emit rsockets "$workload" "$size" 1 "msg_s=$(awk -v u="$us" 'BEGIN { printf "%.1f", 1e6 / u }')" "count=$count" ;;
+	rate | rate-msg | rate-msg-nodelay) emit rsockets "$workload" "$size" 1 "msg_s=$(awk -v u="$us" 'BEGIN { printf "%.1f", 1e6 / u }')" "count=$count" ;;
 	esac
 }
 
@@ -400,6 +400,10 @@ one_round() {
 	run_rdmaperf rdma rate-msg 64 1 -test rate -size 64 -duration "${secs}s" -messages
 	perftest_bw rate-msg 64 10000 1
 	rstream_run rate-msg 64 10000 1
+	# The same with every Write posted on its own (SetNoDelay(true)), as the peers post.
+	run_rdmaperf rdma rate-msg-nodelay 64 1 -test rate -size 64 -duration "${secs}s" -messages -nodelay
+	perftest_bw rate-msg-nodelay 64 10000 1
+	rstream_run rate-msg-nodelay 64 10000 1
 	for net in rdma tcp; do run_rdmaperf "$net" rate 64 8 -test rate -size 64 -conns 8 -duration "${secs}s"; done
 	perftest_bw rate 64 2000 8
 	echo "== io.Copy of a file, $copy_bytes B (round $round)"

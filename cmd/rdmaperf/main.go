@@ -306,6 +306,9 @@ func main() {
 		// Not the gathered rate: a row of its own (one message per Write,
 		// as perftest and rstream post them).
 		res.Workload = "rate-msg"
+		if cfg.noDelay {
+			res.Workload = "rate-msg-nodelay"
+		}
 	}
 	r := &run{
 		copyLen:  cfg.copyLen,
@@ -333,7 +336,7 @@ func main() {
 	if workload == "copy" && cfg.plain {
 		res.Impl += " plain"
 	}
-	if cfg.noDelay && tr.name == "rdma" {
+	if cfg.noDelay && tr.name == "rdma" && res.Workload != "rate-msg-nodelay" {
 		res.Impl += " nodelay"
 	}
 	if cfg.reverse {

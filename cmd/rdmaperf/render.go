@@ -55,12 +55,13 @@ var (
 type metric struct{ key, label string }
 
 var metricsOf = map[string][]metric{
-	"lat":      {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"avg_us", "avg µs"}},
-	"bw":       {{"mb_s", "MB/s"}},
-	"rate":     {{"msg_s", "msg/s"}},
-	"rate-msg": {{"msg_s", "msg/s"}},
-	"idle":     {{"cpu_s", "CPU s"}, {"reg_kib", "registered KiB per connection"}},
-	"copy":     {{"mb_s", "MB/s"}, {"cpu_s", "CPU s"}},
+	"lat":              {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"avg_us", "avg µs"}},
+	"bw":               {{"mb_s", "MB/s"}},
+	"rate":             {{"msg_s", "msg/s"}},
+	"rate-msg":         {{"msg_s", "msg/s"}},
+	"rate-msg-nodelay": {{"msg_s", "msg/s"}},
+	"idle":             {{"cpu_s", "CPU s"}, {"reg_kib", "registered KiB per connection"}},
+	"copy":             {{"mb_s", "MB/s"}, {"cpu_s", "CPU s"}},
 	// setup is the connection's establishment alone (rdmaperf: until the
 	// last Dial returned), what cmtime's steps up to connect add up to.
 	"dial": {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"conn_s", "conn/s"}, {"setup_us", "setup p50 µs"}},
@@ -74,18 +75,19 @@ var metricsOf = map[string][]metric{
 }
 
 var workloadNames = map[string]string{
-	"lat":       "latency (one-way)",
-	"bw":        "throughput",
-	"rate":      "message rate, Writes gathered while the peer is behind (not one message per Write)",
-	"rate-msg":  "message rate, one message per Write (Options.Messages)",
-	"idle":      "idle connection",
-	"copy":      "io.Copy file → conn → io.Discard",
-	"dial":      "dial + round trip + close",
-	"http":      "HTTP/1.1 GET",
-	"write-lat": "one-sided WRITE latency (one-way)",
-	"read-lat":  "one-sided READ latency",
-	"write-bw":  "one-sided WRITE throughput",
-	"read-bw":   "one-sided READ throughput",
+	"lat":              "latency (one-way)",
+	"bw":               "throughput",
+	"rate":             "message rate, Writes gathered while the peer is behind (not one message per Write)",
+	"rate-msg":         "message rate, one message per Write (Options.Messages; Writes while the peer is behind share a post)",
+	"rate-msg-nodelay": "message rate, one message and one post per Write (Options.Messages, SetNoDelay(true))",
+	"idle":             "idle connection",
+	"copy":             "io.Copy file → conn → io.Discard",
+	"dial":             "dial + round trip + close",
+	"http":             "HTTP/1.1 GET",
+	"write-lat":        "one-sided WRITE latency (one-way)",
+	"read-lat":         "one-sided READ latency",
+	"write-bw":         "one-sided WRITE throughput",
+	"read-bw":          "one-sided READ throughput",
 }
 
 func renderFile(w io.Writer, path string) error {
