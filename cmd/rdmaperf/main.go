@@ -439,10 +439,12 @@ func (t *transport) stats() rdma.ConnStats {
 		sum.MessagesSent += s.MessagesSent
 		sum.MessagesReceived += s.MessagesReceived
 		sum.CreditMessagesSent += s.CreditMessagesSent
+		sum.SendPosts += s.SendPosts
 		sum.CreditWaits += s.CreditWaits
 		sum.CreditWaitTime += s.CreditWaitTime
 		sum.CompletionErrors += s.CompletionErrors
 		sum.RegisteredBytes += s.RegisteredBytes
+		sum.KeepAliveProbes += s.KeepAliveProbes
 		sum.Spins += s.Spins
 		sum.Parks += s.Parks
 	}
