@@ -112,8 +112,15 @@ func (r *run) latency() (map[string]float64, error) {
 	}
 	// Warm-up round trips fault the buffers in and let the transport
 	// settle (credits, TCP's window) before anything counts.
+	return r.timeOps(roundTrip, true, "round trip")
+}
+
+// timeOps runs op after the warm-up for -n times or -duration and reports
+// its percentiles in µs, halved for a round trip that stands for two
+// one-way trips; what names an op in the error when none completed.
+func (r *run) timeOps(op func() error, halve bool, what string) (map[string]float64, error) {
 	for range r.warmup {
-		if err := roundTrip(); err != nil {
+		if err := op(); err != nil {
 			return nil, err
 		}
 	}
@@ -123,7 +130,7 @@ func (r *run) latency() (map[string]float64, error) {
 	deadline := start.Add(r.duration)
 	for i := 0; r.more(i, deadline); i++ {
 		t := time.Now()
-		if err := roundTrip(); err != nil {
+		if err := op(); err != nil {
 			return nil, err
 		}
 		samples = append(samples, time.Since(t))
@@ -131,19 +138,24 @@ func (r *run) latency() (map[string]float64, error) {
 	elapsed := time.Since(start)
 	cpu := cpuTime() - cpu0
 	if len(samples) == 0 {
-		return nil, errors.New("no round trip completed")
+		return nil, errors.New("no " + what + " completed")
 	}
 	slices.Sort(samples)
 	var sum time.Duration
 	for _, s := range samples {
 		sum += s
 	}
-	oneWayUs := func(d time.Duration) float64 { return d.Seconds() * 1e6 / 2 }
+	us := func(d time.Duration) float64 {
+		if halve {
+			return d.Seconds() * 1e6 / 2
+		}
+		return d.Seconds() * 1e6
+	}
 	return map[string]float64{
-		"p50_us":  oneWayUs(percentile(samples, 50)),
-		"p99_us":  oneWayUs(percentile(samples, 99)),
-		"avg_us":  oneWayUs(sum / time.Duration(len(samples))),
-		"min_us":  oneWayUs(samples[0]),
+		"p50_us":  us(percentile(samples, 50)),
+		"p99_us":  us(percentile(samples, 99)),
+		"avg_us":  us(sum / time.Duration(len(samples))),
+		"min_us":  us(samples[0]),
 		"count":   float64(len(samples)),
 		"seconds": elapsed.Seconds(),
 		"cpu_s":   cpu,

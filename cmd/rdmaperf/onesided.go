@@ -183,7 +183,7 @@ func (r *run) writePingPong(c *rdma.Conn, peer *rdma.RemoteRegion) (map[string]f
 		}
 		return nil
 	}
-	return r.timeOps(roundTrip, true)
+	return r.timeOps(roundTrip, true, "operation")
 }
 
 // readLatency is read-lat: each READ of -size bytes timed alone.
@@ -194,54 +194,7 @@ func (r *run) readLatency(c *rdma.Conn, peer *rdma.RemoteRegion) (map[string]flo
 	}
 	defer local.Close()
 	ctx := context.Background()
-	return r.timeOps(func() error { return peer.ReadAtContext(ctx, local, 0, r.size, 0) }, false)
-}
-
-// timeOps runs op after the warm-up for -n times or -duration and reports
-// its percentiles in µs, halved for a round trip that stands for two
-// one-way trips.
-func (r *run) timeOps(op func() error, halve bool) (map[string]float64, error) {
-	for range r.warmup {
-		if err := op(); err != nil {
-			return nil, err
-		}
-	}
-	samples := make([]time.Duration, 0, max(r.count, 1024))
-	cpu0 := cpuTime()
-	start := time.Now()
-	deadline := start.Add(r.duration)
-	for i := 0; r.more(i, deadline); i++ {
-		t := time.Now()
-		if err := op(); err != nil {
-			return nil, err
-		}
-		samples = append(samples, time.Since(t))
-	}
-	elapsed := time.Since(start)
-	cpu := cpuTime() - cpu0
-	if len(samples) == 0 {
-		return nil, errors.New("no operation completed")
-	}
-	slices.Sort(samples)
-	var sum time.Duration
-	for _, s := range samples {
-		sum += s
-	}
-	us := func(d time.Duration) float64 {
-		if halve {
-			return d.Seconds() * 1e6 / 2
-		}
-		return d.Seconds() * 1e6
-	}
-	return map[string]float64{
-		"p50_us":  us(percentile(samples, 50)),
-		"p99_us":  us(percentile(samples, 99)),
-		"avg_us":  us(sum / time.Duration(len(samples))),
-		"min_us":  us(samples[0]),
-		"count":   float64(len(samples)),
-		"seconds": elapsed.Seconds(),
-		"cpu_s":   cpu,
-	}, nil
+	return r.timeOps(func() error { return peer.ReadAtContext(ctx, local, 0, r.size, 0) }, false, "operation")
 }
 
 // oneSidedBandwidth is write-bw and read-bw: oneSidedInFlight goroutines,
