@@ -323,10 +323,10 @@ func (c *Conn) flushDroppingLock() {
 			break
 		}
 		batch := c.tx.take()
-		c.st.SendPosts += uint64((len(batch) + ibv.MaxSendBatch - 1) / ibv.MaxSendBatch)
 		c.mu.Unlock()
-		err := postChain(c.qp, batch)
+		posts, err := postChain(c.qp, batch)
 		c.mu.Lock()
+		c.st.SendPosts += uint64(posts)
 		if err != nil {
 			// The connection has failed: post nothing more (the
 			// teardown's marker retires what never went out).

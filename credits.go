@@ -162,7 +162,7 @@ func (l *ledger) outstanding() int { return l.peerWindow - l.credits }
 // cork reports whether the messages a Write queued, queued in all, may
 // wait unposted for the next completion instead of being posted by that
 // Write. It is hold's rule for a message-oriented peer, whose Writes never
-// gather: when the Write began, before bytes holdAt messages were
+// gather: when the Write began, at least holdAt messages were
 // outstanding at the peer, all of them posted (any completion posts what
 // is corked), so the peer is behind and its credits, and with them a
 // completion that posts the queue, will come; meanwhile back-to-back

@@ -251,14 +251,16 @@ func (r *sendRing) take() []ibv.SendWR {
 }
 
 // postChain posts wrs in chains of at most ibv.MaxSendBatch, stopping at
-// the first failure.
-func postChain(p sendPoster, wrs []ibv.SendWR) error {
+// the first failure, and returns how many chains it posted.
+func postChain(p sendPoster, wrs []ibv.SendWR) (int, error) {
+	posts := 0
 	for len(wrs) > 0 {
 		k := min(len(wrs), ibv.MaxSendBatch)
 		if err := p.PostSends(wrs[:k]); err != nil {
-			return err
+			return posts, err
 		}
+		posts++
 		wrs = wrs[k:]
 	}
-	return nil
+	return posts, nil
 }

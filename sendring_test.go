@@ -200,7 +200,9 @@ func TestPostChain(t *testing.T) {
 	for i := range wrs {
 		wrs[i].ID = uint64(i)
 	}
-	require.NoError(t, postChain(q, wrs))
+	posts, err := postChain(q, wrs)
+	require.NoError(t, err)
+	require.Equal(t, 3, posts)
 	require.Len(t, q.sends, 3)
 	require.Len(t, q.sends[0], ibv.MaxSendBatch)
 	require.Len(t, q.sends[2], 3)
@@ -208,8 +210,12 @@ func TestPostChain(t *testing.T) {
 
 	fail := errors.New("post failed")
 	q = &fakeQP{sendErr: fail}
-	require.ErrorIs(t, postChain(q, wrs), fail)
-	require.NoError(t, postChain(q, nil))
+	posts, err = postChain(q, wrs)
+	require.ErrorIs(t, err, fail)
+	require.Zero(t, posts)
+	posts, err = postChain(q, nil)
+	require.NoError(t, err)
+	require.Zero(t, posts)
 }
 
 // The placement rule at the sender: where messages go, when the ring's
