@@ -166,8 +166,9 @@ func (c *Conn) opErr(op string, err error) error {
 	return &net.OpError{Op: op, Net: "rdma", Source: c.laddr, Addr: c.raddr, Err: err}
 }
 
-// errMessageCut fails the writes of a connection whose message-oriented
-// peer got part of a Write only (its deadline passed midway).
+// errMessageCut fails the Writes (and ReadFrom) of a connection whose
+// message-oriented peer got part of a Write only (its deadline passed
+// midway); Reads and one-sided operations go on (see lifecycle.cut).
 var errMessageCut = errors.New("a Write to a message-oriented peer was cut short by its deadline; the connection can send no more")
 
 // errInvalid is the error of a call on a nil or zero Conn, as net's
@@ -213,11 +214,21 @@ func (c *Conn) read(b []byte) (int, error) {
 			k, ended, err := c.copyOutDroppingLock(b[n:])
 			n += k
 			c.st.BytesRead += uint64(k)
-			if err != nil && n > 0 {
-				err = nil // the data first; the next Read gets io.EOF
+			if err != nil {
+				// The fin: what was copied first (the fragments of a
+				// Write its writer's Close cut short, say), and the
+				// next Read gets io.EOF.
+				if n > 0 {
+					return n, nil
+				}
+				return 0, err
 			}
-			if err != nil || !c.msgRead || ended || n == len(b) {
-				return n, err
+			if !c.msgRead || ended || n == len(b) || k == 0 {
+				// k == 0 cannot happen with a message queued and room in
+				// b, but a loop that holds mu must make progress every
+				// round or return: every call that takes mu, and the
+				// teardown behind them, would wait on it.
+				return n, nil
 			}
 			// A message-oriented Read with room for more waits for the
 			// rest of the message, giving the fragments' ring bytes back
@@ -327,7 +338,7 @@ func (c *Conn) write(b []byte) (int, error) {
 				// Part of a message went (or waits) as fragments; the
 				// next Write would continue it at the reader. Nothing
 				// more can be sent on this connection.
-				c.life.failWrite(errMessageCut)
+				c.life.cut = true
 			}
 			return n, errTimeout
 		}
@@ -434,6 +445,8 @@ func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
 	if c.life.has(shutClosed) || c.life.werr != nil {
 		return n
 	}
+	// (A cut Write cannot be: writeMu keeps the next Write out until this
+	// one returns.)
 	c.st.BytesWritten += uint64(off - n)
 	// Credits only grow while the lock is dropped (this writer is the
 	// only one spending them), and so does the send queue's room, so

@@ -57,6 +57,7 @@ func (c *Conn) CloseRead() error {
 		return c.opErr("close", net.ErrClosed)
 	}
 	c.rx.discard()
+	c.rx.discarding = true
 	c.returnCredits(true)
 	c.flushDroppingLock()
 	return nil
@@ -68,8 +69,8 @@ func (c *Conn) sendFinDroppingLock() error {
 	if c.life.has(shutWrite) {
 		return nil
 	}
-	if c.life.werr != nil {
-		return c.life.werr
+	if err := c.life.finBlocked(); err != nil {
+		return err
 	}
 	c.life.set(shutWrite)
 	c.tx.finQueued = true
@@ -145,7 +146,7 @@ func (c *Conn) lingerDroppingLock() error {
 			return (!c.tx.finQueued && c.tx.ctrlDone == c.tx.ctrlSeq) || c.life.werr != nil || c.life.has(shutPeerGone)
 		})
 	}
-	if c.tx.pendLen > 0 && c.life.werr == nil && !c.life.has(shutPeerGone) {
+	if c.tx.pendLen > 0 && c.life.finBlocked() == nil && !c.life.has(shutPeerGone) {
 		// The peer left no receive free for the linger time: what
 		// Writes left pending is discarded, and Close says so. It is
 		// dropped here, fin and all, since credits the peer returns

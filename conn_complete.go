@@ -72,14 +72,19 @@ func (e *wcError) Unwrap() error {
 func (c *Conn) recvDone(wc ibv.WC) {
 	c.rx.posted--
 	if wc.Status != ibv.WCSuccess {
+		// A failed receive means the QP is in the error state: nothing
+		// more goes either way. Both directions fail, and a Write waiting
+		// for credit wakes now, not when the CM gives up on a disconnect
+		// a broken peer never answers.
 		c.countFailed(wc.Status)
 		if c.life.has(shutPeerGone) || wc.Status == ibv.WCFlushErr {
-			c.life.failRead(syscall.ECONNRESET)
+			c.life.fail(syscall.ECONNRESET)
 		} else {
-			c.life.failRead(&wcError{wc.Status})
+			c.life.fail(&wcError{wc.Status})
 		}
 		c.brokenQP()
 		signal(c.rxReady)
+		signal(c.txReady)
 		return
 	}
 	if !c.rx.opened() {
@@ -136,9 +141,14 @@ func (c *Conn) recvMsg(wc ibv.WC) {
 			c.protocolViolation(err)
 			return
 		}
-		if c.life.has(shutRead) {
-			// CloseRead: discard, and give the ring bytes and the
-			// receive back to the peer.
+		if c.rx.discarding {
+			// CloseRead has taken the queue from the reader: discard,
+			// and give the ring bytes and the receive back to the peer.
+			// Until then a Read or WriteTo may still hold the head
+			// message (its payload is in the ring without mu), so what
+			// arrives is queued like any message: freeing ring bytes
+			// past it would let the peer overwrite it, and the reader's
+			// consume would set the read position back.
 			c.rx.read = m.end
 			c.rx.queueRepost()
 			c.returnCredits(c.rx.halfUnreported())

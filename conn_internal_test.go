@@ -648,3 +648,92 @@ func TestConnReturnsCreditsAtHalfRing(t *testing.T) {
 	require.Len(t, s, 1, "half the ring read: its credits go back at once")
 	require.Equal(t, header{typ: msgCredit, credits: 4}, headerOf(s[0].Imm))
 }
+
+// A failed receive (a peer's SEND with payload, a refused RDMA access)
+// breaks the QP: a Write waiting for credit fails at once with the cause,
+// not when the CM gives up on a disconnect the peer never answers.
+func TestConnFailedReceiveWakesWriter(t *testing.T) {
+	const remoteOpErr = 11 // IBV_WC_REM_OP_ERR
+	p := newFakeConn(t, 1, 64)
+	require.NoError(t, p.c.SetNoDelay(true))
+	_, err := p.c.Write([]byte("x")) // spends the only credit
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.c.Write(bytes.Repeat([]byte("y"), 1000)) // more than one pending message
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("the Write returned before the peer answered: %v", err)
+	default:
+	}
+	p.complete(ibv.WC{WRID: p.q.recvs[0].ID, Status: remoteOpErr})
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, syscall.ECONNRESET)
+		require.ErrorContains(t, err, "work request failed")
+	case <-time.After(10 * time.Second):
+		t.Fatal("a Write waiting for credit did not see the failed receive")
+	}
+	_, err = p.c.Read(make([]byte, 8))
+	require.ErrorContains(t, err, "work request failed")
+	// Close does not linger for a fin that cannot go.
+	p.c.mu.Lock()
+	require.Error(t, p.c.sendFinDroppingLock())
+	p.c.mu.Unlock()
+}
+
+// CloseRead while a Read holds a message: what arrives meanwhile is queued,
+// not discarded past the message the reader holds, so the ring's read
+// position never moves backwards and the peer, writing as its credits
+// allow, never overruns the ring.
+func TestConnCloseReadDuringRead(t *testing.T) {
+	p := newFakeConn(t, 8, 64)
+	p.deliver(header{typ: msgData}, bytes.Repeat([]byte("a"), 64))
+	hold := make(chan struct{})
+	held := make(chan struct{})
+	w := writerFunc(func(b []byte) (int, error) {
+		close(held)
+		<-hold
+		return len(b), nil
+	})
+	copied := make(chan error, 1)
+	go func() {
+		_, err := p.c.WriteTo(w)
+		copied <- err
+	}()
+	<-held
+	closed := make(chan error, 1)
+	go func() { closed <- p.c.CloseRead() }()
+	p.eventually(func(c *Conn) bool { return c.life.has(shutRead) })
+	read := p.c.rx.read
+	// The peer writes on while the reader holds its message.
+	p.deliver(header{typ: msgData}, bytes.Repeat([]byte("b"), 64))
+	p.deliver(header{typ: msgData}, bytes.Repeat([]byte("c"), 64))
+	p.c.mu.Lock()
+	require.Equal(t, read, p.c.rx.read, "no ring byte past the held message is freed")
+	p.c.mu.Unlock()
+	close(hold)
+	require.NoError(t, <-copied)
+	require.NoError(t, <-closed)
+	p.c.mu.Lock()
+	require.Equal(t, p.c.rx.tail, p.c.rx.read, "CloseRead freed everything, in order")
+	require.Nil(t, p.c.life.rerr)
+	p.c.mu.Unlock()
+	// The peer fills the ring again, as the credits it got back allow:
+	// no overrun.
+	for range 4 {
+		p.deliver(header{typ: msgData}, bytes.Repeat([]byte("d"), 64))
+	}
+	p.c.mu.Lock()
+	require.Nil(t, p.c.life.rerr, "the peer's later messages are taken")
+	p.c.mu.Unlock()
+	_, err := p.c.Write([]byte("still writing"))
+	require.NoError(t, err)
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }

@@ -227,3 +227,54 @@ func TestConnMessagesCork(t *testing.T) {
 	require.Equal(t, "k", p.payload(s[0]))
 	require.Equal(t, "l", p.payload(s[1]))
 }
+
+// A Write its writer's Close cut short leaves fragments and then the fin
+// at a message-oriented reader: a Read with room for the whole message
+// returns the fragments, and the next io.EOF. (It used to go round its
+// loop forever with the connection's lock held, which stalled every call
+// that takes it, and the CM goroutine behind them.)
+func TestConnMessagesFinAfterFragments(t *testing.T) {
+	p := newFakeConnOpts(t, Options{BufferSize: 8, SendDepth: 8, RecvDepth: 8, Poll: PollEvent, Messages: true}, false)
+	p.deliver(header{typ: msgDataMore}, []byte("abcdefgh"))
+	p.deliver(header{typ: msgDataMore}, []byte("ijklmnop"))
+	p.deliver(header{typ: msgFin}, nil)
+	type result struct {
+		s   string
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		b := make([]byte, 64)
+		n, err := p.c.Read(b)
+		got <- result{string(b[:n]), err}
+	}()
+	select {
+	case r := <-got:
+		require.NoError(t, r.err)
+		require.Equal(t, "abcdefghijklmnop", r.s)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a Read of fragments followed by the fin never returned")
+	}
+	_, err := p.c.Read(make([]byte, 64))
+	require.Equal(t, io.EOF, err)
+
+	// The same when the fin comes while the Read waits for the rest.
+	p = newFakeConnOpts(t, Options{BufferSize: 8, SendDepth: 8, RecvDepth: 8, Poll: PollEvent, Messages: true}, false)
+	p.deliver(header{typ: msgDataMore}, []byte("abcdefgh"))
+	go func() {
+		b := make([]byte, 64)
+		n, err := p.c.Read(b)
+		got <- result{string(b[:n]), err}
+	}()
+	p.eventually(func(c *Conn) bool { return c.rx.n == 0 })
+	p.deliver(header{typ: msgFin}, nil)
+	select {
+	case r := <-got:
+		require.NoError(t, r.err)
+		require.Equal(t, "abcdefgh", r.s)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a waiting Read never returned once the fin came")
+	}
+	_, err = p.c.Read(make([]byte, 64))
+	require.Equal(t, io.EOF, err)
+}

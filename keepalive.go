@@ -214,7 +214,7 @@ func (c *Conn) keepAliveTick() {
 	act, next := c.ka.tick(c.heard, c.tx.probeOut())
 	switch act {
 	case kaProbe:
-		if c.tx.draining || (c.life.werr != nil && c.life.werr != errMessageCut) {
+		if c.tx.draining || c.life.werr != nil {
 			// Nothing can be posted (the send side failed): no probe
 			// goes, so none can go unanswered either.
 			c.ka.reset(c.heard)

@@ -174,7 +174,7 @@ func TestConnKeepAliveNeedsASendSide(t *testing.T) {
 
 	p = newFakeConn(t, 4, 64)
 	p.c.mu.Lock()
-	p.c.life.failWrite(errMessageCut)
+	p.c.life.cut = true
 	p.c.mu.Unlock()
 	require.NoError(t, p.c.SetKeepAliveConfig(cfg))
 	defer p.c.SetKeepAlive(false)

@@ -23,7 +23,7 @@ type shut uint8
 
 const (
 	shutClosed   shut = 1 << iota // Close was called: every I/O call fails with net.ErrClosed
-	shutRead                      // CloseRead: Reads return io.EOF, arrivals are discarded
+	shutRead                      // CloseRead: Reads return io.EOF, arrivals are discarded (recvRing.discarding)
 	shutWrite                     // CloseWrite or Close: the fin is sent, Writes fail
 	shutFinRcvd                   // the peer's fin arrived
 	shutPeerGone                  // the peer disconnected
@@ -38,6 +38,13 @@ type lifecycle struct {
 	shut  shut
 	rerr  error // why Reads fail once nothing is queued
 	werr  error // why Writes fail
+	// cut is set when a deadline cut a Write to a message-oriented peer
+	// short: the peer holds the first part of a message whose rest will
+	// never come, so no Write, ReadFrom or fin may follow (the next bytes
+	// would continue that message at the reader). It is not a failure of
+	// the connection: Reads, credits, keepalive probes and one-sided
+	// operations go on.
+	cut bool
 }
 
 func (l *lifecycle) has(f shut) bool { return l.shut&f != 0 }
@@ -89,13 +96,30 @@ func (l *lifecycle) readFailed(recvPosted int) error {
 
 // writeEnded is what a Write returns before copying anything: net.ErrClosed
 // after Close, EPIPE after CloseWrite (as a TCP socket says after shutdown),
-// the recorded failure, or nil.
+// the recorded failure, errMessageCut after a cut Write, or nil.
 func (l *lifecycle) writeEnded() error {
 	switch {
 	case l.has(shutClosed):
 		return net.ErrClosed
 	case l.has(shutWrite):
 		return syscall.EPIPE
+	case l.werr != nil:
+		return l.werr
+	case l.cut:
+		return errMessageCut
 	}
-	return l.werr
+	return nil
+}
+
+// finBlocked is why no fin may be sent: the send side failed, or a cut
+// Write left a message unfinished at the peer (a fin would end it as if
+// whole; without one the peer sees the connection reset instead).
+func (l *lifecycle) finBlocked() error {
+	if l.werr != nil {
+		return l.werr
+	}
+	if l.cut {
+		return errMessageCut
+	}
+	return nil
 }

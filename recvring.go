@@ -43,6 +43,9 @@ type recvRing struct {
 	reposts int // consumed receives not yet posted again
 	wrs     [ibv.MaxRecvBatch]ibv.RecvWR
 	posted  int // receives on the QP
+	// discarding is set once CloseRead has dropped the queue while
+	// holding the read side: from then on arrivals are dropped at once.
+	discarding bool
 }
 
 func newRecvRing(slots, memOff int) recvRing {
