@@ -32,6 +32,13 @@ type connSys struct {
 	// offered (see rdmacm.Event): an accept grants no more.
 	reqInit, reqResp uint8
 	cmEv             chan rdmacm.Event
+	inbox            inbox[rdmacm.Event] // see inbox.go
+	// qpMu is held across a librdmacm call made off the CM goroutine that
+	// moves the QP through its states (rdma_accept on the listener's
+	// setup goroutine) and across the QP's destruction, which must not
+	// free it under such a call.
+	qpMu   sync.Mutex
+	qpGone bool // under qpMu: the release has destroyed the QP; the id goes next
 
 	releaseOnce sync.Once // the verbs objects go once: by Close, or when the device goes
 	// dialing is set while dial has not returned the connection (under
@@ -210,6 +217,12 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 		return os.NewSyscallError("rdma_connect", &RefusedError{reason})
 	case rdmacm.EventUnreachable:
 		return os.NewSyscallError("rdma_connect", &noRDMAPeerError{eventErrno(ev, syscall.EHOSTUNREACH)})
+	case rdmacm.EventConnectError:
+		// The server's reply came, but completing the handshake failed:
+		// the server dropped the connection meanwhile (its listener
+		// closed, say). librdmacm reports that with a status of -1 and
+		// the errno lost on its way, which would read as EPERM.
+		return os.NewSyscallError("rdma_connect", errHandshakeAborted)
 	default:
 		return os.NewSyscallError("rdma_connect", eventErrno(ev, syscall.ECONNABORTED))
 	}
@@ -258,8 +271,14 @@ func (c *Conn) waitCM(ctx context.Context) (rdmacm.Event, error) {
 	}
 }
 
-// cmEvent runs on the CM goroutine.
-func (c *Conn) cmEvent(ev rdmacm.Event) {
+// cmEvent runs on the CM goroutine: it hands the event to the
+// connection (see inbox.go) and returns without taking any of the
+// connection's locks.
+func (c *Conn) cmEvent(ev rdmacm.Event) { c.inbox.post(ev, c.handleCM) }
+
+// handleCM handles one of the connection's CM events, in order, on the
+// inbox's goroutine.
+func (c *Conn) handleCM(ev rdmacm.Event) {
 	c.mu.Lock()
 	ph := c.life.phase
 	if ph == phaseDialing && ev.Type == rdmacm.EventEstablished {
@@ -419,15 +438,21 @@ func (c *Conn) releaseVerbs() {
 	c.mem = nil
 	c.mu.Unlock()
 
+	// Neither an rdma_accept in progress (qpMu) nor librdmacm's
+	// processing of an event of the id (Quiet) may find the QP freed, and
+	// no rdma_accept may start once it is (qpGone).
+	c.qpMu.Lock()
+	c.qpGone = true
 	if c.vqp != nil {
 		c.cqs.remove(c.vqp.Num)
 		// The kernel refuses (EBUSY) to destroy a QP another verb is
 		// using at that moment; nothing of ours should be, but a bounded
 		// retry beats leaking the QP and, with it, the device.
-		for i := 0; c.id.DestroyQP() != nil && i < 100; i++ {
+		for i := 0; !c.destroyQP() && i < 100; i++ {
 			time.Sleep(time.Millisecond)
 		}
 	}
+	c.qpMu.Unlock()
 	// Before the arena (and its PD) may go to another connection.
 	c.releaseRegions()
 	if c.ar != nil {
@@ -437,9 +462,19 @@ func (c *Conn) releaseVerbs() {
 	if c.dev != nil {
 		c.dev.release(c.cqs, c.cqe)
 	}
-	// Unregister first: it waits out an event being handled, which may
-	// still use the id.
+	// Unregister first: it waits out an event being delivered, and then
+	// the inbox's goroutine finishes the events it holds, which may still
+	// use the id.
 	c.cm.unregister(c.handle)
+	c.inbox.wait()
 	c.id.Destroy()
 	c.cm.release()
+}
+
+// destroyQP destroys the QP while no CM event is being processed, and
+// reports whether it is gone.
+func (c *Conn) destroyQP() bool {
+	var err error
+	c.cm.ch.Quiet(func() { err = c.id.DestroyQP() })
+	return err == nil
 }

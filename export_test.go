@@ -44,3 +44,11 @@ func SetDeviceLinger(d time.Duration) (restore func()) {
 // objects, which Close leaves running, are done: for a test that counts
 // what the devices hold.
 func WaitReleases() { releasing.Wait() }
+
+// HoldLock takes the connection's lock, as a Read or Write stuck while
+// holding it would, and returns what releases it: for a test that nothing
+// else of the process waits on one connection's lock.
+func HoldLock(c *Conn) (release func()) {
+	c.mu.Lock()
+	return c.mu.Unlock
+}

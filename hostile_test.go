@@ -284,6 +284,34 @@ func TestHostileSendWithPayload(t *testing.T) {
 	b.checkServing(t)
 }
 
+// TestHostileSendWithPayloadWakesWriter: a Write of the server's that
+// waits for credit the raw peer never returns fails as soon as the peer's
+// SEND with payload breaks the QP on the receive side, not when the CM
+// gives up on a disconnect the peer never answers (about a minute), and
+// Close does not linger for a fin that cannot go.
+func TestHostileSendWithPayloadWakesWriter(t *testing.T) {
+	b := newHostileBed(t)
+	p, sc := b.hostile(t)
+	wrote := make(chan error, 1)
+	go func() {
+		sc.SetWriteDeadline(time.Now().Add(30 * time.Second))
+		_, err := sc.Write(make([]byte, 4<<20)) // far more than the peer's credits and ring
+		wrote <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	select {
+	case err := <-wrote:
+		t.Fatalf("the Write returned before the peer broke the QP: %v", err)
+	default:
+	}
+	p.waitSend(p.sendSEND(rdma.MsgData, 0, 0, []byte("a SEND with payload")), 5*time.Second)
+	err := <-wrote
+	requireFailed(t, err, "write", syscall.ECONNRESET, "work request failed: ")
+	within(t, 10*time.Second, "Close after the failure", func() error { sc.Close(); return nil })
+	p.requireDisconnected(t)
+	b.checkServing(t)
+}
+
 // TestHostileOversizedMessage: an RDMA WRITE with immediate of one byte
 // more than the largest message both sides agreed on (the smaller
 // BufferSize). The ring takes it (it is inside the region), but a peer

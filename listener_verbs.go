@@ -235,10 +235,19 @@ func (l *Listener) accept(c *Conn, peer hello, remote *Addr) {
 		refuse(RefusedShutdown, nil)
 		return
 	}
+	// rdma_accept moves the QP to RTR and RTS: a teardown started
+	// meanwhile (Listener.Close, an eviction) waits for it, and once the
+	// teardown has the QP the id is not touched here any more.
+	c.qpMu.Lock()
+	if c.qpGone {
+		c.qpMu.Unlock()
+		return
+	}
 	err = c.id.SetAckTimeout(c.dev.ackTimeout)
 	if err == nil {
 		err = c.id.AcceptRead(c.hello().marshal(), min(c.dev.initDepth, c.reqInit), min(c.dev.respDepth, c.reqResp))
 	}
+	c.qpMu.Unlock()
 	if err != nil {
 		l.failed(c)
 	}
@@ -288,8 +297,10 @@ func (l *Listener) established(c *Conn) {
 		return
 	}
 	delete(l.pending, c)
-	l.queue <- c // room is reserved: pending+queued never exceed the backlog
+	// Counted first: once queued, the connection may be accepted and
+	// used, and its dialer may look at the listener's Stats.
 	l.count(func(s *ListenerStats) { s.Accepted++ })
+	l.queue <- c // room is reserved: pending+queued never exceed the backlog
 }
 
 // failed drops a connection whose handshake failed. The teardown starts

@@ -151,3 +151,14 @@ type refusedCause struct {
 func (e *refusedCause) Error() string { return e.RefusedError.Error() + ": " + e.cause.Error() }
 
 func (e *refusedCause) Unwrap() []error { return append(e.RefusedError.Unwrap(), e.cause) }
+
+// handshakeAbortedError is a Dial's error when the server answered the
+// request and then dropped the connection before the handshake completed.
+type handshakeAbortedError struct{}
+
+func (handshakeAbortedError) Error() string {
+	return "the server ended the handshake before it completed (its listener closed, or it dropped the connection)"
+}
+func (handshakeAbortedError) Unwrap() error { return syscall.ECONNABORTED }
+
+var errHandshakeAborted error = handshakeAbortedError{}

@@ -278,6 +278,7 @@ import "C"
 import (
 	"net/netip"
 	"os"
+	"sync"
 	"syscall"
 	"unsafe"
 
@@ -333,6 +334,23 @@ type EventChannel struct {
 	ch *C.struct_rdma_event_channel
 	fd *pollfd.FD
 	ev C.struct_gv_event
+	// getMu is held while rdma_get_cm_event runs (see Quiet).
+	getMu sync.Mutex
+}
+
+// Quiet runs f while no event is being fetched. rdma_get_cm_event does
+// more than read: for a connect response it moves the id's QP to RTR and
+// RTS and sends the RTU, for a reject it moves the QP to the error state,
+// reading id->qp each time. Destroying a QP that an event of its id may
+// still be processed for (a Dial cancelled while its request is answered)
+// must therefore run inside Quiet, or librdmacm may use it after it was
+// freed (a crash at address 0 inside rdma_get_cm_event). Events are
+// fetched without blocking, so Quiet waits for one event's processing at
+// most.
+func (c *EventChannel) Quiet(f func()) {
+	c.getMu.Lock()
+	defer c.getMu.Unlock()
+	f()
 }
 
 // NewEventChannel creates an event channel whose fd is nonblocking and
@@ -357,7 +375,10 @@ func NewEventChannel() (*EventChannel, error) {
 // until Interrupt is called; then it returns. Only one goroutine may Run.
 func (c *EventChannel) Run(handle func(Event)) error {
 	return c.fd.Drain(func() error {
-		if r, err := C.gv_get_event(c.ch, &c.ev); r != 0 {
+		c.getMu.Lock()
+		r, err := C.gv_get_event(c.ch, &c.ev)
+		c.getMu.Unlock()
+		if r != 0 {
 			if err == syscall.EAGAIN || err == syscall.EINTR {
 				return err
 			}
