@@ -39,10 +39,18 @@ var (
 //   - a Read or Write of any connection on the same device that spins
 //     while it waits (tryPoll): it runs complete and lockAndFlush of this
 //     connection exactly as the poller would;
-//   - the CM goroutine, which calls cmEvent (conn_verbs.go), and for a
-//     listener's connections the whole setup;
+//   - the connection's CM inbox goroutine (inbox.go), which handles the
+//     rdma_cm events the CM goroutine hands it (handleCM, conn_verbs.go);
+//     the CM goroutine itself never takes mu;
+//   - a listener's setup goroutines, which set its connections up;
 //   - a listener's teardown goroutines, which tear down connections that
 //     were never accepted, and Listener.Close, which closes queued ones.
+//
+// No goroutine holds mu while it waits, and every loop that holds it makes
+// progress each round (copies, queues, posts) or drops it to wait: the
+// poller, the keepalive and every call of the connection take mu, so a
+// loop that spun with it held would stall them all (and, through the
+// poller, every connection on the same CQ).
 //
 // Everything in life, cr, tx, rx and the keepalive is guarded by mu; the
 // keepalive's timer runs keepAliveTick on a goroutine of its own. Helpers whose name
@@ -312,8 +320,12 @@ func (c *Conn) copyOutDroppingLock(b []byte) (int, bool, error) {
 // are message-oriented (its Options.Messages), a Write is never merged
 // with another: it travels as messages of its own, the last marked, and a
 // Write waits while an earlier one's last bytes are still pending; a Write
-// that its deadline cuts short after part of it went fails the writes of
-// the connection from then on. A zero-length Write sends nothing.
+// that its deadline cuts short after part of it went fails the Writes (and
+// ReadFrom) of the connection from then on, since the next bytes would
+// continue that message at the reader. Reads, one-sided operations and
+// regions go on; Close then sends no fin, so the peer sees the connection
+// reset rather than the cut message followed by io.EOF as if it were
+// whole. A zero-length Write sends nothing.
 func (c *Conn) Write(b []byte) (int, error) {
 	if !c.ok() {
 		return 0, errInvalid("write")

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"io"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -160,6 +161,23 @@ func TestConnMessagesCutByDeadlineEndsWrites(t *testing.T) {
 	require.NoError(t, p.c.SetWriteDeadline(time.Time{}))
 	_, err = p.c.Write([]byte("next"))
 	require.ErrorContains(t, err, "cut short", "the next Write would continue the cut message at the reader")
+	_, err = p.c.ReadFrom(strings.NewReader("next"))
+	require.ErrorContains(t, err, "cut short")
+
+	// The rest of the connection goes on: Reads, the credits they give
+	// back, one-sided operations. No fin may end the cut message.
+	p.deliver(header{typ: msgData}, []byte("reply"))
+	b := make([]byte, 8)
+	n, err = p.c.Read(b)
+	require.NoError(t, err)
+	require.Equal(t, "reply", string(b[:n]))
+	p.c.mu.Lock()
+	defer p.c.mu.Unlock()
+	require.NoError(t, p.c.oneSidedEnded(), "one-sided operations and regions are not the message stream")
+	p.c.returnCredits(true)
+	require.NotEmpty(t, p.c.tx.sends, "credits still go back")
+	require.ErrorContains(t, p.c.sendFinDroppingLock(), "cut short")
+	require.False(t, p.c.tx.finQueued)
 }
 
 func TestConnMessagesCork(t *testing.T) {
