@@ -135,8 +135,5 @@ func (c *Conn) failAsync(err error, removed bool) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.life.fail(err)
-	c.brokenQP()
-	signal(c.rxReady)
-	signal(c.txReady)
+	c.fail(err)
 }

@@ -92,17 +92,23 @@ type Conn struct {
 	// the arena went to another connection.
 	regMu sync.Mutex
 
-	mu       sync.Mutex
-	st       ConnStats
-	os       oneSided // regions and one-sided operations (region.go)
-	life     lifecycle
-	cr       ledger
-	tx       sendRing
-	rx       recvRing
-	heard    uint64 // successful completions: the peer or its NIC answered
-	qpBroken bool   // a failed completion disconnected the QP
-	ka       keepalive
-	kaTimer  *time.Timer // ticks the keepalive while it is on
+	releaseOnce sync.Once // the verbs objects go once: by Close, or when the device goes
+
+	mu sync.Mutex
+	// dialing is set while dial has not returned the connection: the
+	// dialing goroutine still uses the id, so a device removal meanwhile
+	// leaves the release to dial (removedDialing).
+	dialing, removedDialing bool
+	st                      ConnStats
+	os                      oneSided // regions and one-sided operations (region.go)
+	life                    lifecycle
+	cr                      ledger
+	tx                      sendRing
+	rx                      recvRing
+	heard                   uint64 // successful completions: the peer or its NIC answered
+	qpBroken                bool   // a failed completion disconnected the QP
+	ka                      keepalive
+	kaTimer                 *time.Timer // ticks the keepalive while it is on
 }
 
 // queuePair posts work requests: the connection's *ibv.QP, or a fake.
@@ -202,108 +208,6 @@ func (c *Conn) Read(b []byte) (int, error) {
 	return n, c.opErr("read", err)
 }
 
-func (c *Conn) read(b []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	// n counts what a message-oriented Read has copied of a message whose
-	// fragments are still arriving; a stream Read returns at once.
-	n := 0
-	for {
-		if c.life.has(shutClosed) {
-			return n, net.ErrClosed
-		}
-		if c.readDeadlinePassedDroppingLock() {
-			return n, errTimeout
-		}
-		if c.life.has(shutRead) {
-			return n, io.EOF
-		}
-		if c.rx.n > 0 {
-			k, ended, err := c.copyOutDroppingLock(b[n:])
-			n += k
-			c.st.BytesRead += uint64(k)
-			if err != nil {
-				// The fin: what was copied first (the fragments of a
-				// Write its writer's Close cut short, say), and the
-				// next Read gets io.EOF.
-				if n > 0 {
-					return n, nil
-				}
-				return 0, err
-			}
-			if !c.msgRead || ended || n == len(b) || k == 0 {
-				// k == 0 cannot happen with a message queued and room in
-				// b, but a loop that holds mu must make progress every
-				// round or return: every call that takes mu, and the
-				// teardown behind them, would wait on it.
-				return n, nil
-			}
-			// A message-oriented Read with room for more waits for the
-			// rest of the message, giving the fragments' ring bytes back
-			// meanwhile (a message may be bigger than all of them).
-			continue
-		}
-		if err := c.waitDataDroppingLock(); err != nil {
-			return n, err
-		}
-	}
-}
-
-// readDeadlinePassedDroppingLock reports whether the read deadline has
-// passed. A reader that polls with a past deadline must still give credits
-// back, or a writer holding data for them would wait for a Read that never
-// blocks.
-func (c *Conn) readDeadlinePassedDroppingLock() bool {
-	if !c.rdl.expired() {
-		return false
-	}
-	if c.rx.n == 0 {
-		c.returnCredits(true)
-		c.flushDroppingLock()
-	}
-	return true
-}
-
-// waitDataDroppingLock is what a Read or WriteTo does when nothing is
-// queued: it returns why no data will come, or gives every credit back
-// and waits for data (or the deadline, or Close).
-func (c *Conn) waitDataDroppingLock() error {
-	if err := c.life.readFailed(c.rx.posted); err != nil {
-		return err
-	}
-	c.returnCredits(true)
-	c.flushDroppingLock()
-	c.mu.Unlock()
-	spun := c.w.wait(c.rxReady, c.closing, c.rdl, &c.rdWait)
-	c.mu.Lock()
-	c.countWait(spun)
-	return nil
-}
-
-// copyOutDroppingLock copies queued messages into b. The queued messages
-// are the reader's while readMu is held (the completion side only appends
-// behind them), so the copy runs without mu and does not block the poller.
-// It reports whether the copy ended at the end of one of the peer's Writes
-// (which matters to message-oriented Reads only: they stop there).
-func (c *Conn) copyOutDroppingLock(b []byte) (int, bool, error) {
-	if c.rx.finAtHead() {
-		return 0, false, io.EOF
-	}
-	if len(b) == 0 {
-		return 0, false, nil
-	}
-	head, avail, off := c.rx.readable()
-	c.mu.Unlock()
-	n, used, off, ended := c.rx.copyOut(b, c.mem, head, avail, off, c.msgRead)
-	c.mu.Lock()
-	c.rx.consume(used, off)
-	if used > 0 {
-		c.returnCredits(c.rx.halfUnreported())
-		c.flushDroppingLock()
-	}
-	return n, ended, nil
-}
-
 // Write writes b and returns once all of it is in the connection's
 // registered send ring; b may be reused at once. The data goes out in
 // order, cut into messages of at most the smaller BufferSize, as the peer
@@ -334,185 +238,6 @@ func (c *Conn) Write(b []byte) (int, error) {
 	defer c.writeMu.Unlock()
 	n, err := c.write(b)
 	return n, c.opErr("write", err)
-}
-
-func (c *Conn) write(b []byte) (int, error) {
-	n := 0
-	waited := false // for credit: counted once per Write
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for {
-		if err := c.life.writeEnded(); err != nil {
-			return n, err
-		}
-		if c.wdl.expired() {
-			if c.msgWrite && n > 0 {
-				// Part of a message went (or waits) as fragments; the
-				// next Write would continue it at the reader. Nothing
-				// more can be sent on this connection.
-				c.life.cut = true
-			}
-			return n, errTimeout
-		}
-		if n == len(b) {
-			return n, nil
-		}
-		// The pending message at the ring's tail may already hold bytes.
-		// With credits, fill as many messages as credits, the send queue
-		// and the ring allow and post them as one chain (one
-		// ibv_post_send, one system call on rxe); without, add to the
-		// pending message. For a message-oriented peer, a Write's bytes
-		// never share a message with an earlier Write's still pending.
-		free := c.tx.free()
-		room := c.tx.ring.room()
-		grow := max(0, room-c.tx.pendLen)
-		waitMsg := c.msgWrite && n == 0 && c.tx.pendLen > 0
-		if grow == 0 && c.tx.pendLen > 0 && c.cr.credits > 0 && free > 0 && !waitMsg {
-			// The pending message is as large as the ring lets it be
-			// now: it goes, whatever hold would say.
-			c.queuePending()
-			c.flushDroppingLock()
-			continue
-		}
-		// With credits, a message is not cut short because the peer has
-		// yet to read part of the ring: more, smaller messages cost more
-		// than waiting, and the room comes (an empty ring has room for a
-		// largest message). Without, the pending message gathers in
-		// whatever room there is. Either way the peer is what the Write
-		// waits for.
-		short := c.cr.credits > 0 && room < min(c.tx.pendLen+len(b)-n, c.maxMsg)
-		noRoom := grow == 0 || short || (c.cr.credits == 0 && waitMsg)
-		if free == 0 || noRoom || waitMsg {
-			// Messages a Write left queued (cork) go before anyone
-			// waits: the peer's answer to them is what ends the wait.
-			c.flushDroppingLock()
-			c.waitSendRoomDroppingLock(noRoom, &waited)
-			continue
-		}
-		slots := 1
-		if c.cr.credits > 0 {
-			slots = min(c.cr.credits, free, ibv.MaxSendBatch, (c.tx.pendLen+len(b)-n+c.maxMsg-1)/c.maxMsg)
-		}
-		n = c.fillDroppingLock(b, n, slots)
-		if n == len(b) {
-			// Accepted, whatever happened while flush had the lock
-			// dropped (the peer may have answered and closed).
-			return n, nil
-		}
-	}
-}
-
-// waitSendRoomDroppingLock waits, for a Write or ReadFrom, until
-// completions or credits come back (or the deadline or Close). noCredit
-// says it waits because the peer has no receive free: that counts in the
-// stats, once per call (waited) and for all the time it takes.
-func (c *Conn) waitSendRoomDroppingLock(noCredit bool, waited *bool) {
-	var start time.Time
-	if noCredit {
-		start = time.Now()
-	}
-	c.mu.Unlock()
-	spun := c.w.wait(c.txReady, c.closing, c.wdl, &c.wrWait)
-	c.mu.Lock()
-	c.countWait(spun)
-	if noCredit {
-		if !*waited {
-			c.st.CreditWaits++
-			*waited = true
-		}
-		c.st.CreditWaitTime += time.Since(start)
-	}
-}
-
-// fillDroppingLock copies b[n:] into up to slots messages from the ring's
-// tail on, the first of which may hold pending bytes, and queues what
-// credits allow. The ring from the tail on is the writer's until queued
-// (flush leaves a pending message alone while tx.filling is set), so the
-// copy runs without mu. Where each message goes and how large it may be
-// is planned from the tail and what the peer had consumed (acked) when
-// the lock was dropped: queueing follows the same plan, whatever credits
-// came back meanwhile. It returns how much of b is accepted.
-func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
-	ring := &c.tx.ring
-	t, pend, acked := ring.tail, c.tx.pendLen, ring.acked
-	c.tx.filling = true
-	c.mu.Unlock()
-	off := n
-	for i := 0; i < slots && off < len(b); i++ {
-		start, room := ring.at(t, acked)
-		chunk := min(len(b)-off, room-pend)
-		if chunk <= 0 || (i > 0 && room < min(len(b)-off, c.maxMsg)) {
-			// No room, or (past the first, which write checked)
-			// not enough for a whole message: see write.
-			break
-		}
-		dst := c.tx.memOff + ring.offset(start) + pend
-		copy(c.mem[dst:dst+chunk], b[off:off+chunk])
-		off += chunk
-		t = ringEnd(start, pend+chunk)
-		pend = 0
-	}
-	c.mu.Lock()
-	c.tx.filling = false
-	if c.life.has(shutClosed) || c.life.werr != nil {
-		return n
-	}
-	// (A cut Write cannot be: writeMu keeps the next Write out until this
-	// one returns.)
-	c.st.BytesWritten += uint64(off - n)
-	// Credits only grow while the lock is dropped (this writer is the
-	// only one spending them), and so does the send queue's room, so
-	// every message planned with credits goes out, but for a last, partly
-	// filled one that hold keeps; without credits the one message stays
-	// pending.
-	before := c.cr.outstanding()
-	queued := c.tx.pendLen + off - n
-	for queued > 0 && c.cr.credits > 0 && c.tx.free() > 0 {
-		_, room := ring.at(ring.tail, acked)
-		m := min(queued, room)
-		if c.cr.hold(m, room, c.tx.finQueued) {
-			break
-		}
-		c.cr.spend()
-		typ := uint8(msgData)
-		if c.msgWrite && (queued > m || off < len(b)) {
-			typ = msgDataMore // the Write goes on in the next message
-		}
-		c.queueSend(typ, m)
-		queued -= m
-	}
-	c.tx.pendLen = queued
-	c.tx.pendMore = c.msgWrite && queued > 0 && off < len(b)
-	if off < len(b) || !c.cr.cork(before, len(c.tx.sends), c.tx.carries) {
-		c.flushDroppingLock()
-	}
-	return off
-}
-
-// SetNoDelay controls whether a small Write goes out as soon as the peer
-// has a receive free even while it is behind (noDelay true), or may wait,
-// while earlier messages are unconsumed at the peer, to be sent with the
-// Writes that follow (the default). Like TCP's option of that name, it
-// trades message rate for the latency of back-to-back small Writes;
-// request-response traffic, where the peer has consumed what was sent
-// before each Write, never waits. With no receive free at the peer,
-// Writes gather whatever the setting. To a message-oriented peer
-// (Options.Messages) Writes never gather: by default, while it is behind,
-// they are queued unposted until its answer comes and then posted
-// together (one ibv_post_send, each Write still a message of its own);
-// with noDelay true each is posted at once.
-func (c *Conn) SetNoDelay(noDelay bool) error {
-	if !c.ok() {
-		return errInvalid("set")
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.life.has(shutClosed) {
-		return c.opErr("set", net.ErrClosed)
-	}
-	c.cr.noDelay = noDelay
-	c.flushDroppingLock()
-	return nil
 }
 
 // LocalAddr returns the local address, an *Addr.
@@ -569,4 +294,56 @@ func (c *Conn) isClosed() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.life.has(shutClosed)
+}
+
+// The zero-copy paths io.Copy takes: ReadFrom reads from a Reader straight
+// into the registered send ring, WriteTo hands received messages to a
+// Writer straight from the registered receive ring. Both go through the
+// same credits, rings, deadlines and errors as Write and Read.
+
+var (
+	_ io.ReaderFrom = (*Conn)(nil)
+	_ io.WriterTo   = (*Conn)(nil)
+)
+
+// errInvalidWrite is WriteTo's error for a Writer that reports an
+// impossible count, as io.Copy's.
+var errInvalidWrite = errors.New("invalid write result")
+
+// ReadFrom implements io.ReaderFrom: it reads from r until io.EOF or an
+// error, straight into the connection's registered send ring (one Read of
+// r fills at most one message), and sends each Read's bytes as a message
+// as soon as the peer has a receive free: io.Copy(conn, r) then copies each
+// byte once. Unlike small Writes, Reads of r never gather: r.Read may
+// block (a socket waiting for the next request) and what it returned must
+// not wait behind it. To a message-oriented peer each Read of r is one
+// message. While r.Read runs, a
+// Close of the connection waits for it to return (the ring it fills is
+// registered memory that Close releases). The error of r, if any, is
+// returned wrapped like the connection's own.
+func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
+	if !c.ok() {
+		return 0, errInvalid("readfrom")
+	}
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	n, err := c.readFrom(r)
+	return n, c.opErr("readfrom", err)
+}
+
+// WriteTo implements io.WriterTo: it writes what arrives to w until the
+// peer closes (then it returns a nil error, as io.Copy expects) or an error,
+// calling w.Write with each message straight from the registered receive
+// ring it arrived in, and giving its ring bytes back to the peer once
+// w.Write returns: io.Copy(w, conn) then copies each byte once. w must not keep
+// the slice. While w.Write runs, a Close of the connection waits for it
+// to return. An error of w is returned wrapped like the connection's own.
+func (c *Conn) WriteTo(w io.Writer) (int64, error) {
+	if !c.ok() {
+		return 0, errInvalid("writeto")
+	}
+	c.readMu.Lock()
+	defer c.readMu.Unlock()
+	n, err := c.writeTo(w)
+	return n, c.opErr("writeto", err)
 }

@@ -63,23 +63,6 @@ func (c *Conn) CloseRead() error {
 	return nil
 }
 
-// sendFinDroppingLock queues the fin behind pending data and flushes,
-// unless the fin was already sent.
-func (c *Conn) sendFinDroppingLock() error {
-	if c.life.has(shutWrite) {
-		return nil
-	}
-	if err := c.life.finBlocked(); err != nil {
-		return err
-	}
-	c.life.set(shutWrite)
-	c.tx.finQueued = true
-	// Not life.werr afterwards: while flush posts without the lock, the
-	// peer may read the fin, close, and have its disconnect recorded here.
-	c.flushDroppingLock()
-	return nil
-}
-
 // Close closes the connection. Data already written is delivered before the
 // peer's Read returns io.EOF; Reads and Writes blocked here return an error
 // wrapping net.ErrClosed. Close waits until the peer's NIC has acknowledged
@@ -146,12 +129,12 @@ func (c *Conn) lingerDroppingLock() error {
 			return (!c.tx.finQueued && c.tx.ctrlDone == c.tx.ctrlSeq) || c.life.werr != nil || c.life.has(shutPeerGone)
 		})
 	}
-	if c.tx.pendLen > 0 && c.life.finBlocked() == nil && !c.life.has(shutPeerGone) {
+	if pend, _ := c.tx.pending(); pend > 0 && c.life.finBlocked() == nil && !c.life.has(shutPeerGone) {
 		// The peer left no receive free for the linger time: what
 		// Writes left pending is discarded, and Close says so. It is
 		// dropped here, fin and all, since credits the peer returns
 		// before the release disconnects would otherwise still send it.
-		c.tx.pendLen, c.tx.pendMore, c.tx.finQueued = 0, false, false
+		c.tx.dropPending()
 		return undeliveredError{}
 	}
 	return nil
@@ -194,4 +177,143 @@ func (c *Conn) waitDroppingLock(timeout time.Duration, cond func() bool) {
 		}
 		c.mu.Lock()
 	}
+}
+
+// brokenQP disconnects a connection that failed while established: a
+// NIC-level error (the peer's RDMA WRITE refused, say) moves the QP to the
+// error state without any CM event, so neither side would otherwise learn
+// that the connection is over; a protocol violation or a keepalive
+// failure ends it too. Once is enough.
+func (c *Conn) brokenQP() {
+	if c.life.phase != phaseDead && !c.life.has(shutPeerGone|shutQPGone) && !c.qpBroken {
+		c.qpBroken = true
+		c.disconnect()
+	}
+}
+
+// fail fails both directions of the connection with err (the first
+// failure of each wins, see lifecycle), disconnects it so that the peer
+// learns of it (a NIC-level failure moves the QP to the error state
+// without any CM event), and wakes every call waiting on it. Every failure
+// of an established connection goes through here: a failed completion, a
+// protocol violation, a keepalive that went unanswered, an asynchronous
+// event, a refused one-sided operation. mu is held.
+func (c *Conn) fail(err error) {
+	c.life.fail(err)
+	c.brokenQP()
+	signal(c.rxReady)
+	signal(c.txReady)
+}
+
+// peerDisconnected handles the peer's disconnect: acknowledge it (which
+// moves our QP to the error state and flushes our receives) and fail
+// further writes. Reads still return what already arrived.
+func (c *Conn) peerDisconnected() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.life.set(shutPeerGone)
+	if !c.life.has(shutQPGone) {
+		c.disconnect()
+	}
+	c.life.failWrite(syscall.ECONNRESET)
+	// Reads learn of it from the flushed receives, or, with none posted,
+	// from shutPeerGone itself.
+	signal(c.rxReady)
+	signal(c.txReady)
+}
+
+// deviceRemoved handles the removal of the connection's device (rdma
+// link delete, a hot-unplugged NIC): the kernel cannot finish removing it
+// while anything of it is held, and the data path would go on as if
+// nothing happened (posts succeed on rxe), so the connection fails at once
+// with ENODEV and gives its verbs objects back without waiting for Close.
+// It runs on the CM goroutine; the release waits for completions and
+// destroys the id, so it runs on a goroutine of its own.
+func (c *Conn) deviceRemoved() {
+	c.markDeviceRemoved()
+	c.mu.Lock()
+	c.life.fail(&deviceError{syscall.ENODEV})
+	c.life.set(shutPeerGone) // nothing more will come, and no fin can go
+	signal(c.rxReady)
+	signal(c.txReady)
+	dialing := c.dialing
+	c.removedDialing = dialing
+	c.mu.Unlock()
+	if !dialing {
+		c.releaseLater()
+	}
+}
+
+// releaseLater releases the verbs objects of a connection whose device
+// went away, on a goroutine of its own (it waits for completions and
+// destroys the id).
+func (c *Conn) releaseLater() {
+	go func() {
+		// Reads and Writes in progress use the registered memory: they
+		// have been failed, so they leave soon.
+		c.writeMu.Lock()
+		c.readMu.Lock()
+		c.release()
+		c.readMu.Unlock()
+		c.writeMu.Unlock()
+	}()
+}
+
+// teardown ends the connection: the fin (if graceful) and its
+// acknowledgement, then the release of the verbs objects. Close's
+// (graceful) teardown returns once the peer's NIC has acknowledged the fin,
+// and the release runs on a goroutine of its own, as a TCP close returns
+// while the kernel finishes: disconnecting, flushing the queues and
+// destroying the QP and the id take milliseconds (most of a short-lived
+// connection's Close), and nothing of them concerns the caller. Reads and
+// Writes after Close fail before they touch the memory being released.
+func (c *Conn) teardown(graceful bool) error {
+	c.mu.Lock()
+	c.stopKeepAlive()
+	wasEstablished := c.life.phase == phaseEstablished
+	c.life.phase = phaseDead
+	var lost error
+	if c.hasQP() && graceful && wasEstablished && !c.life.has(shutPeerGone) {
+		lost = c.lingerDroppingLock()
+	}
+	c.mu.Unlock()
+	if graceful {
+		releasing.Add(1)
+		go func() {
+			defer releasing.Done()
+			c.release()
+		}()
+	} else {
+		c.release()
+	}
+	return lost
+}
+
+// release gives everything back, once, in the order the device's removal
+// needs (the kernel waits for every object and id on it): disconnect, the
+// flush of every work request, then the QP, the memory, the device's
+// shared objects, and last the id (librdmacm may close the device's
+// context with its last id). Queued data goes with the memory.
+func (c *Conn) release() {
+	c.releaseOnce.Do(c.releaseAll)
+}
+
+func (c *Conn) releaseAll() {
+	c.mu.Lock()
+	c.stopKeepAlive()
+	c.life.phase = phaseDead
+	c.disconnect()
+	if c.hasQP() {
+		c.drainDroppingLock()
+	}
+	// From here on a disconnect event must not touch the QP: destroying
+	// it while rdma_disconnect moves it to the error state fails (EBUSY).
+	c.life.set(shutQPGone)
+	// Nothing queued can be read once the memory is gone.
+	c.rx.n = 0
+	c.tx.dropPending()
+	mem := c.mem
+	c.mem = nil
+	c.mu.Unlock()
+	c.freeVerbs(len(mem))
 }

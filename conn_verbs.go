@@ -40,11 +40,6 @@ type connSys struct {
 	qpMu   sync.Mutex
 	qpGone bool // under qpMu: the release has destroyed the QP; the id goes next
 
-	releaseOnce sync.Once // the verbs objects go once: by Close, or when the device goes
-	// dialing is set while dial has not returned the connection (under
-	// mu): the dialing goroutine still uses the id, so a device removal
-	// meanwhile leaves the release to dial (removedDialing).
-	dialing, removedDialing bool
 }
 
 // disconnect moves the QP to the error state and tells the peer. A Conn
@@ -326,118 +321,18 @@ func (c *Conn) handleCM(ev rdmacm.Event) {
 	}
 }
 
-// peerDisconnected handles the peer's disconnect: acknowledge it (which
-// moves our QP to the error state and flushes our receives) and fail
-// further writes. Reads still return what already arrived.
-func (c *Conn) peerDisconnected() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.life.set(shutPeerGone)
-	if !c.life.has(shutQPGone) {
-		c.id.Disconnect()
-	}
-	c.life.failWrite(syscall.ECONNRESET)
-	// Reads learn of it from the flushed receives, or, with none posted,
-	// from shutPeerGone itself.
-	signal(c.rxReady)
-	signal(c.txReady)
+// destroyQP destroys the QP while no CM event is being processed, and
+// reports whether it is gone.
+func (c *Conn) destroyQP() bool {
+	var err error
+	c.cm.ch.Quiet(func() { err = c.id.DestroyQP() })
+	return err == nil
 }
 
-// deviceRemoved handles the removal of the connection's device (rdma
-// link delete, a hot-unplugged NIC): the kernel cannot finish removing it
-// while anything of it is held, and the data path would go on as if
-// nothing happened (posts succeed on rxe), so the connection fails at once
-// with ENODEV and gives its verbs objects back without waiting for Close.
-// It runs on the CM goroutine; the release waits for completions and
-// destroys the id, so it runs on a goroutine of its own.
-func (c *Conn) deviceRemoved() {
-	if c.dev != nil {
-		markRemoved(c.dev.ctx.Ptr())
-	}
-	c.mu.Lock()
-	c.life.fail(&deviceError{syscall.ENODEV})
-	c.life.set(shutPeerGone) // nothing more will come, and no fin can go
-	signal(c.rxReady)
-	signal(c.txReady)
-	dialing := c.dialing
-	c.removedDialing = dialing
-	c.mu.Unlock()
-	if !dialing {
-		c.releaseLater()
-	}
-}
-
-// releaseLater releases the verbs objects of a connection whose device
-// went away, on a goroutine of its own (it waits for completions and
-// destroys the id).
-func (c *Conn) releaseLater() {
-	go func() {
-		// Reads and Writes in progress use the registered memory: they
-		// have been failed, so they leave soon.
-		c.writeMu.Lock()
-		c.readMu.Lock()
-		c.release()
-		c.readMu.Unlock()
-		c.writeMu.Unlock()
-	}()
-}
-
-// teardown ends the connection: the fin (if graceful) and its
-// acknowledgement, then the release of the verbs objects. Close's
-// (graceful) teardown returns once the peer's NIC has acknowledged the fin,
-// and the release runs on a goroutine of its own, as a TCP close returns
-// while the kernel finishes: disconnecting, flushing the queues and
-// destroying the QP and the id take milliseconds (most of a short-lived
-// connection's Close), and nothing of them concerns the caller. Reads and
-// Writes after Close fail before they touch the memory being released.
-func (c *Conn) teardown(graceful bool) error {
-	c.mu.Lock()
-	c.stopKeepAlive()
-	wasEstablished := c.life.phase == phaseEstablished
-	c.life.phase = phaseDead
-	var lost error
-	if c.vqp != nil && graceful && wasEstablished && !c.life.has(shutPeerGone) {
-		lost = c.lingerDroppingLock()
-	}
-	c.mu.Unlock()
-	if graceful {
-		releasing.Add(1)
-		go func() {
-			defer releasing.Done()
-			c.release()
-		}()
-	} else {
-		c.release()
-	}
-	return lost
-}
-
-// release gives everything back, once, in the order the device's removal
-// needs (the kernel waits for every object and id on it): disconnect, the
-// flush of every work request, then the QP, the memory, the device's
-// shared objects, and last the id (librdmacm may close the device's
-// context with its last id). Queued data goes with the memory.
-func (c *Conn) release() {
-	c.releaseOnce.Do(c.releaseVerbs)
-}
-
-func (c *Conn) releaseVerbs() {
-	c.mu.Lock()
-	c.stopKeepAlive()
-	c.life.phase = phaseDead
-	c.id.Disconnect()
-	if c.vqp != nil {
-		c.drainDroppingLock()
-	}
-	// From here on a disconnect event must not touch the QP: destroying
-	// it while rdma_disconnect moves it to the error state fails (EBUSY).
-	c.life.set(shutQPGone)
-	// Nothing queued can be read once the memory is gone.
-	c.rx.n, c.tx.pendLen = 0, 0
-	mem := c.mem
-	c.mem = nil
-	c.mu.Unlock()
-
+// freeVerbs destroys the QP and the id and gives the memory (memLen
+// bytes), the regions and the device's shared objects back, in the order
+// the device's removal needs (see release). The QP has been drained.
+func (c *Conn) freeVerbs(memLen int) {
 	// Neither an rdma_accept in progress (qpMu) nor librdmacm's
 	// processing of an event of the id (Quiet) may find the QP freed, and
 	// no rdma_accept may start once it is (qpGone).
@@ -456,7 +351,7 @@ func (c *Conn) releaseVerbs() {
 	// Before the arena (and its PD) may go to another connection.
 	c.releaseRegions()
 	if c.ar != nil {
-		c.dev.addRegistered(-len(mem))
+		c.dev.addRegistered(-memLen)
 		c.dev.pool.put(c.ar)
 	}
 	if c.dev != nil {
@@ -471,10 +366,13 @@ func (c *Conn) releaseVerbs() {
 	c.cm.release()
 }
 
-// destroyQP destroys the QP while no CM event is being processed, and
-// reports whether it is gone.
-func (c *Conn) destroyQP() bool {
-	var err error
-	c.cm.ch.Quiet(func() { err = c.id.DestroyQP() })
-	return err == nil
+// hasQP reports whether the connection got as far as a QP.
+func (c *Conn) hasQP() bool { return c.vqp != nil }
+
+// markDeviceRemoved marks the connection's device removed: nothing new
+// is set up on it.
+func (c *Conn) markDeviceRemoved() {
+	if c.dev != nil {
+		markRemoved(c.dev.ctx.Ptr())
+	}
 }

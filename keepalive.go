@@ -236,8 +236,5 @@ func (c *Conn) keepAliveTick() {
 // disconnects it (the QP's outstanding work is flushed).
 func (c *Conn) keepAliveFailed() {
 	cfg := c.ka.cfg
-	c.life.fail(&keepaliveError{cfg.Idle + time.Duration(cfg.Count)*cfg.Interval})
-	c.brokenQP()
-	signal(c.rxReady)
-	signal(c.txReady)
+	c.fail(&keepaliveError{cfg.Idle + time.Duration(cfg.Count)*cfg.Interval})
 }

@@ -753,10 +753,7 @@ func (c *Conn) oneSidedDone(wc ibv.WC) {
 	if wc.Status != ibv.WCSuccess {
 		c.countFailed(wc.Status)
 		if wc.Status != ibv.WCFlushErr && !c.life.has(shutPeerGone) {
-			c.life.fail(&oneSidedError{wc.Status})
-			c.brokenQP()
-			signal(c.rxReady)
-			signal(c.txReady)
+			c.fail(&oneSidedError{wc.Status})
 		}
 	}
 	s := &t.slots[i]

@@ -264,3 +264,90 @@ func postChain(p sendPoster, wrs []ibv.SendWR) (int, error) {
 	}
 	return posts, nil
 }
+
+// What a Write or ReadFrom does next, as sendRing plans it (planWrite,
+// planReadFrom): the send path asks, and does.
+type sendStep uint8
+
+const (
+	// stepSendPending: the pending message goes now (the ring lets it
+	// grow no more, or a ReadFrom must not block on top of it).
+	stepSendPending sendStep = iota
+	// stepWait: wait for completions or credits.
+	stepWait
+	// stepFill: copy into up to slots messages at the tail.
+	stepFill
+)
+
+// writePlan is planWrite's answer.
+type writePlan struct {
+	step    sendStep
+	noRoom  bool // stepWait because the peer is behind (no credit, or its ring is full): counted as a credit wait
+	slots   int  // stepFill: messages to fill
+	waitMsg bool // a message-oriented peer's previous Write still has bytes pending
+}
+
+// planWrite plans a Write's next step with left bytes of it still to go
+// (started: some are accepted already), credits data credits granted by
+// the peer, to a peer whose Reads are message-oriented if msgWrite. The
+// pending message at the tail may already hold bytes. With credits, the
+// Write fills as many messages as credits, the send queue and the ring
+// allow, to be posted as one chain (one ibv_post_send); without, it adds
+// to the pending message. For a message-oriented peer a Write's bytes
+// never share a message with an earlier Write's still pending.
+func (r *sendRing) planWrite(credits, left int, started, msgWrite bool) writePlan {
+	free := r.free()
+	room := r.ring.room()
+	grow := max(0, room-r.pendLen)
+	waitMsg := msgWrite && !started && r.pendLen > 0
+	if grow == 0 && r.pendLen > 0 && credits > 0 && free > 0 && !waitMsg {
+		// The pending message is as large as the ring lets it be now: it
+		// goes, whatever hold would say.
+		return writePlan{step: stepSendPending}
+	}
+	// With credits, a message is not cut short because the peer has yet
+	// to read part of the ring: more, smaller messages cost more than
+	// waiting, and the room comes (an empty ring has room for a largest
+	// message). Without, the pending message gathers in whatever room
+	// there is. Either way the peer is what the Write waits for.
+	short := credits > 0 && room < min(r.pendLen+left, r.ring.maxMsg)
+	noRoom := grow == 0 || short || (credits == 0 && waitMsg)
+	if free == 0 || noRoom || waitMsg {
+		return writePlan{step: stepWait, noRoom: noRoom, waitMsg: waitMsg}
+	}
+	slots := 1
+	if credits > 0 {
+		slots = min(credits, free, ibv.MaxSendBatch, (r.pendLen+left+r.ring.maxMsg-1)/r.ring.maxMsg)
+	}
+	return writePlan{step: stepFill, slots: slots}
+}
+
+// planReadFrom plans a ReadFrom's next step. Each Read of its source may
+// fill a whole message: the ring has room for one whenever the peer has
+// consumed everything, so waiting for that room never waits for nothing.
+// The source's Read may block for as long as it likes (a socket waiting
+// for the next request), so pending bytes go first, whatever hold would
+// say, and without a credit for them ReadFrom waits for one rather than
+// block in the source on top of them. noCredit says a wait is for the peer
+// (counted as a credit wait).
+func (r *sendRing) planReadFrom(credits int) (step sendStep, noCredit bool) {
+	if r.pendLen > 0 && credits > 0 && r.free() > 0 {
+		return stepSendPending, false
+	}
+	noRoom := r.ring.room() < r.ring.maxMsg
+	if r.free() == 0 || r.pendLen > 0 || noRoom {
+		return stepWait, noRoom || (r.pendLen > 0 && credits == 0)
+	}
+	return stepFill, false
+}
+
+// pending returns the pending message's length and whether its Write goes
+// on in the next message.
+func (r *sendRing) pending() (n int, more bool) { return r.pendLen, r.pendMore }
+
+// setPending records n bytes (a fragment if more) as the pending message.
+func (r *sendRing) setPending(n int, more bool) { r.pendLen, r.pendMore = n, more }
+
+// dropPending forgets the pending message and a fin queued behind it
+// (Close's linger gave up on them, or the memory is going).
+func (r *sendRing) dropPending() { r.pendLen, r.pendMore, r.finQueued = 0, false, false }

@@ -285,3 +285,78 @@ func TestRingTxFIFOBoundedByRing(t *testing.T) {
 	r.ack(16)
 	require.Equal(t, r.tail, r.acked)
 }
+
+// What a Write does next, as the send ring plans it.
+func TestSendRingPlanWrite(t *testing.T) {
+	const maxMsg, span = 64, 256
+	r := testSendRing(4, span, maxMsg, 8, 0)
+
+	// Credits, an empty ring: fill as many messages as the Write needs,
+	// credits and the send queue allow.
+	require.Equal(t, writePlan{step: stepFill, slots: 2}, r.planWrite(8, 100, false, false))
+	require.Equal(t, writePlan{step: stepFill, slots: 4}, r.planWrite(8, 1000, false, false), "bounded by the send queue")
+	require.Equal(t, writePlan{step: stepFill, slots: 1}, r.planWrite(1, 1000, false, false), "bounded by credits")
+	// No credit: one message, the pending one, gathers.
+	require.Equal(t, writePlan{step: stepFill, slots: 1}, r.planWrite(0, 1000, false, false))
+
+	// A pending message as large as the ring lets it be goes at once
+	// with a credit; without one the Write waits for the peer.
+	r.setPending(maxMsg, false)
+	require.Equal(t, writePlan{step: stepSendPending}, r.planWrite(1, 10, false, false))
+	require.Equal(t, writePlan{step: stepWait, noRoom: true}, r.planWrite(0, 10, false, false))
+	// To a message-oriented peer a new Write waits for the earlier
+	// one's pending bytes to go, whatever the credits.
+	r.setPending(10, true)
+	require.Equal(t, writePlan{step: stepWait, waitMsg: true}, r.planWrite(1, 10, false, true))
+	require.Equal(t, writePlan{step: stepWait, noRoom: true, waitMsg: true}, r.planWrite(0, 10, false, true))
+	// ... but the Write that left them continues them.
+	require.Equal(t, writePlan{step: stepFill, slots: 1}, r.planWrite(1, 10, true, true))
+	r.setPending(0, false)
+
+	// A full send queue (the ring has room): wait, not for the peer.
+	r = testSendRing(4, 4*span, maxMsg, 8, 0)
+	for range 4 {
+		r.queue(header{typ: msgData}, 1, false)
+	}
+	require.Equal(t, writePlan{step: stepWait}, r.planWrite(8, 10, false, false))
+	r.completed(r.sends[3].ID)
+
+	// The peer has not consumed the ring: with credits, no message is cut
+	// short for lack of room; the Write waits for the room.
+	r = testSendRing(8, span, maxMsg, 8, 0)
+	for range 4 {
+		r.queue(header{typ: msgData}, maxMsg, false)
+	}
+	require.Equal(t, writePlan{step: stepWait, noRoom: true}, r.planWrite(4, 10, false, false))
+}
+
+// What a ReadFrom does next.
+func TestSendRingPlanReadFrom(t *testing.T) {
+	const maxMsg, span = 64, 256
+	r := testSendRing(4, span, maxMsg, 8, 0)
+	step, _ := r.planReadFrom(1)
+	require.Equal(t, stepFill, step, "room for a whole message: read into it")
+	r.setPending(5, false)
+	step, _ = r.planReadFrom(1)
+	require.Equal(t, stepSendPending, step, "pending bytes go before the source may block")
+	step, noCredit := r.planReadFrom(0)
+	require.Equal(t, stepWait, step)
+	require.True(t, noCredit, "waiting for the peer's credit")
+	r.setPending(0, false)
+	for range 4 {
+		r.queue(header{typ: msgData}, maxMsg, false)
+	}
+	step, noCredit = r.planReadFrom(1)
+	require.Equal(t, stepWait, step)
+	require.True(t, noCredit, "the peer's ring is full")
+
+	n, more := r.pending()
+	require.Zero(t, n)
+	require.False(t, more)
+	r.setPending(3, true)
+	r.finQueued = true
+	r.dropPending()
+	n, _ = r.pending()
+	require.Zero(t, n)
+	require.False(t, r.finQueued, "a fin behind dropped data goes with it")
+}

@@ -21,9 +21,10 @@ import (
 type connSys struct{}
 
 func (connSys) disconnect()               {}
-func (c *Conn) teardown(bool) error       { return nil }
+func (c *Conn) hasQP() bool               { return false }
+func (c *Conn) freeVerbs(int)             {}
+func (c *Conn) markDeviceRemoved()        {}
 func wcStatusString(status uint32) string { return fmt.Sprintf("status %d", status) }
-func (c *Conn) deviceRemoved()            {}
 
 func asyncEventString(t ibv.AsyncEventType) string { return fmt.Sprintf("event %d", int(t)) }
 

@@ -1,0 +1,354 @@
+package rdma
+
+import (
+	"io"
+	"net"
+	"syscall"
+	"time"
+
+	"github.com/goverbs/rdma/internal/ibv"
+)
+
+// The send path of a Conn: Write and ReadFrom fill the send ring (asking
+// sendRing what to do next: planWrite, planReadFrom), queueSend and
+// queuePending turn ring bytes and control messages into work requests,
+// flushDroppingLock posts them, sendDone retires them, and the fin goes
+// behind everything (sendFinDroppingLock). The credit policy they follow is
+// the ledger's (credits.go); the ring arithmetic and the pending message
+// are sendRing's (sendring.go).
+
+func (c *Conn) write(b []byte) (int, error) {
+	n := 0
+	waited := false // for credit: counted once per Write
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for {
+		if err := c.life.writeEnded(); err != nil {
+			return n, err
+		}
+		if c.wdl.expired() {
+			if c.msgWrite && n > 0 {
+				// Part of a message went (or waits) as fragments; the
+				// next Write would continue it at the reader. Nothing
+				// more can be sent on this connection.
+				c.life.cut = true
+			}
+			return n, errTimeout
+		}
+		if n == len(b) {
+			return n, nil
+		}
+		plan := c.tx.planWrite(c.cr.credits, len(b)-n, n > 0, c.msgWrite)
+		switch plan.step {
+		case stepSendPending:
+			c.queuePending()
+			c.flushDroppingLock()
+			continue
+		case stepWait:
+			// Messages a Write left queued (cork) go before anyone
+			// waits: the peer's answer to them is what ends the wait.
+			c.flushDroppingLock()
+			c.waitSendRoomDroppingLock(plan.noRoom, &waited)
+			continue
+		}
+		n = c.fillDroppingLock(b, n, plan.slots)
+		if n == len(b) {
+			// Accepted, whatever happened while flush had the lock
+			// dropped (the peer may have answered and closed).
+			return n, nil
+		}
+	}
+}
+
+// waitSendRoomDroppingLock waits, for a Write or ReadFrom, until
+// completions or credits come back (or the deadline or Close). noCredit
+// says it waits because the peer has no receive free: that counts in the
+// stats, once per call (waited) and for all the time it takes.
+func (c *Conn) waitSendRoomDroppingLock(noCredit bool, waited *bool) {
+	var start time.Time
+	if noCredit {
+		start = time.Now()
+	}
+	c.mu.Unlock()
+	spun := c.w.wait(c.txReady, c.closing, c.wdl, &c.wrWait)
+	c.mu.Lock()
+	c.countWait(spun)
+	if noCredit {
+		if !*waited {
+			c.st.CreditWaits++
+			*waited = true
+		}
+		c.st.CreditWaitTime += time.Since(start)
+	}
+}
+
+// fillDroppingLock copies b[n:] into up to slots messages from the ring's
+// tail on, the first of which may hold pending bytes, and queues what
+// credits allow. The ring from the tail on is the writer's until queued
+// (flush leaves a pending message alone while tx.filling is set), so the
+// copy runs without mu. Where each message goes and how large it may be
+// is planned from the tail and what the peer had consumed (acked) when
+// the lock was dropped: queueing follows the same plan, whatever credits
+// came back meanwhile. It returns how much of b is accepted.
+func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
+	ring := &c.tx.ring
+	pend, _ := c.tx.pending()
+	t, acked := ring.tail, ring.acked
+	c.tx.filling = true
+	c.mu.Unlock()
+	off := n
+	for i := 0; i < slots && off < len(b); i++ {
+		start, room := ring.at(t, acked)
+		chunk := min(len(b)-off, room-pend)
+		if chunk <= 0 || (i > 0 && room < min(len(b)-off, c.maxMsg)) {
+			// No room, or (past the first, which write checked)
+			// not enough for a whole message: see write.
+			break
+		}
+		dst := c.tx.memOff + ring.offset(start) + pend
+		copy(c.mem[dst:dst+chunk], b[off:off+chunk])
+		off += chunk
+		t = ringEnd(start, pend+chunk)
+		pend = 0
+	}
+	c.mu.Lock()
+	c.tx.filling = false
+	if c.life.has(shutClosed) || c.life.werr != nil {
+		return n
+	}
+	// (A cut Write cannot be: writeMu keeps the next Write out until this
+	// one returns.)
+	c.st.BytesWritten += uint64(off - n)
+	// Credits only grow while the lock is dropped (this writer is the
+	// only one spending them), and so does the send queue's room, so
+	// every message planned with credits goes out, but for a last, partly
+	// filled one that hold keeps; without credits the one message stays
+	// pending.
+	before := c.cr.outstanding()
+	pend, _ = c.tx.pending() // as it was: flush leaves it alone while filling
+	queued := pend + off - n
+	for queued > 0 && c.cr.credits > 0 && c.tx.free() > 0 {
+		_, room := ring.at(ring.tail, acked)
+		m := min(queued, room)
+		if c.cr.hold(m, room, c.tx.finQueued) {
+			break
+		}
+		c.cr.spend()
+		typ := uint8(msgData)
+		if c.msgWrite && (queued > m || off < len(b)) {
+			typ = msgDataMore // the Write goes on in the next message
+		}
+		c.queueSend(typ, m)
+		queued -= m
+	}
+	c.tx.setPending(queued, c.msgWrite && queued > 0 && off < len(b))
+	if off < len(b) || !c.cr.cork(before, len(c.tx.sends), c.tx.carries) {
+		c.flushDroppingLock()
+	}
+	return off
+}
+
+// SetNoDelay controls whether a small Write goes out as soon as the peer
+// has a receive free even while it is behind (noDelay true), or may wait,
+// while earlier messages are unconsumed at the peer, to be sent with the
+// Writes that follow (the default). Like TCP's option of that name, it
+// trades message rate for the latency of back-to-back small Writes;
+// request-response traffic, where the peer has consumed what was sent
+// before each Write, never waits. With no receive free at the peer,
+// Writes gather whatever the setting. To a message-oriented peer
+// (Options.Messages) Writes never gather: by default, while it is behind,
+// they are queued unposted until its answer comes and then posted
+// together (one ibv_post_send, each Write still a message of its own);
+// with noDelay true each is posted at once.
+func (c *Conn) SetNoDelay(noDelay bool) error {
+	if !c.ok() {
+		return errInvalid("set")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.life.has(shutClosed) {
+		return c.opErr("set", net.ErrClosed)
+	}
+	c.cr.noDelay = noDelay
+	c.flushDroppingLock()
+	return nil
+}
+
+func (c *Conn) readFrom(r io.Reader) (int64, error) {
+	var total int64
+	waited := false
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for {
+		if err := c.life.writeEnded(); err != nil {
+			return total, err
+		}
+		if c.wdl.expired() {
+			return total, errTimeout
+		}
+		// While r.Read fills the ring's tail nothing else may send from
+		// there (see planReadFrom).
+		switch step, noCredit := c.tx.planReadFrom(c.cr.credits); step {
+		case stepSendPending:
+			c.queuePending()
+			c.flushDroppingLock()
+			continue
+		case stepWait:
+			c.waitSendRoomDroppingLock(noCredit, &waited)
+			continue
+		}
+		start := c.tx.pendOff()
+		c.tx.filling = true
+		c.mu.Unlock()
+		n, rerr := r.Read(c.mem[start : start+c.maxMsg])
+		c.mu.Lock()
+		c.tx.filling = false
+		if err := c.life.writeEnded(); err != nil {
+			return total, err
+		}
+		if n > 0 {
+			total += int64(n)
+			c.st.BytesWritten += uint64(n)
+			c.tx.setPending(n, false)
+			if c.cr.credits > 0 && c.tx.free() > 0 {
+				c.queuePending()
+			}
+		}
+		c.flushDroppingLock()
+		if rerr == io.EOF {
+			return total, nil
+		}
+		if rerr != nil {
+			return total, rerr
+		}
+	}
+}
+
+// queueSend prepares a message for flush (see sendRing.queue); its header
+// piggybacks every credit owed to the peer, including the receives
+// posted again on the way.
+func (c *Conn) queueSend(typ uint8, n int) {
+	switch typ {
+	case msgData, msgDataMore:
+		c.st.MessagesSent++
+	case msgCredit:
+		c.st.CreditMessagesSent++
+	}
+	c.postReposts()
+	c.tx.queue(c.cr.header(typ), n, c.life.has(shutWrite))
+	// Every message consumed so far has its receive posted again, and
+	// this header reports them all: the peer knows the ring is free up to
+	// here.
+	c.rx.reported = c.rx.read
+}
+
+// queuePending queues the pending message, spending a credit the caller
+// checked for (and room in the send queue).
+func (c *Conn) queuePending() {
+	typ := uint8(msgData)
+	pend, more := c.tx.pending()
+	if more {
+		typ = msgDataMore
+	}
+	c.cr.spend()
+	c.queueSend(typ, pend)
+	c.tx.setPending(0, false)
+	if c.msgWrite {
+		// A Write for a message-oriented peer may be waiting for the
+		// pending buffer to go (see write).
+		signal(c.txReady)
+	}
+}
+
+// pendingGoes reports whether flush would post the pending message now:
+// it holds data, a credit and the send queue allow it, no Write is filling
+// it and hold does not keep it (a message as large as the ring lets it be
+// now counts as full).
+func (c *Conn) pendingGoes() bool {
+	pend, _ := c.tx.pending()
+	return pend > 0 && c.cr.credits > 0 && c.tx.free() > 0 && !c.tx.filling &&
+		!c.cr.hold(pend, max(pend, c.tx.ring.room()), c.tx.finQueued)
+}
+
+// flushDroppingLock posts what is queued: prepared messages, then the
+// pending message once a credit allows, then a fin that waited behind
+// it. mu is held on entry and exit but not across ibv_post_send (on rxe a
+// system call that runs the whole transfer), so completions, Reads and
+// other connections' work go on meanwhile. One goroutine posts at a time,
+// which keeps the send queue in sequence order; whoever finds another
+// posting only queues, and the poster picks that up before it leaves.
+func (c *Conn) flushDroppingLock() {
+	if c.tx.posting || c.tx.draining {
+		return
+	}
+	c.tx.posting = true
+	for {
+		if c.pendingGoes() {
+			c.queuePending()
+		}
+		if pend, _ := c.tx.pending(); c.tx.finQueued && pend == 0 && !c.tx.filling {
+			c.tx.finQueued = false
+			c.queueSend(msgFin, 0)
+		}
+		if len(c.tx.sends) == 0 {
+			break
+		}
+		batch := c.tx.take()
+		c.mu.Unlock()
+		posts, err := postChain(c.qp, batch)
+		c.mu.Lock()
+		c.st.SendPosts += uint64(posts)
+		if err != nil {
+			// The connection has failed: post nothing more (the
+			// teardown's marker retires what never went out).
+			c.life.failWrite(err)
+			c.tx.sends = c.tx.sends[:0]
+			signal(c.txReady)
+			break
+		}
+	}
+	c.tx.posting = false
+	if c.life.phase == phaseDead {
+		signal(c.drained)
+	}
+}
+
+// lockAndFlush posts what complete queued (see completer).
+func (c *Conn) lockAndFlush() {
+	c.mu.Lock()
+	c.flushDroppingLock()
+	c.mu.Unlock()
+}
+
+func (c *Conn) sendDone(wc ibv.WC) {
+	c.tx.completed(wc.WRID)
+	if wc.Status != ibv.WCSuccess {
+		c.countFailed(wc.Status)
+	}
+	if wc.Status != ibv.WCSuccess && c.life.werr == nil {
+		if c.life.has(shutPeerGone) || wc.Status == ibv.WCFlushErr {
+			c.life.failWrite(syscall.ECONNRESET)
+			c.brokenQP()
+		} else {
+			c.fail(&wcError{wc.Status})
+		}
+	}
+	signal(c.txReady)
+}
+
+// sendFinDroppingLock queues the fin behind pending data and flushes,
+// unless the fin was already sent.
+func (c *Conn) sendFinDroppingLock() error {
+	if c.life.has(shutWrite) {
+		return nil
+	}
+	if err := c.life.finBlocked(); err != nil {
+		return err
+	}
+	c.life.set(shutWrite)
+	c.tx.finQueued = true
+	// Not life.werr afterwards: while flush posts without the lock, the
+	// peer may read the fin, close, and have its disconnect recorded here.
+	c.flushDroppingLock()
+	return nil
+}
