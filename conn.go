@@ -23,12 +23,14 @@ var (
 //
 // A Conn orchestrates collaborators that each keep one concern: the
 // lifecycle (lifecycle.go), the credit ledger (credits.go), the send and
-// receive rings (sendring.go, recvring.go) and the waiting policy
-// (wait.go), and, for one-sided RDMA, the regions and the slot table of
-// operations in flight (region.go). This file holds Read and Write; conn_complete.go what
-// completions do; conn_close.go the shutdown. The platform's part
-// (connSys: the rdma_cm id, the QP, the registered memory, the device) is
-// set up and torn down in conn_verbs.go.
+// receive rings (sendring.go, recvring.go), the waiting policy (wait.go),
+// the keepalive (keepalive.go), and, for one-sided RDMA, the slot table of
+// operations in flight (onesided.go). This file holds the type and its
+// public methods; send.go and recv.go the two data paths; conn_complete.go
+// what completions do; conn_close.go every failure and the teardown. The
+// platform's part (connSys: the rdma_cm id, the QP, the registered memory,
+// the device) is set up, and freed when conn_close.go says, in
+// conn_verbs.go.
 //
 // Concurrency. These goroutines run a Conn's code:
 //   - the caller's Reads and Writes (one of each at a time, by readMu and
@@ -185,8 +187,9 @@ func (c *Conn) opErr(op string, err error) error {
 // midway); Reads and one-sided operations go on (see lifecycle.cut).
 var errMessageCut = errors.New("a Write to a message-oriented peer was cut short by its deadline; the connection can send no more")
 
-// errInvalid is the error of a call on a nil or zero Conn, as net's
-// syscall.EINVAL for a zero TCPConn.
+// errInvalid is the error of a call on a nil or zero Conn: syscall.EINVAL,
+// as net's for a zero TCPConn, but wrapped in a *net.OpError (net returns
+// it bare) so that every error of this package is one.
 func errInvalid(op string) error { return &net.OpError{Op: op, Net: "rdma", Err: syscall.EINVAL} }
 
 // Read reads data into b. On a stream connection (the default) it returns

@@ -6,9 +6,9 @@ import (
 	"github.com/goverbs/rdma/internal/ibv"
 )
 
-// The completion side of a Conn: what the poller (or a spinning Read or
-// Write) does with each work completion, how consumed receives and credits
-// go back to the peer, and flush, which posts what is queued.
+// The completion side of a Conn: the poller (or a spinning Read or Write)
+// hands each work completion to complete, which passes it to the path it
+// belongs to (send.go, recv.go, onesided.go), and a failed one's error.
 
 // complete handles one work completion (see completer). It posts consumed
 // receives again, but only queues the sends that must go out (a credit

@@ -41,6 +41,11 @@ func newLayout(o Options) layout {
 // marker.
 func (l layout) cqEntries() int { return l.recvSlots + l.sendSlots + l.ctrlSlots + oneSidedDepth + 1 }
 
+// cqFixed is what a connection's CQ entries add to RecvDepth + SendDepth
+// (cqEntries): the control receives and sends on both sides, the
+// one-sided operations and the drain marker.
+const cqFixed = 2*(ctrlDepth+finSlots) + oneSidedDepth + 1
+
 // sendQueue is the depth of a connection's send queue: the data and
 // control messages, the one-sided operations, the keepalive probe and the
 // teardown's drain marker.
@@ -52,3 +57,7 @@ func (l layout) sendOff() int { return l.ring }
 
 // size is the arena size: two rings of whole pages.
 func (l layout) size() int { return 2 * l.ring }
+
+// oneSidedDepth is the most one-sided operations a connection has in
+// flight; more wait for a slot.
+const oneSidedDepth = 16

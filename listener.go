@@ -4,6 +4,7 @@ import (
 	"net"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // Listener is an RDMA listener; it implements net.Listener. Connection
@@ -126,4 +127,28 @@ func (l *Listener) Addr() net.Addr {
 		return l.tcp.Addr()
 	}
 	return l.addr
+}
+
+// Half-open connections (accepted by us, the dialer's confirmation not yet
+// in) hold a whole connection's registered memory and QP, because the
+// dialer may send as soon as it is established. A dialer that sends the
+// request and goes silent (a flood of them, say) would otherwise pin that
+// memory until the CM gives up, minutes later, and fill the backlog.
+// So at most halfOpenMemory of them are kept, or minHalfOpen connections'
+// worth if that is more (never more than the backlog: a burst of dials,
+// an HTTP client opening 20 connections at once, must fit while their
+// setups run); a request that finds
+// them all taken evicts the oldest one if it is older than halfOpenGrace
+// (a handshake that has not finished by then is not coming), and is
+// refused otherwise.
+const (
+	halfOpenMemory = 32 << 20
+	minHalfOpen    = 32
+	halfOpenGrace  = time.Second
+)
+
+// halfOpenLimit is how many half-open connections a listener with these
+// options and backlog keeps.
+func halfOpenLimit(opts Options, backlog int) int {
+	return min(backlog, max(minHalfOpen, halfOpenMemory/newLayout(opts).size()))
 }

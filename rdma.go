@@ -10,12 +10,14 @@
 // the peer's receive ring, in messages of at most the smaller of the two
 // sides' BufferSize; credits granted by the receiver guarantee a posted
 // receive for every message and unread bytes that are never overwritten,
-// so the NIC never meets a receiver that is not ready. The receive ring
-// is the only memory a peer may touch, and only through its own
-// connection. While the peer has no receive free, or is behind,
+// so the NIC never meets a receiver that is not ready. Besides the regions
+// a side registers for one-sided RDMA (below), with the access it grants,
+// the receive ring is the only memory a peer may touch, and only through
+// its own connection. While the peer has no receive free, or is behind,
 // small Writes gather into one message (see Conn.Write and SetNoDelay); a
 // writer far ahead of its reader blocks instead of overrunning it. One
-// goroutine per device polls the shared completion queue and, when idle,
+// goroutine per completion queue (a device has one, and more once
+// connections fill it) polls the shared queue and, when idle,
 // parks in Go's netpoller on the completion channel instead of holding an
 // OS thread; a Read or Write that waits briefly polls the queue itself
 // (see PollMode).
@@ -39,7 +41,9 @@
 //
 // Errors follow package net: every error is a *net.OpError with Net "rdma"
 // (io.EOF excepted: it is returned bare once the peer has closed and
-// everything it wrote has been read). What it wraps can be tested with
+// everything it wrote has been read; and a connection or listener that
+// fell back to TCP, see FallbackTCP, reports Net "tcp" as package net
+// does). What it wraps can be tested with
 // errors.Is: net.ErrClosed after Close; os.ErrDeadlineExceeded when a
 // deadline passes; ErrNoDevice, ErrProtocol, ErrUnsupported,
 // ErrRemoteAccess and ErrOutOfBounds as their docs say;
@@ -464,8 +468,12 @@ type ListenConfig struct {
 	// dialer was told) and, when the listener's own setup failed, the
 	// error that says what to do (the locked-memory limit to raise, say).
 	// It runs on the goroutine that answers every connection request of
-	// the process: it must return quickly (log, count) and must not call
-	// the listener. Listener.Stats counts the refusals either way. Both
+	// the process when the refusal is decided on arrival (backlog full,
+	// another protocol), and on the goroutine that set the connection up
+	// when its setup failed (out of locked memory, say): it may be called
+	// from several goroutines at once, must be safe for that, return
+	// quickly (log, count) and not call the listener. Listener.Stats
+	// counts the refusals either way. Both
 	// happen before the reject is sent, so a dialer that has been refused
 	// finds its refusal counted.
 	Refused func(remote net.Addr, err error)

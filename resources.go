@@ -48,9 +48,9 @@ type cqLimitError struct {
 }
 
 func (e *cqLimitError) Error() string {
-	return fmt.Sprintf("a connection with these Options takes %d completion queue entries (RecvDepth + SendDepth + 11), "+
+	return fmt.Sprintf("a connection with these Options takes %d completion queue entries (RecvDepth + SendDepth + %d), "+
 		"more than the device's maximum of %d per completion queue (max_cqe): lower SendDepth and RecvDepth",
-		e.need, e.max)
+		e.need, cqFixed, e.max)
 }
 
 func (e *cqLimitError) Unwrap() error { return syscall.ENOSPC }

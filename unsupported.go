@@ -15,8 +15,9 @@ import (
 
 // On this build there is no verbs layer: Dial and Listen fail with an
 // error wrapping ErrUnsupported, so no Conn or Listener ever exists, and
-// the methods (declared once, in conn.go and listener.go) only meet nil
-// or zero values, for which they return errors as package net does.
+// the methods (declared once for every build, in the files of their
+// concerns) only meet nil or zero values, for which they return errors as
+// package net does. This file holds the verbs hooks those methods call.
 
 type connSys struct{}
 

@@ -1,0 +1,137 @@
+package rdma
+
+import "context"
+
+// The bounce memory of ReadAt and WriteAt: chunks of registered memory
+// (local access only, registered on first use) that a plain []byte's
+// bytes pass through on their way to or from a peer's region.
+
+// Bounce memory of ReadAt and WriteAt: bounceChunks chunks of
+// bounceChunk bytes, registered (local access only) on first use.
+const (
+	bounceChunk  = 64 << 10
+	bounceChunks = 4
+)
+
+// bounceIO reads (op opRead) the peer's bytes at off into p, or writes p
+// there, through the connection's bounce memory: up to bounceChunks
+// chunks in flight, completed in order. It returns how many bytes from
+// the start of p were moved.
+func (c *Conn) bounceIO(op uint8, p []byte, key RemoteKey, off uint64) (int, error) {
+	type pending struct{ slot, chunk, pos, n int }
+	var q [bounceChunks]pending
+	head, cnt := 0, 0
+	done, pos := 0, 0
+	var firstErr error
+	bg := context.Background()
+	for {
+		if pos < len(p) && firstErr == nil && cnt < bounceChunks {
+			// Block for a chunk only with nothing of ours in flight:
+			// callers that hold chunks never wait for each other.
+			chunk, err := c.getChunk(cnt == 0)
+			if err != nil {
+				firstErr = err
+				continue
+			}
+			if chunk >= 0 {
+				k := min(bounceChunk, len(p)-pos)
+				at := chunk * bounceChunk
+				if op == opWrite {
+					copy(c.os.bounce.mem[at:at+k], p[pos:pos+k])
+				}
+				slot, err := c.startOneSided(bg, op, c.os.bounce, at, k, key, off+uint64(pos))
+				if err != nil {
+					c.putChunk(chunk)
+					firstErr = err
+					continue
+				}
+				q[(head+cnt)%bounceChunks] = pending{slot, chunk, pos, k}
+				cnt++
+				pos += k
+				continue
+			}
+		}
+		if cnt == 0 {
+			return done, firstErr
+		}
+		e := q[head]
+		head = (head + 1) % bounceChunks
+		cnt--
+		err := c.waitOneSided(bg, e.slot)
+		if err == nil && firstErr == nil {
+			if op == opRead {
+				at := e.chunk * bounceChunk
+				copy(p[e.pos:e.pos+e.n], c.os.bounce.mem[at:at+e.n])
+			}
+			done += e.n
+		} else if firstErr == nil {
+			firstErr = err
+		}
+		c.putChunk(e.chunk)
+	}
+}
+
+// getChunk takes a free bounce chunk, registering the bounce memory on
+// first use; with wait unset it returns -1 when none is free instead of
+// waiting.
+func (c *Conn) getChunk(wait bool) (int, error) {
+	c.regMu.Lock()
+	c.mu.Lock()
+	c.os.init()
+	if err := c.oneSidedEnded(); err != nil {
+		c.mu.Unlock()
+		c.regMu.Unlock()
+		return -1, err
+	}
+	if c.os.bounce == nil {
+		c.mu.Unlock()
+		b, err := c.registerMem(bounceChunks*bounceChunk, 0)
+		if err != nil {
+			c.regMu.Unlock()
+			return -1, err
+		}
+		c.mu.Lock()
+		c.os.bounce = b
+		c.os.chunksFree = make([]int, 0, bounceChunks)
+		for i := bounceChunks - 1; i >= 0; i-- {
+			c.os.chunksFree = append(c.os.chunksFree, i)
+		}
+	}
+	c.regMu.Unlock()
+	defer c.mu.Unlock()
+	for {
+		if err := c.oneSidedEnded(); err != nil {
+			return -1, err
+		}
+		if n := len(c.os.chunksFree); n > 0 {
+			i := c.os.chunksFree[n-1]
+			c.os.chunksFree = c.os.chunksFree[:n-1]
+			c.os.chunksOut++
+			if n > 1 {
+				signal(c.os.chunkRoom) // another waiter may take the next one
+			}
+			return i, nil
+		}
+		if !wait {
+			return -1, nil
+		}
+		c.mu.Unlock()
+		select {
+		case <-c.os.chunkRoom:
+		case <-c.closing:
+		}
+		c.mu.Lock()
+	}
+}
+
+// putChunk gives a bounce chunk back.
+func (c *Conn) putChunk(i int) {
+	c.mu.Lock()
+	c.os.chunksFree = append(c.os.chunksFree, i)
+	c.os.chunksOut--
+	signal(c.os.chunkRoom)
+	if c.life.phase == phaseDead {
+		signal(c.drained)
+	}
+	c.mu.Unlock()
+}

@@ -1,0 +1,59 @@
+package rdma
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The numbers the docs quote (README, godoc, error messages), pinned: a
+// change of one of them fails here, where the docs that quote it are
+// named.
+func TestDocumentedNumbers(t *testing.T) {
+	opts, err := Options{}.normalized()
+	require.NoError(t, err)
+	// README "Usage" and rdmainfo's header: buffer 64 KiB, send depth 16,
+	// recv depth 64.
+	require.Equal(t, 64<<10, opts.BufferSize)
+	require.Equal(t, 16, opts.SendDepth)
+	require.Equal(t, 64, opts.RecvDepth)
+
+	// README: 256 KiB registered and 107 CQ entries per connection end;
+	// resources.go's message: RecvDepth + SendDepth + 27.
+	lay := newLayout(opts)
+	require.Equal(t, 256<<10, lay.size())
+	mem, err := Options{}.RegisteredMemory()
+	require.NoError(t, err)
+	require.Equal(t, 256<<10, mem)
+	require.Equal(t, 107, lay.cqEntries())
+	require.Equal(t, 27, cqFixed)
+	require.Equal(t, opts.RecvDepth+opts.SendDepth+cqFixed, lay.cqEntries())
+	require.Contains(t, (&cqLimitError{need: 107, max: 100}).Error(), "RecvDepth + SendDepth + 27")
+
+	// README "Failures": a listener keeps at most 32 MiB of half-open
+	// connections, 128 of 256 KiB with the defaults (and at least 32).
+	require.Equal(t, 32<<20, halfOpenMemory)
+	require.Equal(t, 128, halfOpenLimit(opts, 128))
+	require.Equal(t, 32<<20, halfOpenLimit(opts, 128)*lay.size())
+	require.Equal(t, 32, minHalfOpen)
+	require.Equal(t, time.Second, halfOpenGrace)
+
+	// README and Close's godoc: the linger for a peer that leaves no
+	// receive free, 3 s.
+	require.Equal(t, 3*time.Second, lingerTimeout)
+	// README: a Dial without a timeout gives up after 2 min.
+	require.Equal(t, 2*time.Minute, DefaultDialTimeout)
+	// README: a port down for over 10 s fails its connections.
+	require.Equal(t, 10*time.Second, portDownGrace)
+	// README: a 64 B message takes 64 B of the peer's ring.
+	require.Equal(t, 64, ringAlign)
+	// README "Usage": a request written in two pieces never waits when
+	// the peer has at least 4 receives (hold begins at two unconsumed
+	// messages, half the peer's receives at most).
+	l := newLedger(opts.RecvDepth)
+	l.open(4, ctrlDepth)
+	require.Equal(t, 2, l.holdAt)
+	l.open(3, ctrlDepth)
+	require.Equal(t, 1, l.holdAt)
+}

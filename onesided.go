@@ -1,0 +1,325 @@
+package rdma
+
+import (
+	"context"
+	"net"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/goverbs/rdma/internal/ibv"
+)
+
+// One-sided operations in flight: the slot table that bounds them and
+// names their completions, starting one, what its completion does, and
+// the errors a caller gets. The API (Region, RemoteRegion) is region.go's;
+// the waiting for a completion follows the waiting policy (wait.go); the
+// bounce memory of ReadAt and WriteAt is bounce.go's.
+
+// One-sided operations.
+const (
+	opRead  = 1
+	opWrite = 2
+)
+
+func opName(op uint8) string {
+	if op == opRead {
+		return "read"
+	}
+	return "write"
+}
+
+// wrOneSided tags the work request id of a one-sided operation (wrSend
+// clear): the slot's index in the low byte, its generation above.
+const wrOneSided = 1 << 62
+
+// osSlot is one one-sided operation in flight.
+type osSlot struct {
+	gen       uint32
+	busy      bool // posted (or being posted), not yet given back
+	finished  bool // completed; the caller has yet to look
+	abandoned bool // the caller gave up (its context): the completion frees the slot
+	status    uint32
+	reg       *Region       // pinned until the completion
+	done      chan struct{} // capacity 1: the completion arrived
+	wr        [1]ibv.SendWR // posted from here, so that posting does not allocate
+}
+
+// oneSided is a connection's state of one-sided RDMA: its regions, the
+// slot table of operations in flight, and the bounce memory of ReadAt and
+// WriteAt. Conn.mu guards it.
+type oneSided struct {
+	slots    [oneSidedDepth]osSlot
+	free     []uint8       // indexes of free slots
+	inFlight int           // posted, completion not yet seen
+	posting  int           // being posted with the lock dropped
+	room     chan struct{} // capacity 1: a slot came back
+
+	chunkRoom chan struct{} // capacity 1: a bounce chunk came back
+	avgWait   atomic.Int64  // moving average of the waits, in ns (see waitOneSided)
+
+	regions    []*Region
+	bounce     *Region
+	chunksFree []int // free bounce chunks
+	chunksOut  int   // bounce chunks held by callers
+}
+
+func (t *oneSided) init() {
+	if t.room != nil {
+		return
+	}
+	t.room = make(chan struct{}, 1)
+	t.chunkRoom = make(chan struct{}, 1)
+	t.free = make([]uint8, 0, oneSidedDepth)
+	for i := range t.slots {
+		t.slots[i].done = make(chan struct{}, 1)
+		t.free = append(t.free, uint8(oneSidedDepth-1-i))
+	}
+}
+
+// get takes a free slot, or reports that all are in use.
+func (t *oneSided) get() (int, bool) {
+	if len(t.free) == 0 {
+		return 0, false
+	}
+	i := int(t.free[len(t.free)-1])
+	t.free = t.free[:len(t.free)-1]
+	s := &t.slots[i]
+	s.gen++
+	s.busy, s.finished, s.abandoned, s.status = true, false, false, 0
+	return i, true
+}
+
+// wrid is the work request id of slot i's operation.
+func (t *oneSided) wrid(i int) uint64 {
+	return wrOneSided | uint64(t.slots[i].gen)<<8 | uint64(i)
+}
+
+// lookup finds the slot a completion's id names; a stale or foreign id
+// names none.
+func (t *oneSided) lookup(wrid uint64) (int, bool) {
+	i := int(wrid & 0xff)
+	if wrid&(wrSend|wrOneSided) != wrOneSided || i >= oneSidedDepth || t.room == nil {
+		return 0, false
+	}
+	s := &t.slots[i]
+	if !s.busy || s.finished || uint32(wrid>>8) != s.gen {
+		return 0, false
+	}
+	return i, true
+}
+
+// put gives slot i back and unpins its region.
+func (t *oneSided) put(i int) {
+	s := &t.slots[i]
+	s.busy, s.finished, s.abandoned = false, false, false
+	if r := s.reg; r != nil {
+		s.reg = nil
+		if r.pins--; r.pins == 0 {
+			signal(r.unpinned)
+		}
+	}
+	t.free = append(t.free, uint8(i))
+	signal(t.room)
+}
+
+// idle reports whether no one-sided operation is in flight or being
+// posted, and no caller holds bounce memory.
+func (t *oneSided) idle() bool { return t.inFlight == 0 && t.posting == 0 && t.chunksOut == 0 }
+
+// abort completes, as flushed, every operation whose completion never
+// came (the teardown's drain timed out): their callers return instead of
+// waiting for ever, and their regions are unpinned.
+func (c *Conn) abortOneSided() {
+	t := &c.os
+	for i := range t.slots {
+		if s := &t.slots[i]; s.busy && !s.finished {
+			c.oneSidedDone(ibv.WC{WRID: t.wrid(i), Status: ibv.WCFlushErr})
+		}
+	}
+}
+
+// forget drops a freed region from the list.
+func (t *oneSided) forget(r *Region) {
+	for i, x := range t.regions {
+		if x == r {
+			t.regions = append(t.regions[:i], t.regions[i+1:]...)
+			return
+		}
+	}
+}
+
+// oneSidedEnded is why a one-sided operation cannot start (mu is held):
+// the connection is closed, not established, or failed.
+func (c *Conn) oneSidedEnded() error {
+	switch {
+	case c.life.has(shutClosed) || c.tx.draining || c.life.phase == phaseDead:
+		return net.ErrClosed
+	case c.life.werr != nil:
+		return c.life.werr
+	case c.life.rerr != nil:
+		return c.life.rerr
+	case c.life.has(shutPeerGone) || c.qpBroken:
+		return syscall.ECONNRESET
+	case c.life.phase != phaseEstablished:
+		return net.ErrClosed
+	}
+	return nil
+}
+
+// startOneSided posts one RDMA READ (op opRead: the peer's bytes at off
+// of key into local at lo) or WRITE of n bytes, the caller having checked
+// the bounds, once a slot is free, and returns the slot.
+func (c *Conn) startOneSided(ctx context.Context, op uint8, local *Region, lo, n int, key RemoteKey, off uint64) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := &c.os
+	t.init()
+	var i int
+	for {
+		if err := c.oneSidedEnded(); err != nil {
+			return 0, err
+		}
+		if local.closed {
+			return 0, net.ErrClosed
+		}
+		var ok bool
+		if i, ok = t.get(); ok {
+			break
+		}
+		c.mu.Unlock()
+		select {
+		case <-t.room:
+		case <-c.closing:
+		case <-ctx.Done():
+			c.mu.Lock()
+			return 0, ctx.Err()
+		}
+		c.mu.Lock()
+	}
+	if len(t.free) > 0 {
+		signal(t.room) // another waiter may take the next one
+	}
+	s := &t.slots[i]
+	s.reg = local
+	local.pins++
+	flags := ibv.SendSignaled | ibv.SendWrite
+	if op == opRead {
+		flags = ibv.SendSignaled | ibv.SendRead
+	}
+	s.wr[0] = ibv.SendWR{
+		ID:         t.wrid(i),
+		Addr:       local.base + uint64(lo),
+		Len:        uint32(n),
+		LKey:       local.lkey,
+		Flags:      int32(flags),
+		RemoteAddr: key.Addr + off,
+		RKey:       key.RKey,
+	}
+	t.inFlight++
+	t.posting++
+	c.mu.Unlock()
+	err := c.qp.PostSends(s.wr[:])
+	c.mu.Lock()
+	t.posting--
+	if err != nil {
+		t.inFlight--
+		t.put(i)
+	}
+	if c.life.phase == phaseDead {
+		signal(c.drained)
+	}
+	return i, err
+}
+
+// oneSidedDone handles a one-sided operation's completion (mu is held).
+// A failure other than a flush broke the QP: the connection fails with
+// it, on both ends.
+func (c *Conn) oneSidedDone(wc ibv.WC) {
+	t := &c.os
+	i, ok := t.lookup(wc.WRID)
+	if !ok {
+		return
+	}
+	t.inFlight--
+	if wc.Status != ibv.WCSuccess {
+		c.countFailed(wc.Status)
+		if wc.Status != ibv.WCFlushErr && !c.life.has(shutPeerGone) {
+			c.fail(&oneSidedError{wc.Status})
+		}
+	}
+	s := &t.slots[i]
+	s.status = wc.Status
+	if s.abandoned {
+		t.put(i)
+		return
+	}
+	s.finished = true
+	signal(s.done)
+}
+
+// oneSidedErr is what a caller gets for a completion's status (mu is
+// held): a flushed operation fails with the connection's failure.
+func (c *Conn) oneSidedErr(status uint32) error {
+	switch status {
+	case ibv.WCSuccess:
+		return nil
+	case ibv.WCFlushErr:
+		if c.life.werr != nil {
+			return c.life.werr
+		}
+		if c.life.has(shutClosed) {
+			return net.ErrClosed
+		}
+		return syscall.ECONNRESET
+	}
+	return &oneSidedError{status}
+}
+
+// oneSidedError is a one-sided operation's failed completion.
+type oneSidedError struct{ status uint32 }
+
+func (e *oneSidedError) Error() string {
+	return "one-sided operation failed: " + wcStatusString(e.status)
+}
+
+// Unwrap says what the failure means: the peer refused the access (its
+// region revoked, never registered, or not allowing it), which broke the
+// connection; or, as for any failed work request, a timeout or a reset.
+func (e *oneSidedError) Unwrap() []error {
+	switch e.status {
+	case ibv.WCRemAccessErr, ibv.WCRemInvReqErr:
+		return []error{ErrRemoteAccess, syscall.ECONNRESET}
+	case ibv.WCRetryExcErr:
+		return []error{syscall.ETIMEDOUT}
+	}
+	return []error{syscall.ECONNRESET}
+}
+
+// waitOneSided waits for slot i's completion, or for ctx: then the slot
+// is left to the completion, which frees it (and unpins its region). It
+// waits as the connection's Reads and Writes do (Options.Poll): an
+// operation takes about a round trip, which spinning catches without a
+// wakeup.
+func (c *Conn) waitOneSided(ctx context.Context, i int) error {
+	s := &c.os.slots[i]
+	start := time.Now()
+	c.w.waitDone(ctx, s.done, c.closing, time.Duration(c.os.avgWait.Load()))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !s.finished {
+		s.abandoned = true
+		return ctx.Err()
+	}
+	select {
+	case <-s.done: // when ctx won the race with a completion
+	default:
+	}
+	// A moving average, as a Read's (see waiter.wait); concurrent
+	// callers may lose each other's updates, which only blurs it.
+	avg := time.Duration(c.os.avgWait.Load())
+	c.os.avgWait.Store(int64(avg + (min(time.Since(start), 2*maxAdaptiveSpin)-avg)/8))
+	status := s.status
+	c.os.put(i)
+	return c.oneSidedErr(status)
+}
