@@ -172,6 +172,10 @@ func (c *Conn) open(peer hello, lay layout) {
 	c.early = c.early[:0]
 }
 
+// hasQP reports whether the connection got as far as a QP (its data path
+// is set up): then the teardown lingers for the fin and drains the QP.
+func (c *Conn) hasQP() bool { return c.qp != nil }
+
 // ok reports whether c is a connection (not nil, not a zero Conn).
 func (c *Conn) ok() bool { return c != nil && c.closing != nil }
 

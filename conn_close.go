@@ -115,7 +115,7 @@ func (undeliveredError) Unwrap() error { return syscall.ETIMEDOUT }
 
 // Timeouts of the teardown: how long Close waits for the fin to be
 // acknowledged, and for the QP to flush its work requests once in error.
-const (
+var (
 	lingerTimeout = 3 * time.Second
 	drainTimeout  = 3 * time.Second
 )

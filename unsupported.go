@@ -22,7 +22,6 @@ import (
 type connSys struct{}
 
 func (connSys) disconnect()               {}
-func (c *Conn) hasQP() bool               { return false }
 func (c *Conn) freeVerbs(int)             {}
 func (c *Conn) markDeviceRemoved()        {}
 func wcStatusString(status uint32) string { return fmt.Sprintf("status %d", status) }

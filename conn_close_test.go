@@ -1,0 +1,143 @@
+package rdma
+
+import (
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goverbs/rdma/internal/ibv"
+)
+
+// The teardown over the fake QP: the test plays the peer's NIC, which
+// acknowledges the fin, and the QP, which flushes what is left once it is
+// in the error state.
+
+// finPosted reports whether a fin is among the posted sends.
+func (p *fakePeer) finPosted() bool {
+	for _, wr := range p.q.posted() {
+		if wr.Flags&ibv.SendWriteImm == 0 && headerOf(wr.Imm).typ == msgFin {
+			return true
+		}
+	}
+	return false
+}
+
+// flushAll completes every posted receive, and the last posted send, as
+// flushed: what a QP in the error state does.
+func (p *fakePeer) flushAll() {
+	p.c.mu.Lock()
+	n := p.c.rx.posted
+	p.c.mu.Unlock()
+	for range n {
+		p.complete(ibv.WC{WRID: recvWRID, Status: ibv.WCFlushErr})
+	}
+	if all := p.q.posted(); len(all) > 0 {
+		p.complete(ibv.WC{WRID: all[len(all)-1].ID, Status: ibv.WCFlushErr})
+	}
+}
+
+// Close sends the fin behind what was written, returns once the peer's
+// NIC acknowledged it, and the release drains the QP and lets the memory
+// go; nothing can be read or written afterwards.
+func TestConnCloseLingersAndDrains(t *testing.T) {
+	p := newFakeConn(t, 4, 64)
+	_, err := p.c.Write([]byte("last words"))
+	require.NoError(t, err)
+	closed := make(chan error, 1)
+	go func() { closed <- p.c.Close() }()
+	require.Eventually(t, p.finPosted, 5*time.Second, time.Millisecond, "the fin goes behind the data")
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned before the fin was acknowledged: %v", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	p.ack()
+	require.NoError(t, <-closed)
+	p.eventually(func(c *Conn) bool { return c.tx.draining })
+	p.flushAll()
+	releasing.Wait()
+	p.c.mu.Lock()
+	require.True(t, p.c.life.has(shutQPGone))
+	require.Nil(t, p.c.mem, "the memory is let go")
+	require.Equal(t, phaseDead, p.c.life.phase)
+	p.c.mu.Unlock()
+	_, err = p.c.Write([]byte("x"))
+	require.ErrorIs(t, err, net.ErrClosed)
+	require.ErrorIs(t, p.c.Close(), net.ErrClosed, "Close once")
+}
+
+// Data the peer never granted a receive for is dropped when the linger
+// runs out, fin and all, and Close says so.
+func TestConnCloseReportsUndelivered(t *testing.T) {
+	defer func(d time.Duration) { lingerTimeout = d }(lingerTimeout)
+	lingerTimeout = 50 * time.Millisecond
+	p := newFakeConn(t, 1, 64)
+	require.NoError(t, p.c.SetNoDelay(true))
+	_, err := p.c.Write([]byte("x")) // the only credit
+	require.NoError(t, err)
+	p.ack() // the send queue's room back, not the credit
+	_, err = p.c.Write([]byte("pending")) // waits for a credit that never comes
+	require.NoError(t, err)
+	closed := make(chan error, 1)
+	go func() { closed <- p.c.Close() }()
+	select {
+	case err = <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not give up on the linger")
+	}
+	require.ErrorIs(t, err, syscall.ETIMEDOUT)
+	require.ErrorContains(t, err, "written data discarded")
+	require.False(t, p.finPosted(), "no fin: it would end a stream that lost data")
+	p.eventually(func(c *Conn) bool { return c.tx.draining })
+	p.flushAll()
+	releasing.Wait()
+}
+
+// The peer's disconnect during the linger ends it at once; Reads return
+// what came and then fail with a reset, Writes fail at once.
+func TestConnPeerDisconnected(t *testing.T) {
+	p := newFakeConn(t, 4, 64)
+	p.deliver(header{typ: msgData}, []byte("before"))
+	p.c.peerDisconnected()
+	b := make([]byte, 16)
+	n, err := p.c.Read(b)
+	require.NoError(t, err)
+	require.Equal(t, "before", string(b[:n]))
+	p.flushAll()
+	_, err = p.c.Read(b)
+	require.ErrorIs(t, err, syscall.ECONNRESET)
+	_, err = p.c.Write([]byte("x"))
+	require.ErrorIs(t, err, syscall.ECONNRESET)
+	closed := make(chan error, 1)
+	go func() { closed <- p.c.Close() }()
+	select {
+	case err = <-closed:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close lingered for a peer that is gone")
+	}
+	releasing.Wait()
+}
+
+// A device's removal fails the connection at once with ErrNoDevice and
+// releases it without waiting for Close (Reads and Writes in progress
+// leave first).
+func TestConnDeviceRemoved(t *testing.T) {
+	defer func(d time.Duration) { drainTimeout = d }(drainTimeout)
+	drainTimeout = 50 * time.Millisecond
+	p := newFakeConn(t, 4, 64)
+	read := make(chan error, 1)
+	go func() {
+		_, err := p.c.Read(make([]byte, 8))
+		read <- err
+	}()
+	time.Sleep(10 * time.Millisecond)
+	p.c.deviceRemoved()
+	require.ErrorIs(t, <-read, ErrNoDevice)
+	p.eventually(func(c *Conn) bool { return c.life.has(shutQPGone) })
+	_, err := p.c.Write([]byte("x"))
+	require.ErrorIs(t, err, ErrNoDevice)
+}
