@@ -78,7 +78,7 @@ func TestConnCloseReportsUndelivered(t *testing.T) {
 	require.NoError(t, p.c.SetNoDelay(true))
 	_, err := p.c.Write([]byte("x")) // the only credit
 	require.NoError(t, err)
-	p.ack() // the send queue's room back, not the credit
+	p.ack()                               // the send queue's room back, not the credit
 	_, err = p.c.Write([]byte("pending")) // waits for a credit that never comes
 	require.NoError(t, err)
 	closed := make(chan error, 1)
