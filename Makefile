@@ -44,6 +44,8 @@ ifeq ($(HAVE_VERBS),yes)
 	$(GO) test -count=1 ./...
 endif
 	CGO_ENABLED=0 $(GO) test -count=1 ./...
+	@echo "=== every benchmark, a small fixed count (device ones skip here; vmtest runs them)"
+	CGO_ENABLED=0 $(GO) test -count=1 -run '^$$' -bench . -benchtime 200x ./...
 	$(MAKE) fuzz FUZZTIME=$(FUZZTIME)
 
 # Every parser of peer-supplied bytes is fuzzed (fuzz_test.go, reject_test.go): FUZZTIME
@@ -69,6 +71,8 @@ vmtest: deps
 	$(GO) test -c -o $(OUT)/rdmaperf.test ./cmd/rdmaperf
 	$(GO) test -c -o $(OUT)/rdmainfo.test ./cmd/rdmainfo
 	$(VM) --timeout $(VMTIMEOUT) -- sh -c '$(OUT)/rdma.test -test.v -test.count=1 -test.timeout 20m && $(OUT)/rdmaperf.test -test.v -test.count=1 && $(OUT)/rdmainfo.test -test.v -test.count=1 && \
+		echo "=== every benchmark, a small fixed count" && \
+		$(OUT)/rdma.test -test.count=1 -test.run "^$$" -test.bench . -test.benchtime 20x -test.timeout 5m && \
 		echo "=== the same tests under the race detector (-short)" && \
 		$(OUT)/rdma.race.test -test.v -test.count=1 -test.short -test.timeout 20m'
 	@echo "=== scale: 5,000 connection pairs at once (or as many as the VM's memory holds) in a VM of 8 GiB"

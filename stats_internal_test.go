@@ -1,7 +1,6 @@
 package rdma
 
-// Conn.Stats over the fake QP (see conn_internal_test.go), and the Go cost
-// of a small Write.
+// Conn.Stats over the fake QP (see conn_internal_test.go).
 
 import (
 	"bytes"
@@ -12,26 +11,6 @@ import (
 
 	"github.com/goverbs/rdma/internal/ibv"
 )
-
-// BenchmarkWriteGather measures the Go side of a small Write that gathers
-// (the peer is behind) over the fake QP: locks, deadline checks, the
-// ledger and the rings, without any verb. Every 256 Writes the peer
-// catches up.
-func BenchmarkWriteGather(b *testing.B) {
-	p := newFakeConn(b, 16, 65536)
-	msg := make([]byte, 64)
-	b.ReportAllocs()
-	for i := range b.N {
-		p.c.Write(msg)
-		if i%256 == 255 {
-			p.q.sends = p.q.sends[:0]
-			p.c.mu.Lock()
-			p.c.tx.dataDone, p.c.tx.ctrlDone = p.c.tx.dataSeq, p.c.tx.ctrlSeq
-			p.c.cr.credits = p.c.cr.peerWindow
-			p.c.mu.Unlock()
-		}
-	}
-}
 
 func TestConnStatsExact(t *testing.T) {
 	p := newFakeConnOpts(t, Options{BufferSize: 1024, SendDepth: 8, RecvDepth: 8, Poll: PollEvent, Messages: true}, true)
