@@ -61,7 +61,7 @@ func (q *benchQP) PostRecvs(wrs []ibv.RecvWR) error {
 
 // benchConn is an established Conn over a benchQP, with the default
 // Options but for the poll mode (nothing waits here).
-func benchConn(b *testing.B) (*Conn, *benchQP) {
+func benchConn(b testing.TB) (*Conn, *benchQP) {
 	opts, err := Options{Poll: PollEvent}.normalized()
 	if err != nil {
 		b.Fatal(err)

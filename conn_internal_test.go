@@ -737,3 +737,56 @@ func TestConnCloseReadDuringRead(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+// Reposting consumed receives fails (the QP broke): Reads fail with it
+// once nothing is queued; after the peer is gone nothing is reposted.
+func TestConnRepostFails(t *testing.T) {
+	p := newFakeConn(t, 4, 64)
+	p.q.mu.Lock()
+	p.q.recvErr = os.NewSyscallError("ibv_post_recv", syscall.EIO)
+	p.q.mu.Unlock()
+	for range 4 {
+		p.deliver(header{typ: msgData}, []byte("x"))
+	}
+	b := make([]byte, 8)
+	for {
+		_, err := p.c.Read(b)
+		if err != nil {
+			require.ErrorIs(t, err, syscall.EIO)
+			require.ErrorContains(t, err, "ibv_post_recv")
+			break
+		}
+	}
+
+	p = newFakeConn(t, 4, 64)
+	p.deliver(header{typ: msgData}, []byte("x"))
+	posted := len(p.q.recvs)
+	p.c.mu.Lock()
+	p.c.life.set(shutPeerGone)
+	p.c.mu.Unlock()
+	_, err := p.c.Read(b)
+	require.NoError(t, err)
+	p.c.mu.Lock()
+	p.c.returnCredits(true)
+	p.c.mu.Unlock()
+	require.Len(t, p.q.recvs, posted, "nothing reposted for a peer that is gone")
+}
+
+// WriteTo's Writer that takes less than a message, or claims more than it
+// was given: the rest of the message stays for the next call, and the
+// error is io.ErrShortWrite or the invalid count's.
+func TestConnWriteToShortAndInvalid(t *testing.T) {
+	p := newFakeConn(t, 8, 64)
+	p.deliver(header{typ: msgData}, []byte("abcdef"))
+	_, err := p.c.WriteTo(writerFunc(func(b []byte) (int, error) { return 2, nil }))
+	require.ErrorIs(t, err, io.ErrShortWrite)
+	_, err = p.c.WriteTo(writerFunc(func(b []byte) (int, error) { return len(b) + 1, nil }))
+	require.ErrorIs(t, err, errInvalidWrite)
+	b := make([]byte, 8)
+	n, err := p.c.Read(b)
+	require.NoError(t, err)
+	require.Equal(t, "cdef", string(b[:n]), "what the Writer did not take")
+	require.NoError(t, p.c.SetReadDeadline(time.Now().Add(-time.Second)))
+	_, err = p.c.WriteTo(writerFunc(func(b []byte) (int, error) { return len(b), nil }))
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"syscall"
 )
 
 // The wire protocol.
@@ -283,11 +284,11 @@ func (k *RemoteKey) UnmarshalBinary(b []byte) error {
 func (k RemoteKey) validate() error {
 	switch {
 	case k.Access == 0 || k.Access&^accessMask != 0:
-		return fmt.Errorf("rdma: remote key with access %v", k.Access)
+		return fmt.Errorf("rdma: remote key with access %v: %w", k.Access, syscall.EINVAL)
 	case k.Size == 0 || k.Size > MaxRegionSize:
-		return fmt.Errorf("rdma: remote key of size %d outside [1, %d]", k.Size, uint64(MaxRegionSize))
+		return fmt.Errorf("rdma: remote key of size %d outside [1, %d]: %w", k.Size, uint64(MaxRegionSize), syscall.EINVAL)
 	case k.Addr > ^uint64(0)-k.Size:
-		return fmt.Errorf("rdma: remote key at %#x of %d bytes wraps the address space", k.Addr, k.Size)
+		return fmt.Errorf("rdma: remote key at %#x of %d bytes wraps the address space: %w", k.Addr, k.Size, syscall.EINVAL)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -225,4 +226,182 @@ func TestOneSidedRefused(t *testing.T) {
 	require.ErrorIs(t, err, ErrRemoteAccess, "and later operations too")
 	require.Len(t, oneSidedPosted(p), 2, "without posting")
 	require.False(t, errors.Is(err, io.EOF))
+}
+
+// What a one-sided operation's caller gets: for each completion status,
+// and for each state of the connection before it starts.
+func TestOneSidedErrors(t *testing.T) {
+	p := newFakeConn(t, 8, 1024)
+	c := p.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	require.NoError(t, c.oneSidedEnded())
+	require.NoError(t, c.oneSidedErr(ibv.WCSuccess))
+	require.ErrorIs(t, c.oneSidedErr(ibv.WCFlushErr), syscall.ECONNRESET)
+	refused := c.oneSidedErr(ibv.WCRemAccessErr)
+	require.ErrorIs(t, refused, ErrRemoteAccess)
+	require.ErrorIs(t, refused, syscall.ECONNRESET)
+	require.ErrorContains(t, refused, "one-sided operation failed")
+	require.ErrorIs(t, c.oneSidedErr(ibv.WCRetryExcErr), syscall.ETIMEDOUT)
+	require.ErrorIs(t, c.oneSidedErr(4), syscall.ECONNRESET) // IBV_WC_LOC_PROT_ERR
+
+	c.qpBroken = true
+	require.ErrorIs(t, c.oneSidedEnded(), syscall.ECONNRESET)
+	c.life.rerr = syscall.ETIMEDOUT
+	require.ErrorIs(t, c.oneSidedEnded(), syscall.ETIMEDOUT)
+	c.life.werr = syscall.EIO
+	require.ErrorIs(t, c.oneSidedEnded(), syscall.EIO)
+	require.ErrorIs(t, c.oneSidedErr(ibv.WCFlushErr), syscall.EIO, "a flush says why the connection failed")
+	c.life.set(shutClosed)
+	require.ErrorIs(t, c.oneSidedEnded(), net.ErrClosed)
+
+	q := newFakeConn(t, 8, 1024).c
+	q.mu.Lock()
+	q.life.phase = phaseDialing
+	require.ErrorIs(t, q.oneSidedEnded(), net.ErrClosed, "not established yet")
+	q.life.set(shutClosed)
+	require.ErrorIs(t, q.oneSidedErr(ibv.WCFlushErr), net.ErrClosed)
+	q.mu.Unlock()
+}
+
+// Close with operations in flight fails them (abortOneSided), and a
+// region closed is forgotten by its connection.
+func TestOneSidedAbortAndForget(t *testing.T) {
+	p := newFakeConn(t, 8, 1024)
+	local := fakeRegion(p.c, 4096)
+	other := fakeRegion(p.c, 4096)
+	remote := p.c.Remote(RemoteKey{Addr: 0x900000, Size: 1 << 20, RKey: 5, Access: RemoteRead | RemoteWrite})
+	errs := make(chan error, 1)
+	go func() { errs <- remote.ReadAtContext(context.Background(), local, 0, 64, 0) }()
+	require.Eventually(t, func() bool { return len(oneSidedPosted(p)) == 1 }, 5*time.Second, time.Millisecond)
+	p.c.mu.Lock()
+	p.c.life.set(shutClosed)
+	p.c.abortOneSided()
+	p.c.os.forget(other)
+	require.Equal(t, []*Region{local}, p.c.os.regions)
+	p.c.mu.Unlock()
+	require.ErrorIs(t, <-errs, net.ErrClosed)
+}
+
+// ReadAt and WriteAt through the bounce memory, over a QP whose one-sided
+// operations complete as they are posted: large transfers go in chunks,
+// several in flight; ReadAt past the end is short with io.EOF, WriteAt
+// past the end and a key without the access fail before posting.
+func TestBounceReadWriteAt(t *testing.T) {
+	c, q := benchConn(t)
+	q.oneSided = true
+	// The bounce memory, as getChunk would register it on first use.
+	c.mu.Lock()
+	c.os.init()
+	c.os.bounce = fakeRegion(c, bounceChunks*bounceChunk)
+	for i := bounceChunks - 1; i >= 0; i-- {
+		c.os.chunksFree = append(c.os.chunksFree, i)
+	}
+	c.mu.Unlock()
+	const size = 1 << 20
+	remote := c.Remote(RemoteKey{Addr: 0x900000, Size: size, RKey: 5, Access: RemoteRead | RemoteWrite})
+
+	p := make([]byte, 5*bounceChunk+123)
+	posts := q.posts
+	n, err := remote.WriteAt(p, 100)
+	require.NoError(t, err)
+	require.Equal(t, len(p), n)
+	require.Equal(t, 6, q.posts-posts, "one RDMA WRITE per chunk")
+
+	n, err = remote.ReadAt(p, 200)
+	require.NoError(t, err)
+	require.Equal(t, len(p), n)
+
+	n, err = remote.ReadAt(p[:1000], size-10)
+	require.Equal(t, io.EOF, err, "past the end: what there is, and io.EOF")
+	require.Equal(t, 10, n)
+	_, err = remote.ReadAt(p[:10], size)
+	require.Equal(t, io.EOF, err)
+	_, err = remote.ReadAt(p[:10], -1)
+	require.ErrorIs(t, err, ErrOutOfBounds)
+	_, err = remote.WriteAt(p[:1000], size-10)
+	require.ErrorIs(t, err, ErrOutOfBounds)
+
+	readOnly := c.Remote(RemoteKey{Addr: 0x900000, Size: size, RKey: 5, Access: RemoteRead})
+	posts = q.posts
+	_, err = readOnly.WriteAt(p[:10], 0)
+	require.ErrorIs(t, err, ErrRemoteAccess)
+	require.Equal(t, posts, q.posts, "refused before posting")
+
+	c.mu.Lock()
+	require.True(t, c.os.idle(), "every chunk back")
+	c.mu.Unlock()
+}
+
+// RegisterRegion's arguments are checked before anything is registered.
+func TestRegisterRegionArguments(t *testing.T) {
+	c, _ := benchConn(t)
+	_, err := c.RegisterRegion(0, RemoteRead)
+	require.ErrorIs(t, err, syscall.EINVAL)
+	_, err = c.RegisterRegion(MaxRegionSize+1, RemoteRead)
+	require.ErrorIs(t, err, syscall.EINVAL)
+	_, err = c.RegisterRegion(4096, Access(8))
+	require.ErrorIs(t, err, syscall.EINVAL)
+	c.mu.Lock()
+	c.life.set(shutClosed)
+	c.mu.Unlock()
+	_, err = c.RegisterRegion(4096, RemoteRead)
+	require.ErrorIs(t, err, net.ErrClosed)
+	var nilConn *Conn
+	_, err = nilConn.RegisterRegion(4096, RemoteRead)
+	require.ErrorIs(t, err, syscall.EINVAL)
+}
+
+// A Region's accessors, and what they say once it is closed or nil.
+func TestRegionAccessors(t *testing.T) {
+	p := newFakeConn(t, 8, 1024)
+	r := fakeRegion(p.c, 4096)
+	r.access = RemoteRead
+	r.key = RemoteKey{Addr: 0x10000, Size: 4096, RKey: 9, Access: RemoteRead}
+	require.Len(t, r.Bytes(), 4096)
+	require.Equal(t, 4096, r.Len())
+	require.Equal(t, RemoteRead, r.Access())
+	require.Equal(t, uint32(9), r.Key().RKey)
+	p.c.mu.Lock()
+	r.closed = true
+	p.c.mu.Unlock()
+	require.Nil(t, r.Bytes(), "a closed region's memory is gone")
+	var nilRegion *Region
+	require.Nil(t, nilRegion.Bytes())
+	require.Zero(t, nilRegion.Len())
+	require.Zero(t, nilRegion.Access())
+	require.Equal(t, RemoteKey{}, nilRegion.Key())
+	require.Equal(t, "read", RemoteRead.String())
+	require.Equal(t, "read|write", (RemoteRead | RemoteWrite).String())
+}
+
+// ReadAtContext and WriteAtContext refuse, before posting, what cannot
+// work: a key that does not allow the access or is malformed, another
+// connection's region, bounds, a context already done; n == 0 posts
+// nothing.
+func TestOneSidedArguments(t *testing.T) {
+	c, q := benchConn(t)
+	local := fakeRegion(c, 4096)
+	other, _ := benchConn(t)
+	foreign := fakeRegion(other, 4096)
+	ctx := context.Background()
+	key := RemoteKey{Addr: 0x900000, Size: 1 << 20, RKey: 5, Access: RemoteRead}
+	remote := c.Remote(key)
+	require.ErrorIs(t, remote.WriteAtContext(ctx, local, 0, 64, 0), ErrRemoteAccess)
+	require.ErrorIs(t, c.Remote(RemoteKey{Addr: 1, Size: 0, Access: RemoteRead}).ReadAtContext(ctx, local, 0, 64, 0), syscall.EINVAL)
+	require.ErrorIs(t, remote.ReadAtContext(ctx, foreign, 0, 64, 0), syscall.EINVAL)
+	require.ErrorIs(t, remote.ReadAtContext(ctx, nil, 0, 64, 0), syscall.EINVAL)
+	require.ErrorIs(t, remote.ReadAtContext(ctx, local, 4090, 64, 0), ErrOutOfBounds)
+	require.ErrorIs(t, remote.ReadAtContext(ctx, local, 0, 64, 1<<20-10), ErrOutOfBounds)
+	require.ErrorIs(t, remote.ReadAtContext(ctx, local, 0, MaxTransfer+1, 0), ErrOutOfBounds)
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	require.ErrorIs(t, remote.ReadAtContext(done, local, 0, 64, 0), context.Canceled)
+	expired, cancel2 := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+	defer cancel2()
+	require.ErrorIs(t, remote.ReadAtContext(expired, local, 0, 64, 0), os.ErrDeadlineExceeded)
+	require.NoError(t, remote.ReadAtContext(ctx, local, 0, 0, 0))
+	require.Zero(t, q.posts, "nothing was posted")
+	require.Equal(t, key, remote.Key())
+	require.Equal(t, int64(1<<20), remote.Size())
 }

@@ -1,8 +1,10 @@
 package rdma
 
 import (
+	"context"
 	"errors"
 	"net"
+	"os"
 	"syscall"
 	"testing"
 
@@ -85,4 +87,89 @@ func FuzzParseReject(f *testing.F) {
 			t.Fatalf("round trip of %v", r)
 		}
 	})
+}
+
+// Which dial errors fall back to TCP (FallbackTCP): no RDMA here or at
+// the peer, never an answer from an RDMA service or from the caller.
+func TestFallsBackToTCP(t *testing.T) {
+	noPeer := &noRDMAPeerError{syscall.EHOSTUNREACH}
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{&deviceError{syscall.ENODEV}, true},
+		{ErrUnsupported, true},
+		{&RefusedError{RefusedNoListener}, true},
+		{noPeer, true},
+		{&RefusedError{RefusedShutdown}, false},
+		{&RefusedError{RefusedBacklog}, false},
+		{errHandshakeAborted, false},
+		{context.Canceled, false},
+		{os.ErrDeadlineExceeded, false},
+	} {
+		require.Equal(t, tc.want, fallsBackToTCP(&net.OpError{Op: "dial", Net: "rdma", Err: tc.err}), "%v", tc.err)
+	}
+	require.ErrorIs(t, noPeer, syscall.EHOSTUNREACH)
+	require.Contains(t, noPeer.Error(), "does not answer RDMA connection requests")
+	both := &fallbackError{rdma: noPeer, tcp: syscall.ECONNREFUSED}
+	require.ErrorIs(t, both, syscall.EHOSTUNREACH)
+	require.ErrorIs(t, both, syscall.ECONNREFUSED)
+	require.Contains(t, both.Error(), "; over TCP instead: ")
+	require.Equal(t, "tcp4", tcpNetwork("rdma4"))
+	require.Equal(t, "tcp6", tcpNetwork("rdma6"))
+	require.Equal(t, "tcp", tcpNetwork("rdma"))
+}
+
+// A Dial whose server dropped the handshake after its reply says so, and
+// is ECONNABORTED.
+func TestHandshakeAbortedError(t *testing.T) {
+	err := os.NewSyscallError("rdma_connect", errHandshakeAborted)
+	require.ErrorIs(t, err, syscall.ECONNABORTED)
+	require.Contains(t, err.Error(), "the server ended the handshake before it completed")
+}
+
+// A refusal is counted, and the Refused hook gets it as an accept error
+// naming the reason told to the dialer and this side's cause.
+func TestListenerRefusedHook(t *testing.T) {
+	var got []error
+	l := &Listener{closing: make(chan struct{}), onRefuse: func(_ net.Addr, err error) { got = append(got, err) }}
+	cause := errors.New("out of locked memory here")
+	l.refused(nil, RefusedLockedMemory, cause)
+	l.refused(nil, RefusedBacklog, nil)
+	require.Equal(t, uint64(1), l.Stats().Refused[RefusedLockedMemory])
+	require.Equal(t, uint64(1), l.Stats().Refused[RefusedBacklog])
+	require.Len(t, got, 2)
+	var oe *net.OpError
+	require.ErrorAs(t, got[0], &oe)
+	require.Equal(t, "accept", oe.Op)
+	require.ErrorIs(t, got[0], cause)
+	require.ErrorIs(t, got[0], syscall.ENOMEM)
+	require.Contains(t, got[0].Error(), "out of locked memory here")
+	var re *RefusedError
+	require.ErrorAs(t, got[1], &re)
+	require.Equal(t, RefusedBacklog, re.Reason)
+}
+
+// Accept hands out what was established, and says why it cannot once
+// the listener is closed or its device gone.
+func TestListenerAcceptStates(t *testing.T) {
+	p := newFakeConn(t, 4, 64)
+	l := &Listener{queue: make(chan *Conn, 1), closing: make(chan struct{}), gone: make(chan struct{})}
+	l.queue <- p.c
+	c, err := l.Accept()
+	require.NoError(t, err)
+	require.Same(t, p.c, c)
+
+	l.err = &deviceError{syscall.ENODEV}
+	close(l.gone)
+	_, err = l.Accept()
+	require.ErrorIs(t, err, ErrNoDevice)
+
+	l = &Listener{queue: make(chan *Conn, 1), closing: make(chan struct{}), gone: make(chan struct{})}
+	close(l.closing)
+	_, err = l.Accept()
+	require.ErrorIs(t, err, net.ErrClosed)
+	var nilListener *Listener
+	_, err = nilListener.Accept()
+	require.ErrorIs(t, err, syscall.EINVAL)
 }

@@ -1,6 +1,7 @@
 package rdma
 
 import (
+	"context"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -120,4 +121,44 @@ func TestSpinReportsBudget(t *testing.T) {
 	require.True(t, w.spin(ready, make(chan struct{}), 0), "an exhausted budget")
 	signal(ready)
 	require.False(t, w.spin(ready, make(chan struct{}), time.Hour), "ready")
+}
+
+// A one-sided operation's wait follows the connection's mode: busy spins
+// until the completion, adaptive spins its budget and then parks, event
+// parks at once; each returns when the completion or ctx comes.
+func TestWaiterWaitDone(t *testing.T) {
+	closing := make(chan struct{})
+
+	busy := &fakeSpinner{readyAfter: 100, ready: make(chan struct{}, 1)}
+	w := waiter{mode: PollBusy, sp: busy}
+	w.waitDone(context.Background(), busy.ready, closing, 0)
+	require.GreaterOrEqual(t, busy.polls.Load(), int32(100), "busy: the completion found by polling")
+	require.Equal(t, busy.starts.Load(), busy.ends.Load())
+
+	adaptive := &fakeSpinner{ready: make(chan struct{}, 1)}
+	w = waiter{mode: PollAdaptive, spinTime: time.Millisecond, sp: adaptive}
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		signal(adaptive.ready)
+	}()
+	w.waitDone(context.Background(), adaptive.ready, closing, 0)
+	require.Positive(t, adaptive.polls.Load(), "adaptive: spins first")
+	require.Equal(t, int32(1), adaptive.ends.Load(), "then parks until the completion")
+
+	event := &fakeSpinner{ready: make(chan struct{}, 1)}
+	w = waiter{mode: PollEvent, sp: event}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	w.waitDone(ctx, event.ready, closing, 0)
+	require.Zero(t, event.polls.Load(), "event: parks at once")
+	require.Error(t, ctx.Err(), "returns on ctx")
+
+	// A busy wait ends with the connection's close, too.
+	never := &fakeSpinner{ready: make(chan struct{}, 1)}
+	w = waiter{mode: PollBusy, sp: never}
+	close(closing)
+	ctx, cancel = context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	w.waitDone(ctx, never.ready, closing, 0)
+	require.Positive(t, never.polls.Load())
 }
