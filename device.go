@@ -353,7 +353,8 @@ func devicesStats() []DeviceStats {
 	defer devMu.Unlock()
 	var s []DeviceStats
 	for _, d := range devices {
-		st := DeviceStats{Name: d.ctx.Name(), Connections: d.refs, CompletionQueues: len(d.cqs), RegisteredBytes: d.registered, PooledBytes: d.pool.size()}
+		st := DeviceStats{Name: d.ctx.Name(), Connections: d.refs, CompletionQueues: len(d.cqs), RegisteredBytes: d.registered, PooledBytes: d.pool.size(),
+			ActiveMTU: d.ctx.ActiveMTU(1)}
 		for _, q := range d.cqs {
 			st.CQEntries += q.cq.Cap
 		}

@@ -67,6 +67,9 @@ type DeviceStats struct {
 	// PooledBytes is registered memory of closed connections, kept for
 	// the next ones while the device is in use (at most 32 MiB).
 	PooledBytes int
+	// ActiveMTU is its first port's active MTU in bytes: the packets
+	// RDMA messages are cut into (4096 on RoCE fabrics with jumbo frames).
+	ActiveMTU int
 }
 
 // Devices returns the totals of every device in use by this process; none

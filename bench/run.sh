@@ -41,7 +41,9 @@ copy_bytes=${BENCH_COPY_BYTES:-268435456}
 secs=${BENCH_SECONDS:-2}
 budget=${BENCH_BUDGET:-780}
 only=${BENCH_ONLY:-all}
-environment=${BENCH_ENVIRONMENT:-"Soft-RoCE (rdma_rxe) in a $(nproc)-vCPU TCG VM; only ratios within one run mean anything"}
+# The RDMA link's MTU (ibv_devinfo's active_mtu of the first port): figures move with it.
+link_mtu=$(ibv_devinfo 2>/dev/null | awk '$1 == "active_mtu:" {print $2; exit}')
+environment=${BENCH_ENVIRONMENT:-"Soft-RoCE (rdma_rxe) in a $(nproc)-vCPU TCG VM, RDMA link MTU ${link_mtu:-unknown}; only ratios within one run mean anything"}
 tool_timeout=60 # seconds any one process may take; a hung tool becomes a failed measurement
 
 work=$(mktemp -d /tmp/rdma-bench.XXXXXX)
@@ -376,15 +378,15 @@ one_round() {
 	fi
 	echo "== latency (round $round)"
 	for size in 64 4096; do
-		for net in rdma tcp; do run_rdmaperf "$net" lat "$size" 1 -test lat -size "$size" -duration "${secs}s"; done
-		run_rdmaperf rdma lat "$size" 1 -test lat -size "$size" -duration "${secs}s" -poll busy
+		for net in rdma tcp; do run_rdmaperf "$net" lat "$size" 1 -test lat -size "$size" -duration "${secs}s" -stats; done
+		run_rdmaperf rdma lat "$size" 1 -test lat -size "$size" -duration "${secs}s" -poll busy -stats
 		perftest_lat perftest "$size" 2000
 		perftest_lat "perftest -e" "$size" 2000 -e
 		rstream_run lat "$size" 1 2000
 	done
 	echo "== throughput (round $round)"
 	for size in 4096 65536 1048576; do
-		for net in rdma tcp; do run_rdmaperf "$net" bw "$size" 1 -test bw -size "$size" -duration "${secs}s"; done
+		for net in rdma tcp; do run_rdmaperf "$net" bw "$size" 1 -test bw -size "$size" -duration "${secs}s" -stats; done
 		case $size in
 		4096) perftest_bw bw 4096 3000 1; rstream_run bw 4096 2000 1 ;;
 		65536) perftest_bw bw 65536 300 1; rstream_run bw 65536 200 1 ;;
@@ -392,16 +394,16 @@ one_round() {
 		esac
 	done
 	echo "== message rate, 64 B (round $round)"
-	for net in rdma tcp; do run_rdmaperf "$net" rate 64 1 -test rate -size 64 -duration "${secs}s"; done
+	for net in rdma tcp; do run_rdmaperf "$net" rate 64 1 -test rate -size 64 -duration "${secs}s" -stats; done
 	perftest_bw rate 64 10000 1
 	rstream_run rate 64 10000 1
 	# One message per Write, like the peers: the reader is message-oriented, so the writer never
 	# gathers. The peers' rows are measured again so that each row compares one run's figures.
-	run_rdmaperf rdma rate-msg 64 1 -test rate -size 64 -duration "${secs}s" -messages
+	run_rdmaperf rdma rate-msg 64 1 -test rate -size 64 -duration "${secs}s" -messages -stats
 	perftest_bw rate-msg 64 10000 1
 	rstream_run rate-msg 64 10000 1
 	# The same with every Write posted on its own (SetNoDelay(true)), as the peers post.
-	run_rdmaperf rdma rate-msg-nodelay 64 1 -test rate -size 64 -duration "${secs}s" -messages -nodelay
+	run_rdmaperf rdma rate-msg-nodelay 64 1 -test rate -size 64 -duration "${secs}s" -messages -nodelay -stats
 	perftest_bw rate-msg-nodelay 64 10000 1
 	rstream_run rate-msg-nodelay 64 10000 1
 	for net in rdma tcp; do run_rdmaperf "$net" rate 64 8 -test rate -size 64 -conns 8 -duration "${secs}s"; done
@@ -418,6 +420,7 @@ one_round() {
 		cmtime_run "$conns"
 	done
 	for net in rdma tcp; do run_rdmaperf "$net" http 64 20 -test http -size 64 -conns 20 -duration "${secs}s"; done
+	for net in rdma tcp; do run_rdmaperf "$net" http-kept 64 20 -test http -keep -size 64 -conns 20 -duration "${secs}s"; done
 	onesided_round
 }
 
@@ -456,7 +459,7 @@ notes=(
 	"io.Copy: rdmaperf -test copy writes a file (in the VM's RAM-backed /tmp), then times io.Copy(conn, file) and, at the server, io.Copy(io.Discard, conn) until the server has counted every byte; this library goes through Conn.ReadFrom and Conn.WriteTo (the file is read straight into registered send buffers, received messages go to io.Discard straight from the receive buffers: one user-space copy per byte); plain hides them (io.Copy's 32 KiB buffer at the sender, io.Discard's 8 KiB buffer at the receiver: three copies per byte); Go TCP uses its own ReadFrom (sendfile)"
 	"one-sided: rdmaperf -test write-lat is a ping-pong of RDMA WRITEs between registered regions, each side polling the last 8 bytes of its block (as ib_write_lat), reported as half the round trip; read-lat times each RDMA READ to its completion (as ib_read_lat, not halved); write-bw and read-bw keep 16 operations in flight on one connection, all on the same bytes (perftest keeps 128); perftest's tools run with -R, pinned like the other peers, their MiB/s converted to MB/s"
 	"rsockets: rstream in its default non-blocking (busy-polling) mode, pinned like perftest; latency is -C 1 -I 2000, average only (usec/xfer, half the round trip); throughput and rate are -C N (N transfers one way, then N back), MB/s = size / usec-per-xfer"
-	"connection setup: rdmaperf -test dial repeats, for ${secs} s, a sample of Dial, the first round trip (the test header out, the server's ready byte back) and Close; with 20 conns a sample is a burst of 20 goroutines doing that at once, timed until the last has closed; p50/p99 are of the samples (one dial, or one burst), conn/s is connections completed per second, setup is the p50 of the time until the sample's last Dial returned; one unmeasured burst first. HTTP/1.1: rdmaperf -test http, 20 goroutines sending GETs of 64 B bodies for ${secs} s on one http.Client with http.DefaultTransport's settings (2 idle connections per host kept, so requests often dial) dialing through the transport; p50/p99 are of a request, including any dial it waited for"
+	"connection setup: rdmaperf -test dial repeats, for ${secs} s, a sample of Dial, the first round trip (the test header out, the server's ready byte back) and Close; with 20 conns a sample is a burst of 20 goroutines doing that at once, timed until the last has closed; p50/p99 are of the samples (one dial, or one burst), conn/s is connections completed per second, setup is the p50 of the time until the sample's last Dial returned; one unmeasured burst first. HTTP/1.1: rdmaperf -test http, 20 goroutines sending GETs of 64 B bodies for ${secs} s on one http.Client with http.DefaultTransport's settings (2 idle connections per host kept, so requests often dial) dialing through the transport; p50/p99 are of a request, including any dial it waited for; http-kept (-keep) is the README's Transport, which keeps an idle connection per client (MaxIdleConnsPerHost 20), so requests reuse connections"
 	"cmtime (rdmacm-utils, C, the rdma_cm peer): server cmtime -b ADDR -c N, client cmtime -s ADDR -c N, pinned like perftest, one run per round (its figure is the median of the rounds, and it has no p99); its client takes all N connections through each rdma_cm step before the next (create id, resolve address, resolve route, create QP, connect; then disconnect, destroy) and prints each step's wall time; setup is the sum of the steps up to connect (all N established), p50 is that plus disconnect and destroy (all N torn down), conn/s is N over that. Unlike rdmaperf's figure it exchanges no data (no first round trip), its QPs have one send and one receive entry and no registered buffers, and with N > 1 every connection finishes a step before any starts the next"
 )
 {

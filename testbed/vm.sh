@@ -11,6 +11,7 @@
 # library and freshly built test binary is available unchanged. Inside the VM the command runs
 # in the caller's working directory with rxe0 on top of dummy netdev rd0 (10.77.0.1, fd77::1),
 # exported as RDMA_TEST_ADDR / RDMA_TEST_ADDR6 (RDMA_TEST_SILENT_ADDR=10.77.0.2 answers nobody).
+# The netdev's MTU is 9000 (jumbo frames, as RoCE fabrics run), so rxe0's active MTU is 4096.
 # Its stdout+stderr stream to our stdout. The VM's /tmp is the host's with writes kept in RAM
 # (discarded); the rest of / is read-only; ulimit -l is unlimited; the environment is only
 # HOME=/tmp, PATH, LANG and the RDMA_TEST_* variables.
@@ -115,9 +116,10 @@ ip link set lo up
 if [ -n "$host" ]; then
 	# eth0 appeared with virtio_net, before the default above: it needs its own no-DAD.
 	dev=eth0 && echo 0 >/proc/sys/net/ipv6/conf/eth0/accept_dad
-	ip link set eth0 up && ip addr add "10.78.0.$host/24" dev eth0 && ip addr add "fd78::$host/64" dev eth0
+	ip link set eth0 mtu 9000 && ip link set eth0 up
+	ip addr add "10.78.0.$host/24" dev eth0 && ip addr add "fd78::$host/64" dev eth0
 else
-	dev=rd0 && ip link add rd0 type dummy && ip link set rd0 up
+	dev=rd0 && ip link add rd0 type dummy && ip link set rd0 mtu 9000 && ip link set rd0 up
 	ip addr add 10.77.0.1/24 dev rd0 && ip addr add fd77::1/64 dev rd0
 fi
 H="chroot /host /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin"

@@ -93,7 +93,7 @@ func testPort(t *testing.T, r *Report) (Device, Port, GID) {
 }
 
 // TestDeviceJSON: the JSON document of the test bed: rxe0's port ACTIVE, a
-// RoCE GID that is RDMA_TEST_ADDR on its netdev, MTU 1024, the limit
+// RoCE GID that is RDMA_TEST_ADDR on its netdev, MTU 4096, the limit
 // reported, and the fits as the options say.
 func TestDeviceJSON(t *testing.T) {
 	needDevice(t)
@@ -103,7 +103,7 @@ func TestDeviceJSON(t *testing.T) {
 	require.Empty(t, d.Error)
 	require.Equal(t, "ACTIVE", p.State)
 	require.Equal(t, "LINK_UP", p.PhysState)
-	require.Equal(t, 1024, p.ActiveMTU)
+	require.Equal(t, 4096, p.ActiveMTU, "the test bed's netdev has jumbo frames")
 	require.GreaterOrEqual(t, p.MaxMTU, p.ActiveMTU)
 	require.Equal(t, "Ethernet", p.LinkLayer)
 	require.Contains(t, []string{"RoCE v1", "RoCE v2"}, g.Type)

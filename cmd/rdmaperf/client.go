@@ -28,6 +28,8 @@ type run struct {
 	copyLen  int64
 	plain    bool // copy: hide ReadFrom and WriteTo
 	reverse  bool // bw, rate: the server sends, the client receives (-R)
+	// keepConns: http keeps an idle connection per client (-keep).
+	keepConns bool
 	// interval, when positive, is how often a bw or rate test calls report
 	// with what moved since the previous call (-i).
 	interval time.Duration

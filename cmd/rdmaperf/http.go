@@ -31,6 +31,12 @@ const httpURL = "http://rdmaperf/"
 func (r *run) httpLoad() (map[string]float64, error) {
 	var dials atomic.Int64
 	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if r.keepConns {
+		// The README's recipe: as many idle connections kept as there
+		// are clients, so that requests reuse them instead of dialing.
+		tr.MaxIdleConnsPerHost = r.conns
+		tr.MaxIdleConns = max(tr.MaxIdleConns, r.conns)
+	}
 	// The requests are for the rdmaperf server whatever the environment
 	// says about proxies.
 	tr.Proxy = nil

@@ -53,6 +53,7 @@ import (
 	"log"
 	"net"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -105,6 +106,7 @@ type config struct {
 	spin          time.Duration
 	cpuProfile    string
 	noDelay       bool
+	keepConns     bool
 }
 
 // seconds is a flag of a duration given as iperf3 does, in seconds ("10",
@@ -168,6 +170,7 @@ func parseArgs(args []string, out io.Writer) (*config, error) {
 	fs.IntVar(&cfg.rdepth, "rdepth", 0, "rdma: receives posted per connection (0: library default)")
 	poll := fs.String("poll", "adaptive", "rdma: how a waiting Read/Write learns of completions: adaptive (spin, then park), busy (spin) or event (park)")
 	fs.DurationVar(&cfg.spin, "spin", 0, "rdma: with -poll adaptive, how long a waiting Read/Write polls before it parks (0: library default, 50µs, longer while recent waits were short)")
+	fs.BoolVar(&cfg.keepConns, "keep", false, "http: the README's Transport, which keeps an idle connection for each of the -P clients (MaxIdleConnsPerHost), instead of http.DefaultTransport's two; reports workload http-kept")
 	fs.BoolVar(&cfg.noDelay, "nodelay", false, "rdma client: SetNoDelay(true) on every connection: a small Write goes out at once even while the peer is behind (Go's TCP connections have it on already)")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write the process's CPU profile (runtime/pprof) to `file` when the client's test ends")
 	// iperf3's names for the same settings, for its users' fingers.
@@ -310,17 +313,21 @@ func main() {
 			res.Workload = "rate-msg-nodelay"
 		}
 	}
+	if workload == "http" && cfg.keepConns {
+		res.Workload = "http-kept"
+	}
 	r := &run{
-		copyLen:  cfg.copyLen,
-		plain:    cfg.plain,
-		dial:     func() (net.Conn, error) { return tr.dial(target) },
-		size:     cfg.size,
-		count:    cfg.count,
-		duration: cfg.duration,
-		conns:    cfg.conns,
-		warmup:   cfg.warmup,
-		reverse:  cfg.reverse,
-		interval: cfg.interval,
+		keepConns: cfg.keepConns,
+		copyLen:   cfg.copyLen,
+		plain:     cfg.plain,
+		dial:      func() (net.Conn, error) { return tr.dial(target) },
+		size:      cfg.size,
+		count:     cfg.count,
+		duration:  cfg.duration,
+		conns:     cfg.conns,
+		warmup:    cfg.warmup,
+		reverse:   cfg.reverse,
+		interval:  cfg.interval,
 		// Called from one goroutine, and never after stream returns.
 		report: func(iv Interval) {
 			if cfg.asJSON {
@@ -358,6 +365,7 @@ func main() {
 			}
 		}
 	}
+	cgo0 := runtime.NumCgoCall()
 	switch workload {
 	case "lat":
 		res.Conns = 1
@@ -398,6 +406,13 @@ func main() {
 	if cfg.stats && tr.name == "rdma" {
 		s := tr.stats()
 		res.Stats = &s
+		// What carries over to a NIC without system calls: the library's
+		// crossings into C (posts, polls, CM calls; the dial's few
+		// included) and posts, per message this client sent.
+		if s.MessagesSent > 0 && res.Metrics != nil {
+			res.Metrics["cgo_per_msg"] = float64(runtime.NumCgoCall()-cgo0) / float64(s.MessagesSent)
+			res.Metrics["posts_per_msg"] = float64(s.SendPosts) / float64(s.MessagesSent)
+		}
 	}
 	if cfg.asJSON {
 		b, _ := json.Marshal(res)
@@ -509,7 +524,7 @@ func describe(r Result) string {
 		}
 		fmt.Fprintf(&b, ": Dial + round trip + Close p50 %.0f µs, p99 %.0f µs, avg %.0f µs a %s (%s: p50 %.0f µs); %.0f conn/s (%.0f connections in %.2f s, %.2f CPU s)",
 			m["p50_us"], m["p99_us"], m["avg_us"], what, setup, m["setup_us"], m["conn_s"], m["count"], m["seconds"], m["cpu_s"])
-	case r.Workload == "http":
+	case r.Workload == "http" || r.Workload == "http-kept":
 		fmt.Fprintf(&b, ": %.0f req/s, p50 %.0f µs, p99 %.0f µs, avg %.0f µs a request (%.0f requests, %.0f connections dialed, in %.2f s, %.2f CPU s)",
 			m["req_s"], m["p50_us"], m["p99_us"], m["avg_us"], m["count"], m["dials"], m["seconds"], m["cpu_s"])
 	case r.Workload == "lat" || r.Workload == "write-lat":

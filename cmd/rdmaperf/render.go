@@ -54,18 +54,24 @@ var (
 // metric is one row's figure for a workload.
 type metric struct{ key, label string }
 
+// perMsg are the figures -stats adds (this library's only): the client
+// process's cgo calls and ibv_post_send calls per message it sent (for a
+// round trip, per round trip).
+var perMsg = []metric{{"cgo_per_msg", "cgo calls per message sent (client process)"}, {"posts_per_msg", "ibv_post_send per message sent"}}
+
 var metricsOf = map[string][]metric{
-	"lat":              {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"avg_us", "avg µs"}},
-	"bw":               {{"mb_s", "MB/s"}},
-	"rate":             {{"msg_s", "msg/s"}},
-	"rate-msg":         {{"msg_s", "msg/s"}},
-	"rate-msg-nodelay": {{"msg_s", "msg/s"}},
+	"lat":              append([]metric{{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"avg_us", "avg µs"}}, perMsg...),
+	"bw":               append([]metric{{"mb_s", "MB/s"}}, perMsg...),
+	"rate":             append([]metric{{"msg_s", "msg/s"}}, perMsg...),
+	"rate-msg":         append([]metric{{"msg_s", "msg/s"}}, perMsg...),
+	"rate-msg-nodelay": append([]metric{{"msg_s", "msg/s"}}, perMsg...),
 	"idle":             {{"cpu_s", "CPU s"}, {"reg_kib", "registered KiB per connection"}},
 	"copy":             {{"mb_s", "MB/s"}, {"cpu_s", "CPU s"}},
 	// setup is the connection's establishment alone (rdmaperf: until the
 	// last Dial returned), what cmtime's steps up to connect add up to.
-	"dial": {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"conn_s", "conn/s"}, {"setup_us", "setup p50 µs"}},
-	"http": {{"req_s", "req/s"}, {"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}},
+	"dial":      {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"conn_s", "conn/s"}, {"setup_us", "setup p50 µs"}},
+	"http":      {{"req_s", "req/s"}, {"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}},
+	"http-kept": {{"req_s", "req/s"}, {"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}},
 	// One-sided, against ib_write_lat, ib_read_lat, ib_write_bw and
 	// ib_read_bw (-R).
 	"write-lat": {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"avg_us", "avg µs"}},
@@ -83,7 +89,8 @@ var workloadNames = map[string]string{
 	"idle":             "idle connection",
 	"copy":             "io.Copy file → conn → io.Discard",
 	"dial":             "dial + round trip + close",
-	"http":             "HTTP/1.1 GET",
+	"http":             "HTTP/1.1 GET, http.DefaultTransport (2 idle connections kept: most requests dial)",
+	"http-kept":        "HTTP/1.1 GET, the README's Transport (an idle connection kept per client)",
 	"write-lat":        "one-sided WRITE latency (one-way)",
 	"read-lat":         "one-sided READ latency",
 	"write-bw":         "one-sided WRITE throughput",

@@ -137,7 +137,7 @@ func run(addr string, each time.Duration, opts rdma.Options) error {
 	if software {
 		// Why TCP can win here: it never leaves the kernel for a local
 		// address, while rxe does a NIC's work on the CPU.
-		fmt.Println("On Soft-RoCE (RDMA in software, here in an emulated VM) each post is a system call and each 1 KiB packet is built by the CPU, while TCP to a local address stays in the kernel: the figures show the library at work, not RDMA's speed; RDMA NICs are orders of magnitude faster.")
+		fmt.Println("On Soft-RoCE (RDMA in software, here in an emulated VM) each post is a system call and each packet (of the link's MTU) is built by the CPU, while TCP to a local address stays in the kernel: the figures show the library at work, not RDMA's speed; RDMA NICs are orders of magnitude faster.")
 	} else {
 		fmt.Println("A hardware RDMA device: these are its figures with this library, and Go's TCP on the same interface beside them.")
 	}
@@ -150,8 +150,12 @@ func run(addr string, each time.Duration, opts rdma.Options) error {
 // device (Soft-RoCE, siw), whose figures say little about RDMA hardware.
 func device() (desc string, software bool) {
 	var names []string
+	mtu := 0
 	for _, d := range rdma.Devices() {
 		names = append(names, d.Name)
+		if mtu == 0 {
+			mtu = d.ActiveMTU
+		}
 	}
 	if len(names) == 0 {
 		return "RDMA device unknown", false
@@ -165,7 +169,7 @@ func device() (desc string, software bool) {
 			state = s
 		}
 	}
-	desc = fmt.Sprintf("RDMA device %s (port 1 %s", strings.Join(names, ", "), state)
+	desc = fmt.Sprintf("RDMA device %s (port 1 %s, link MTU %d", strings.Join(names, ", "), state, mtu)
 	// Software devices sit under /sys/devices/virtual; their "parent" is
 	// the netdev they run on.
 	if p, err := filepath.EvalSymlinks(dir); err == nil && strings.Contains(p, "/devices/virtual/") {

@@ -281,3 +281,13 @@ func mtuBytes(m C.enum_ibv_mtu) int {
 	}
 	return 256 << (m - C.IBV_MTU_256)
 }
+
+// ActiveMTU is the active MTU of the context's port (1-based), in bytes,
+// or 0 when it cannot be queried.
+func (c *Context) ActiveMTU(port uint8) int {
+	var pa C.struct_ibv_port_attr
+	if C.gv_dev_query_port(c.c, C.uint8_t(port), &pa) != 0 {
+		return 0
+	}
+	return mtuBytes(pa.active_mtu)
+}
