@@ -127,6 +127,21 @@ run_rdmaperf() {
 	echo "  $label $workload $size x$conns: $(printf '%s' "$line" | grep -o '"metrics":{[^}]*}\|"error":"[^"]*"')"
 }
 
+# run_rdmaperf_oneproc NET WORKLOAD SIZE CONNS ARGS...: run_rdmaperf with both ends in one process
+# (rdmaperf -local, unpinned), as a Go user's own test of the library would run, recorded as impl
+# "rdmaperf/rdma one process" beside the headline's two pinned processes.
+run_rdmaperf_oneproc() {
+	local saved=$go_mode before
+	go_mode=local
+	before=$(wc -l <"$results")
+	run_rdmaperf "$@"
+	go_mode=$saved
+	# Rename what this call appended (a failure is recorded under the same label).
+	if (($(wc -l <"$results") > before)); then
+		sed -i "$((before + 1)),\$ s|\"impl\":\"rdmaperf/rdma\"|\"impl\":\"rdmaperf/rdma one process\"|" "$results"
+	fi
+}
+
 # run_rdmaperf_pinned NET ARGS...: rdmaperf as two processes pinned apart, the way the C peers
 # run (server on CPU 0, client on CPU 1); output in $work/rdmaperf.log, status in rc.
 run_rdmaperf_pinned() {
@@ -380,6 +395,7 @@ one_round() {
 	for size in 64 4096; do
 		for net in rdma tcp; do run_rdmaperf "$net" lat "$size" 1 -test lat -size "$size" -duration "${secs}s" -stats; done
 		run_rdmaperf rdma lat "$size" 1 -test lat -size "$size" -duration "${secs}s" -poll busy -stats
+		[[ $go_mode == pinned ]] && run_rdmaperf_oneproc rdma lat "$size" 1 -test lat -size "$size" -duration "${secs}s" -stats
 		perftest_lat perftest "$size" 2000
 		perftest_lat "perftest -e" "$size" 2000 -e
 		rstream_run lat "$size" 1 2000
@@ -387,6 +403,7 @@ one_round() {
 	echo "== throughput (round $round)"
 	for size in 4096 65536 1048576; do
 		for net in rdma tcp; do run_rdmaperf "$net" bw "$size" 1 -test bw -size "$size" -duration "${secs}s" -stats; done
+		[[ $go_mode == pinned ]] && run_rdmaperf_oneproc rdma bw "$size" 1 -test bw -size "$size" -duration "${secs}s" -stats
 		case $size in
 		4096) perftest_bw bw 4096 3000 1; rstream_run bw 4096 2000 1 ;;
 		65536) perftest_bw bw 65536 300 1; rstream_run bw 65536 200 1 ;;

@@ -25,6 +25,9 @@ type benchRun struct {
 const (
 	self = "rdmaperf/rdma"
 	busy = "rdmaperf/rdma busy"
+	// oneProc is this library with both ends in one process (bench/run.sh
+	// run_rdmaperf_oneproc), as a Go user's own test would run it.
+	oneProc = "rdmaperf/rdma one process"
 )
 
 // Columns of the table, in order. The ratio columns compare this library
@@ -34,6 +37,7 @@ var (
 	columns = []struct{ impl, title string }{
 		{self, "this library"},
 		{busy, "this library, busy poll"},
+		{oneProc, "this library, one process"},
 		{"rdmaperf/tcp", "Go TCP"},
 		{"perftest", "perftest"},
 		{"perftest -e", "perftest -e"},
@@ -47,6 +51,8 @@ var (
 		{self, "rsockets", "÷ rsockets"},
 		{self, "cmtime", "÷ cmtime"},
 		{busy, "perftest", "busy ÷ perftest"},
+		{oneProc, "perftest", "one process ÷ perftest"},
+		{oneProc, "rsockets", "one process ÷ rsockets"},
 		{self, self + " plain", "÷ plain io.Copy"},
 	}
 )
