@@ -9,9 +9,12 @@ import (
 	"github.com/goverbs/rdma/internal/ibv"
 )
 
-// Shutting a Conn down: CloseRead, CloseWrite, Close, and the parts of the
-// teardown that need no verbs (the linger for the fin, the drain of the
-// QP); conn_verbs.go destroys the objects.
+// Failing and shutting a Conn down, in one place: fail (every failure of
+// an established connection), CloseRead, CloseWrite, Close, the peer's
+// disconnect, a device's removal, and the teardown (the linger for the
+// fin, the drain of the QP, the release). The verbs objects are freed
+// through three hooks of the platform's part (disconnect, freeVerbs and
+// markDeviceRemoved in conn_verbs.go; no-ops in unsupported.go).
 
 // CloseWrite shuts down the writing side: the peer reads what was written
 // and then io.EOF, while this side can still read. Writes fail from then
@@ -101,7 +104,7 @@ func (c *Conn) Close() error {
 }
 
 // releasing counts the releases of verbs objects that Close left running
-// (see teardown in conn_verbs.go).
+// (see teardown).
 var releasing sync.WaitGroup
 
 // undeliveredError is Close's error when data Write accepted could not be
