@@ -230,15 +230,14 @@ func (c *Conn) peerDisconnected() {
 // while anything of it is held, and the data path would go on as if
 // nothing happened (posts succeed on rxe), so the connection fails at once
 // with ENODEV and gives its verbs objects back without waiting for Close.
-// It runs on the CM goroutine; the release waits for completions and
+// It runs on the connection's CM inbox goroutine or the device's
+// asynchronous-event reader; the release waits for completions and
 // destroys the id, so it runs on a goroutine of its own.
 func (c *Conn) deviceRemoved() {
 	c.markDeviceRemoved()
 	c.mu.Lock()
-	c.life.fail(&deviceError{syscall.ENODEV})
-	c.life.set(shutPeerGone) // nothing more will come, and no fin can go
-	signal(c.rxReady)
-	signal(c.txReady)
+	c.life.set(shutPeerGone) // nothing more will come, no fin can go, and nothing to disconnect
+	c.fail(&deviceError{syscall.ENODEV})
 	dialing := c.dialing
 	c.removedDialing = dialing
 	c.mu.Unlock()

@@ -39,7 +39,6 @@ type connSys struct {
 	// free it under such a call.
 	qpMu   sync.Mutex
 	qpGone bool // under qpMu: the release has destroyed the QP; the id goes next
-
 }
 
 // disconnect moves the QP to the error state and tells the peer. A Conn

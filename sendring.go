@@ -281,10 +281,9 @@ const (
 
 // writePlan is planWrite's answer.
 type writePlan struct {
-	step    sendStep
-	noRoom  bool // stepWait because the peer is behind (no credit, or its ring is full): counted as a credit wait
-	slots   int  // stepFill: messages to fill
-	waitMsg bool // a message-oriented peer's previous Write still has bytes pending
+	step   sendStep
+	noRoom bool // stepWait because the peer is behind (no credit, or its ring is full): counted as a credit wait
+	slots  int  // stepFill: messages to fill
 }
 
 // planWrite plans a Write's next step with left bytes of it still to go
@@ -313,7 +312,7 @@ func (r *sendRing) planWrite(credits, left int, started, msgWrite bool) writePla
 	short := credits > 0 && room < min(r.pendLen+left, r.ring.maxMsg)
 	noRoom := grow == 0 || short || (credits == 0 && waitMsg)
 	if free == 0 || noRoom || waitMsg {
-		return writePlan{step: stepWait, noRoom: noRoom, waitMsg: waitMsg}
+		return writePlan{step: stepWait, noRoom: noRoom}
 	}
 	slots := 1
 	if credits > 0 {

@@ -307,8 +307,8 @@ func TestSendRingPlanWrite(t *testing.T) {
 	// To a message-oriented peer a new Write waits for the earlier
 	// one's pending bytes to go, whatever the credits.
 	r.setPending(10, true)
-	require.Equal(t, writePlan{step: stepWait, waitMsg: true}, r.planWrite(1, 10, false, true))
-	require.Equal(t, writePlan{step: stepWait, noRoom: true, waitMsg: true}, r.planWrite(0, 10, false, true))
+	require.Equal(t, writePlan{step: stepWait}, r.planWrite(1, 10, false, true))
+	require.Equal(t, writePlan{step: stepWait, noRoom: true}, r.planWrite(0, 10, false, true))
 	// ... but the Write that left them continues them.
 	require.Equal(t, writePlan{step: stepFill, slots: 1}, r.planWrite(1, 10, true, true))
 	r.setPending(0, false)
