@@ -109,9 +109,14 @@ func (q *benchQP) peerSends(typ uint8, n int) {
 
 // BenchmarkGoWrite64 is a 64 B Write posted at once (SetNoDelay), the
 // peer's credit message coming back every 8 Writes, as its Reads keep up.
-func BenchmarkGoWrite64(b *testing.B) {
+func BenchmarkGoWrite64(b *testing.B) { benchWrites(b, true, 8) }
+
+// benchWrites times 64 B Writes (SetNoDelay(noDelay)), the peer's credit
+// message coming back, with every credit and the ring, every catchUp
+// Writes.
+func benchWrites(b *testing.B, noDelay bool, catchUp int) {
 	c, q := benchConn(b)
-	c.SetNoDelay(true)
+	c.SetNoDelay(noDelay)
 	msg := make([]byte, 64)
 	b.ReportAllocs()
 	i := 0
@@ -119,7 +124,7 @@ func BenchmarkGoWrite64(b *testing.B) {
 		if _, err := c.Write(msg); err != nil {
 			b.Fatal(err)
 		}
-		if i++; i%8 == 0 {
+		if i++; i%catchUp == 0 {
 			q.peerSends(msgCredit, 0)
 		}
 	}
@@ -130,21 +135,7 @@ func BenchmarkGoWrite64(b *testing.B) {
 // (the default hold, no SetNoDelay), and catches up every 256 Writes,
 // returning every credit and its ring. It used to wait forever once b.N
 // passed about 2,000: its peer never gave the ring back.
-func BenchmarkWriteGather(b *testing.B) {
-	c, q := benchConn(b)
-	msg := make([]byte, 64)
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		if _, err := c.Write(msg); err != nil {
-			b.Fatal(err)
-		}
-		if i++; i%256 == 0 {
-			q.peerSends(msgCredit, 0)
-		}
-	}
-	b.ReportMetric(float64(q.posts)/float64(i), "posts/op")
-}
+func BenchmarkWriteGather(b *testing.B) { benchWrites(b, false, 256) }
 
 // BenchmarkGoRead64 is a 64 B message of the peer's arriving and a Read
 // taking it; credits go back in batches, as they do.

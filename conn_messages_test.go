@@ -261,11 +261,14 @@ func TestConnMessagesFinAfterFragments(t *testing.T) {
 		err error
 	}
 	got := make(chan result, 1)
-	go func() {
-		b := make([]byte, 64)
-		n, err := p.c.Read(b)
-		got <- result{string(b[:n]), err}
-	}()
+	readAsync := func() {
+		go func() {
+			b := make([]byte, 64)
+			n, err := p.c.Read(b)
+			got <- result{string(b[:n]), err}
+		}()
+	}
+	readAsync()
 	select {
 	case r := <-got:
 		require.NoError(t, r.err)
@@ -279,11 +282,7 @@ func TestConnMessagesFinAfterFragments(t *testing.T) {
 	// The same when the fin comes while the Read waits for the rest.
 	p = newFakeConnOpts(t, Options{BufferSize: 8, SendDepth: 8, RecvDepth: 8, Poll: PollEvent, Messages: true}, false)
 	p.deliver(header{typ: msgDataMore}, []byte("abcdefgh"))
-	go func() {
-		b := make([]byte, 64)
-		n, err := p.c.Read(b)
-		got <- result{string(b[:n]), err}
-	}()
+	readAsync()
 	p.eventually(func(c *Conn) bool { return c.rx.n == 0 })
 	p.deliver(header{typ: msgFin}, nil)
 	select {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"runtime/pprof"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -75,6 +76,19 @@ func roundTripNew(addr string, accepted <-chan net.Conn, msg string) error {
 		return err
 	}
 	return s.Close()
+}
+
+// closeAccepted closes every connection ln accepts, until Accept fails.
+func closeAccepted(ln net.Listener) {
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
 }
 
 // acceptAll serves ln's Accept into a channel until it fails.
@@ -236,25 +250,14 @@ func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
 // everything goes back (TestMain checks the device's objects).
 func TestCancelledDials(t *testing.T) {
 	needDevice(t)
-	dials, rounds := 200, 1
+	dials, rounds := 200, envInt(t, "RDMA_TEST_CANCEL_ROUNDS", 1)
 	if testing.Short() {
 		dials = 100
-	}
-	if v := os.Getenv("RDMA_TEST_CANCEL_ROUNDS"); v != "" {
-		rounds = atoiOr(v, 1)
 	}
 	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
 	require.NoError(t, err)
 	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	closeAccepted(ln)
 	// Cancel anywhere from before the request goes out to after the
 	// connection is up: twenty dials at once take several times as long
 	// as one (they share the CPU), so spread the cancels over ten.
@@ -301,13 +304,17 @@ func TestCancelledDials(t *testing.T) {
 	}
 }
 
-func atoiOr(s string, def int) int {
-	n := 0
-	for _, ch := range s {
-		if ch < '0' || ch > '9' {
-			return def
-		}
-		n = n*10 + int(ch-'0')
+// envInt is the integer in the environment variable name, or def when it
+// is not set; a value that is not an integer fails the test.
+func envInt(t *testing.T, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
 	}
 	return n
 }
@@ -322,15 +329,7 @@ func TestDialsRacingListenerClose(t *testing.T) {
 	for round := 0; round < 10; round++ {
 		ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
 		require.NoError(t, err)
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				c.Close()
-			}
-		}()
+		closeAccepted(ln)
 		var wg sync.WaitGroup
 		errs := make(chan error, 10)
 		for i := 0; i < 10; i++ {

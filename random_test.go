@@ -57,10 +57,7 @@ func TestRandomConcurrentOps(t *testing.T) {
 		}
 		dur = d
 	}
-	workers := 8
-	if v := os.Getenv("RDMA_TEST_RANDOM_WORKERS"); v != "" {
-		workers = atoiOr(v, workers)
-	}
+	workers := envInt(t, "RDMA_TEST_RANDOM_WORKERS", 8)
 	t.Logf("seed %d (replay with RDMA_TEST_SEED=%d), %v, %d pairs at once", seed, seed, dur, workers)
 
 	rt := &randomRun{t: t, seed: seed, ops: map[int64]*watchedOp{}}
@@ -427,16 +424,24 @@ func (sc *streamCheck) spans(from, to int64) bool {
 	return i < len(sc.bounds) && sc.bounds[i] < to
 }
 
-func randomDeadline(r *rand.Rand) (time.Time, bool) {
+// randomDeadline picks a deadline for the next call (past, near, far or
+// cleared) and says by when that call must return: the deadline, or the
+// pair's limit if that comes first (or the deadline is cleared).
+func randomDeadline(r *rand.Rand, limit time.Time) (deadline, mustReturn time.Time) {
 	switch r.Intn(6) {
 	case 0:
-		return time.Now().Add(-time.Second), true // past
+		deadline = time.Now().Add(-time.Second) // past
 	case 1, 2:
-		return time.Now().Add(time.Duration(r.Intn(50_000)) * time.Microsecond), true // near
+		deadline = time.Now().Add(time.Duration(r.Intn(50_000)) * time.Microsecond) // near
 	case 3:
-		return time.Now().Add(2 * time.Second), true
+		deadline = time.Now().Add(2 * time.Second)
+	default:
+		return time.Time{}, limit // cleared
 	}
-	return time.Time{}, false // cleared
+	if deadline.Before(limit) {
+		return deadline, deadline
+	}
+	return deadline, limit
 }
 
 func randomSize1M(r *rand.Rand) int {
@@ -465,11 +470,7 @@ func (rt *randomRun) writer(r *rand.Rand, c *rdma.Conn, sc *streamCheck, limit t
 			return
 		default:
 		}
-		dl, has := randomDeadline(r)
-		opLimit := limit
-		if has && dl.Before(limit) {
-			opLimit = dl
-		}
+		dl, opLimit := randomDeadline(r, limit)
 		if err := c.SetWriteDeadline(dl); err != nil {
 			rt.check(dir+" SetWriteDeadline", err)
 			return
@@ -551,11 +552,7 @@ func (rt *randomRun) reader(r *rand.Rand, c *rdma.Conn, sc *streamCheck, limit t
 		return true
 	}
 	for {
-		dl, has := randomDeadline(r)
-		opLimit := limit
-		if has && dl.Before(limit) {
-			opLimit = dl
-		}
+		dl, opLimit := randomDeadline(r, limit)
 		if err := c.SetReadDeadline(dl); err != nil {
 			rt.check(dir+" SetReadDeadline", err)
 			return
