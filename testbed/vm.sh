@@ -2,7 +2,7 @@
 # Run a command inside a throwaway qemu VM that has a real Soft-RoCE (rdma_rxe) device, or in
 # two such VMs joined by a virtual Ethernet link.
 #
-#   testbed/vm.sh [--timeout SECONDS] [--mem MB] -- COMMAND [ARGS...]
+#   testbed/vm.sh [--provider rxe|siw] [--timeout SECONDS] [--mem MB] -- COMMAND [ARGS...]
 #   testbed/vm.sh --pair [--timeout SECONDS] [--mem MB] -- COMMAND [ARGS...]
 #   testbed/vm.sh --prepare
 #
@@ -16,6 +16,11 @@
 # (discarded); the rest of / is read-only; ulimit -l is unlimited; the environment is only
 # HOME=/tmp, PATH, LANG and the RDMA_TEST_* variables.
 # Exit status: the command's; 124 timeout; 125 test bed failure (no boot, no rxe0).
+#
+# --provider siw (or RDMA_TESTBED_PROVIDER=siw) puts soft-iWARP's siw0 on rd0 instead of rxe0,
+# and exports RDMA_TEST_PROVIDER=siw (rxe otherwise). Debian's kernels do not ship siw: --prepare
+# builds the module out of tree from the kernel's own Debian source and headers (extracted into
+# the cache, nothing installed) and puts it in the initramfs beside rxe.
 #
 # --pair boots two such VMs, one vCPU each (the machine may have only two cores), --mem MB each
 # (default 2048), joined by a virtio NIC eth0 whose frames travel as UDP datagrams over the
@@ -48,8 +53,9 @@ timeout_s=900
 mem_mb='' # default: 3072, or 2048 per VM with --pair
 prepare='' # --prepare: install packages and build the kernel cache, run nothing
 pair=''
+provider=${RDMA_TESTBED_PROVIDER:-rxe}
 usage() {
-	echo "usage: $0 [--pair] [--timeout SECONDS] [--mem MB] -- COMMAND [ARGS...] | $0 --prepare" >&2
+	echo "usage: $0 [--pair] [--provider rxe|siw] [--timeout SECONDS] [--mem MB] -- COMMAND [ARGS...] | $0 --prepare" >&2
 	exit 2
 }
 while (($#)); do
@@ -57,6 +63,7 @@ while (($#)); do
 	--timeout) (($# >= 2)) || usage; timeout_s=$2; shift 2 ;;
 	--mem) (($# >= 2)) || usage; mem_mb=$2; shift 2 ;;
 	--pair) pair=1; shift ;;
+	--provider) (($# >= 2)) || usage; provider=$2; shift 2 ;;
 	--prepare) prepare=1; shift ;;
 	--) shift; break ;;
 	*) usage ;;
@@ -64,11 +71,12 @@ while (($#)); do
 done
 (($# || prepare)) || usage
 mem_mb=${mem_mb:-$([[ -n $pair ]] && echo 2048 || echo 3072)}
-[[ $timeout_s =~ ^[0-9]+$ && $mem_mb =~ ^[0-9]+$ ]] || usage
+[[ $timeout_s =~ ^[0-9]+$ && $mem_mb =~ ^[0-9]+$ && $provider =~ ^(rxe|siw)$ ]] || usage
+[[ -z $pair || $provider == rxe ]] || { echo "testbed: --pair runs on rxe only" >&2; exit 2; }
 
 cache=${RDMA_TESTBED_CACHE:-/var/cache/goverbs-testbed}
 packages=(qemu-system-x86 busybox-static kmod cpio rdma-core ibverbs-providers ibverbs-utils
-	libibverbs-dev librdmacm-dev rdmacm-utils perftest iproute2 xz-utils)
+	libibverbs-dev librdmacm-dev rdmacm-utils perftest iproute2 xz-utils gcc-12 make)
 # Module trees (under lib/modules/VER/kernel) that rxe, 9p, virtio and dummy need, with their
 # dependencies (not the hardware RDMA drivers: a smaller initramfs unpacks faster under TCG);
 # overlayfs gives the VM a writable /tmp that still shows the host's /tmp; virtio_net joins the
@@ -90,9 +98,13 @@ exec </dev/console >/dev/console 2>&1
 mount -t proc proc /proc && mount -t sysfs sys /sys && dmesg -n 1
 # testbed.host=N (vm.sh --pair): host N of two joined by a virtio NIC. The kernel keeps dotted
 # parameters to itself (they name module options), so read it back from the command line.
-host=
-for a in $(cat /proc/cmdline); do case $a in testbed.host=[0-9]*) host=${a#*=} ;; esac; done
-mods="virtio_pci 9pnet_virtio 9p overlay rdma_rxe rdma_ucm ib_uverbs dummy"
+# testbed.provider=siw: soft-iWARP instead of Soft-RoCE.
+host= provider=rxe
+for a in $(cat /proc/cmdline); do
+	case $a in testbed.host=[0-9]*) host=${a#*=} ;; testbed.provider=siw) provider=siw ;; esac
+done
+rdmamod=rdma_rxe && [ "$provider" = rxe ] || rdmamod=siw
+mods="virtio_pci 9pnet_virtio 9p overlay $rdmamod rdma_ucm ib_uverbs dummy"
 [ -z "$host" ] || mods="$mods virtio_net sch_netem"
 for m in $mods; do
 	modprobe "$m" $([ "$m" = dummy ] && echo numdummies=0) || echo "testbed: modprobe $m failed"
@@ -123,14 +135,14 @@ else
 	ip addr add 10.77.0.1/24 dev rd0 && ip addr add fd77::1/64 dev rd0
 fi
 H="chroot /host /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin"
-if $H rdma link add rxe0 type rxe netdev "$dev" >>"$J/output" 2>&1; then
+if $H rdma link add "${provider}0" type "$provider" netdev "$dev" >>"$J/output" 2>&1; then
 	echo "job start: uptime $(cat /proc/uptime)"
 	: >"$J/started" # tells the --pair harness that this host's command runs
 	# env -i: the job sees only what run.sh exports, not the kernel's init environment.
 	$H bash /run/testbed/run.sh </dev/null >>"$J/output" 2>&1
 	echo $? >"$J/status.tmp" && mv "$J/status.tmp" "$J/status"
 else
-	echo "testbed: rxe0 could not be created" >"$J/error"
+	echo "testbed: ${provider}0 could not be created" >"$J/error"
 fi
 sync
 poweroff -f
@@ -200,7 +212,29 @@ if [[ ! -f $kdir/vmlinux ]] && grep -q '^CONFIG_PVH=y' "$kdir/boot/config-$ver" 
 	rm -f "$kdir/vmlinux.tmp"
 fi
 [[ ! -f $kdir/vmlinux ]] || kernel=$kdir/vmlinux
-hash=$(printf '%s\n' "$init_script" "$ver" "${module_trees[@]}" | sha256sum | cut -d' ' -f1)
+# soft-iWARP: Debian builds its kernels without CONFIG_RDMA_SIW, so siw.ko is built here from the
+# same kernel's source package against its headers package (both extracted under the cache,
+# nothing installed; ~15 s of compiling once per kernel).
+siw=$cache/siw-$ver.ko
+if [[ ! -f $siw ]]; then
+	echo "testbed: building siw.ko for $ver" >&2
+	series=$(echo "$ver" | cut -d. -f1,2) # 6.1.0-56-amd64: linux-source-6.1
+	tmp=$(mktemp -d "$cache/.siw.XXXXXX")
+	(cd "$tmp" && apt-get download -q -o APT::Sandbox::User=root "linux-source-$series" "linux-headers-$ver" \
+		"linux-headers-${ver%-*}-common" "linux-kbuild-$series" >&2) ||
+		{ echo "testbed: cannot download the kernel source and headers for siw" >&2; exit 125; }
+	for d in "$tmp"/linux-headers-*.deb "$tmp"/linux-kbuild-*.deb; do dpkg-deb -x "$d" "$tmp/root"; done
+	dpkg-deb --fsys-tarfile "$tmp"/linux-source-*.deb | tar -x -C "$tmp" --wildcards './usr/src/linux-source-*.tar.xz'
+	tar -xf "$tmp"/usr/src/linux-source-*.tar.xz -C "$tmp" --wildcards 'linux-source-*/drivers/infiniband/sw/siw'
+	# The headers' Makefile includes the common tree by its installed (absolute) path.
+	sed -i "s|/usr/src/|$tmp/root/usr/src/|" "$tmp/root/usr/src/linux-headers-$ver/Makefile"
+	m=$(echo "$tmp"/linux-source-*/drivers/infiniband/sw/siw)
+	make -s -C "$tmp/root/usr/src/linux-headers-$ver" M="$m" CONFIG_RDMA_SIW=m CC=gcc-12 modules >&2 ||
+		{ echo "testbed: building siw.ko failed" >&2; exit 125; }
+	mv "$m/siw.ko" "$siw"
+	rm -rf "$tmp"
+fi
+hash=$(printf '%s\n' "$init_script" "$ver" "${module_trees[@]}" "$(sha256sum <"$siw")" | sha256sum | cut -d' ' -f1)
 if [[ ! -f $initrd || $(cat "$initrd.sha256" 2>/dev/null) != "$hash" ]]; then
 	echo "testbed: building $initrd" >&2
 	root=$(mktemp -d)
@@ -215,6 +249,7 @@ if [[ ! -f $initrd || $(cat "$initrd.sha256" 2>/dev/null) != "$hash" ]]; then
 		mkdir -p "$(dirname "$dst/kernel/$t")"
 		cp -a "$src/kernel/$t" "$dst/kernel/$t"
 	done
+	mkdir -p "$dst/kernel/drivers/infiniband/sw/siw" && cp "$siw" "$dst/kernel/drivers/infiniband/sw/siw/"
 	depmod -b "$root" "$ver"
 	(cd "$root" && find . -print0 | cpio --null -o -H newc --quiet) | gzip -6 >"$initrd.tmp"
 	rm -rf "$root"
@@ -295,8 +330,8 @@ trap 'exit 143' TERM
 # followed live. timeout(1) returns 124 itself when it has to kill qemu.
 start=$SECONDS
 if [[ -z $pair ]]; then
-	write_job "$job" 'RDMA_TEST_ADDR=10.77.0.1 RDMA_TEST_ADDR6=fd77::1 RDMA_TEST_SILENT_ADDR=10.77.0.2' "$@"
-	timeout -k 10 "$timeout_s" "${qemu[@]}" -smp 2 -append "$append" \
+	write_job "$job" "RDMA_TEST_PROVIDER=$provider RDMA_TEST_ADDR=10.77.0.1 RDMA_TEST_ADDR6=fd77::1 RDMA_TEST_SILENT_ADDR=10.77.0.2" "$@"
+	timeout -k 10 "$timeout_s" "${qemu[@]}" -smp 2 -append "$append testbed.provider=$provider" \
 		-virtfs "local,path=$job,mount_tag=job,security_model=none" \
 		</dev/null >"$job/console.log" 2>&1 &
 	qpid=$!
@@ -328,8 +363,8 @@ while ((${#ports[@]} < 2)); do
 	[[ $used == *" $p "* || ${ports[*]-} == *"$p"* ]] || ports+=("$p")
 done
 a=$job/a b=$job/b ctl=$job/a/control
-write_job "$a" 'RDMA_TEST_ROLE=driver RDMA_TEST_ADDR=10.78.0.1 RDMA_TEST_PEER_ADDR=10.78.0.2 RDMA_TEST_ADDR6=fd78::1 RDMA_TEST_PEER_ADDR6=fd78::2 RDMA_TEST_SILENT_ADDR=10.78.0.3 RDMA_TEST_CONTROL=/run/testbed/control' "$@"
-write_job "$b" 'RDMA_TEST_ROLE=agent RDMA_TEST_ADDR=10.78.0.2 RDMA_TEST_PEER_ADDR=10.78.0.1 RDMA_TEST_ADDR6=fd78::2 RDMA_TEST_PEER_ADDR6=fd78::1 RDMA_TEST_SILENT_ADDR=10.78.0.3' "$@"
+write_job "$a" 'RDMA_TEST_PROVIDER=rxe RDMA_TEST_ROLE=driver RDMA_TEST_ADDR=10.78.0.1 RDMA_TEST_PEER_ADDR=10.78.0.2 RDMA_TEST_ADDR6=fd78::1 RDMA_TEST_PEER_ADDR6=fd78::2 RDMA_TEST_SILENT_ADDR=10.78.0.3 RDMA_TEST_CONTROL=/run/testbed/control' "$@"
+write_job "$b" 'RDMA_TEST_PROVIDER=rxe RDMA_TEST_ROLE=agent RDMA_TEST_ADDR=10.78.0.2 RDMA_TEST_PEER_ADDR=10.78.0.1 RDMA_TEST_ADDR6=fd78::2 RDMA_TEST_PEER_ADDR6=fd78::1 RDMA_TEST_SILENT_ADDR=10.78.0.3' "$@"
 mkdir "$ctl"
 dgram() { # dgram P Q: the NIC whose end of the link is UDP port P, talking to port Q
 	echo "dgram,id=n0,local.type=inet,local.host=127.0.0.1,local.port=$1,remote.type=inet,remote.host=127.0.0.1,remote.port=$2"
