@@ -16,8 +16,8 @@ import (
 
 // arena is anonymous mmap'd memory registered with a protection domain of
 // its own, laid out by layout: the receive ring, registered for remote
-// write (the one region a peer may touch), and the send ring, registered
-// for local access only. It is outside the Go heap because the NIC (and
+// write (the one region a peer may touch), and the send ring (and any
+// header slots), registered for local access only. It is outside the Go heap because the NIC (and
 // C) keep its addresses: the cgo rules forbid C from retaining Go
 // pointers, and the GC must never move or free it.
 //
@@ -30,7 +30,7 @@ type arena struct {
 	pd     *ibv.PD
 	mem    []byte
 	recvMR *ibv.MR // mem[:ring]: local and remote write
-	sendMR *ibv.MR // mem[ring:]: local only
+	sendMR *ibv.MR // mem[ring:]: local only (the send ring and any header slots)
 	base   uint64
 	ring   int
 }
@@ -57,7 +57,8 @@ func (a *arena) register(lay layout) error {
 	}
 	a.mem, a.base = mem, addrOf(mem)
 	if a.recvMR, err = a.pd.RegMRRemoteWrite(mem[lay.recvOff() : lay.recvOff()+lay.ring]); err == nil {
-		a.sendMR, err = a.pd.RegMR(mem[lay.sendOff() : lay.sendOff()+lay.ring])
+		// The header slots, if any, follow the send ring: one key for both.
+		a.sendMR, err = a.pd.RegMR(mem[lay.sendOff():size])
 	}
 	if err != nil {
 		var lim unix.Rlimit

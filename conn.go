@@ -141,7 +141,11 @@ func (c *Conn) initDataPath(qp queuePair, mem []byte, lay layout, sendBase uint6
 	c.w = waiter{mode: opts.Poll, spinTime: opts.SpinTime, sp: sp}
 	c.cr = newLedger(opts.RecvDepth)
 	c.rx = newRecvRing(lay.recvSlots, lay.recvOff())
-	c.tx = newSendRing(lay.sendSlots, lay.ctrlSlots, lay.sendOff(), sendBase, sendLKey, maxInline)
+	if lay.headers() {
+		// The header slots follow the send ring, under its key.
+		c.rx.useHeaders(lay.hdrs, lay.hdrOff(), sendBase+uint64(lay.hdrOff()-lay.sendOff()), sendLKey)
+	}
+	c.tx = newSendRing(lay.sendSlots, lay.ctrlSlots, lay.sendOff(), sendBase, sendLKey, maxInline, lay.headers())
 	c.early = make([]ibv.WC, 0, lay.recvSlots)
 	c.rx.reposts = lay.recvSlots
 	c.postReposts()
@@ -164,7 +168,7 @@ func (c *Conn) open(peer hello, lay layout) {
 	c.msgWrite = peer.flags&helloMessages != 0
 	c.cr.open(int(peer.recvDepth), int(peer.ctrlDepth))
 	c.cr.noMerge = c.msgWrite
-	c.tx.open(peer.ringAddr, peer.rkey, span, maxMsg, int(peer.recvDepth))
+	c.tx.open(peer.ringAddr, peer.rkey, span, maxMsg, int(peer.recvDepth), peer.flags&helloHeaders != 0)
 	c.rx.open(span, maxMsg)
 	for _, wc := range c.early {
 		c.recvMsg(wc)

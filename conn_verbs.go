@@ -86,6 +86,10 @@ func (c *Conn) setup(opts Options) error {
 		return &deviceError{syscall.ENODEV}
 	}
 	c.lay = newLayout(opts)
+	if ibv.ContextFrom(verbs).IWARP() {
+		// No immediate data: headers travel as SEND payloads.
+		c.lay = c.lay.withHeaders()
+	}
 	c.cqe = c.lay.cqEntries()
 	dev, cqs, err := acquireDevice(verbs, c.cqe)
 	if err != nil {
@@ -122,6 +126,9 @@ func (c *Conn) hello() hello {
 	var flags uint8
 	if c.msgRead {
 		flags = helloMessages
+	}
+	if c.lay.headers() {
+		flags |= helloHeaders
 	}
 	return hello{flags: flags, recvDepth: uint16(c.lay.recvSlots - ctrlDepth - finSlots), ctrlDepth: ctrlDepth, bufSize: uint32(c.lay.bufSize),
 		ringSize: uint32(c.lay.ring), ringAddr: c.ar.base + uint64(c.lay.recvOff()), rkey: c.ar.recvMR.RKey}
@@ -221,6 +228,9 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 		return os.NewSyscallError("rdma_connect", eventErrno(ev, syscall.ECONNABORTED))
 	}
 	peer, err := parseHello(ev.PrivateData)
+	if err == nil {
+		err = peer.sendable(c.lay.headers())
+	}
 	if err != nil {
 		return err
 	}

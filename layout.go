@@ -1,5 +1,7 @@
 package rdma
 
+import "github.com/goverbs/rdma/internal/ibv"
+
 // layout places a connection's memory in one arena of two rings:
 //
 //	[ receive ring: ring bytes ]  registered for remote write: the peer's RDMA WRITEs land here
@@ -15,12 +17,19 @@ package rdma
 // recvSlots counts the receives, sendSlots the data messages and
 // ctrlSlots the control messages that may be in flight, for the queues'
 // depths.
+//
+// On a transport without immediate data (iWARP: see withHeaders) every
+// message's header comes as the payload of a SEND instead, and each
+// receive has a slot of its own for it, after the send ring:
+//
+//	[ header slots: recvSlots × ibv.HeaderLen, whole pages ]  local write: receives land here
 type layout struct {
 	bufSize   int
 	ring      int
 	recvSlots int
 	sendSlots int
 	ctrlSlots int
+	hdrs      int // header slots: recvSlots, or 0 where immediate data carries the headers
 }
 
 const page = 4096
@@ -35,11 +44,34 @@ func newLayout(o Options) layout {
 	}
 }
 
+// withHeaders is l for a transport that carries no immediate data: a
+// header slot per receive, and a data message is two work requests (its
+// RDMA WRITE, then the SEND of its header).
+func (l layout) withHeaders() layout {
+	l.hdrs = l.recvSlots
+	return l
+}
+
+// headers reports whether headers travel as SEND payloads (withHeaders).
+func (l layout) headers() bool { return l.hdrs > 0 }
+
 // cqEntries is what a connection reserves on its device's shared CQ: one
 // entry per receive, data message, control message and one-sided
 // operation it may have outstanding, and one for the teardown's drain
 // marker.
-func (l layout) cqEntries() int { return l.recvSlots + l.sendSlots + l.ctrlSlots + oneSidedDepth + 1 }
+// With headers as SENDs a data message's RDMA WRITE is a work request of
+// its own, which a flush completes too.
+func (l layout) cqEntries() int {
+	return l.recvSlots + l.dataWRs() + l.ctrlSlots + oneSidedDepth + 1
+}
+
+// dataWRs is how many work requests the data messages in flight take.
+func (l layout) dataWRs() int {
+	if l.headers() {
+		return 2 * l.sendSlots
+	}
+	return l.sendSlots
+}
 
 // cqFixed is what a connection's CQ entries add to RecvDepth + SendDepth
 // (cqEntries): the control receives and sends on both sides, the
@@ -49,14 +81,19 @@ const cqFixed = 2*(ctrlDepth+finSlots) + oneSidedDepth + 1
 // sendQueue is the depth of a connection's send queue: the data and
 // control messages, the one-sided operations, the keepalive probe and the
 // teardown's drain marker.
-func (l layout) sendQueue() int { return l.sendSlots + l.ctrlSlots + oneSidedDepth + 2 }
+func (l layout) sendQueue() int { return l.dataWRs() + l.ctrlSlots + oneSidedDepth + 2 }
 
-// recvOff and sendOff are the arena offsets of the two rings.
+// recvOff and sendOff are the arena offsets of the two rings, hdrOff that
+// of the header slots.
 func (l layout) recvOff() int { return 0 }
 func (l layout) sendOff() int { return l.ring }
+func (l layout) hdrOff() int  { return 2 * l.ring }
 
-// size is the arena size: two rings of whole pages.
-func (l layout) size() int { return 2 * l.ring }
+// hdrSize is the bytes of the header slots, in whole pages.
+func (l layout) hdrSize() int { return (l.hdrs*ibv.HeaderLen + page - 1) &^ (page - 1) }
+
+// size is the arena size: two rings and the header slots, of whole pages.
+func (l layout) size() int { return 2*l.ring + l.hdrSize() }
 
 // oneSidedDepth is the most one-sided operations a connection has in
 // flight; more wait for a slot.

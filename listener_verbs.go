@@ -194,6 +194,11 @@ func (l *Listener) accept(c *Conn, peer hello, remote *Addr) {
 	}
 	err := c.setup(l.opts)
 	if err == nil {
+		// A peer of another transport (it wants immediate data, which
+		// this device cannot send) is refused as one of another protocol.
+		err = peer.sendable(c.lay.headers())
+	}
+	if err == nil {
 		c.start(peer)
 	}
 	l.mu.Lock()

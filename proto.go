@@ -20,7 +20,8 @@ import (
 // Each side speaks one version: a listener refuses a request of another
 // version (the dialer sees the connection refused), and a dialer fails on a
 // reply of another version with ErrProtocol. Version 3 added the flags and
-// the fragment type; version 4 the receive ring.
+// the fragment type; version 4 the receive ring; version 5 headers as SEND
+// payloads (below).
 //
 // Memory: each side has a receive ring, the only memory the peer may
 // touch (registered for remote write, never read), and a send ring of the
@@ -45,6 +46,17 @@ import (
 // Every header piggybacks the credits the sender has freed since its last
 // message, so request/response traffic needs no extra messages.
 //
+// Transports without immediate data (iWARP) carry each header as the
+// payload of a SEND instead: its HeaderLen bytes are the 32-bit header
+// and the data message's length (0 for a control message), big-endian.
+// A data message is then its RDMA WRITE into the ring followed by that
+// SEND; RC delivers a SEND's completion only after the WRITEs posted
+// before it have landed, so the receiver finds the payload in place as
+// with the immediate. Such a side posts each receive with a slot for the
+// header and says so in its hello (helloHeaders); the other side sends
+// to it that way. A side that cannot send immediate data refuses a peer
+// that wants them.
+//
 // Credits come in two classes so that returning credits can never wait on
 // credits. Data messages spend data credits (the peer's RecvDepth). Credit
 // messages spend control credits (ctrlDepth, returned by the ctrlAck field
@@ -59,10 +71,11 @@ import (
 
 const (
 	helloMagic   = 0x47565244 // "GVRD"
-	helloVersion = 4          // 1 carried the header in an 8-byte prefix; 2 had no flags; 3 used SEND and receive buffers
+	helloVersion = 5          // 1 carried the header in an 8-byte prefix; 2 had no flags; 3 used SEND and receive buffers; 4 had no helloHeaders
 	helloLen     = 30
 
 	helloMessages = 1 << 0 // flags: the sender's Reads are message-oriented
+	helloHeaders  = 1 << 1 // flags: the sender takes headers as SEND payloads, not immediate data (iWARP)
 
 	ctrlDepth = 4 // control credits; small because credit messages are rare
 	finSlots  = 1 // receives reserved for the fin
@@ -84,7 +97,7 @@ const (
 
 // hello is the handshake each side sends in the CM private data.
 type hello struct {
-	flags     uint8  // helloMessages
+	flags     uint8  // helloMessages, helloHeaders
 	recvDepth uint16 // data credits granted to the peer
 	ctrlDepth uint8  // control credits granted to the peer
 	bufSize   uint32 // the largest message the sender takes
@@ -138,10 +151,20 @@ func parseHello(b []byte) (hello, error) {
 	if h.ringAddr > ^uint64(0)-uint64(h.ringSize) {
 		return hello{}, &protocolError{fmt.Sprintf("ring at %#x of %d bytes wraps the address space", h.ringAddr, h.ringSize)}
 	}
-	if h.flags&^helloMessages != 0 {
+	if h.flags&^(helloMessages|helloHeaders) != 0 {
 		return hello{}, &protocolError{fmt.Sprintf("unknown flags %#x", h.flags)}
 	}
 	return h, nil
+}
+
+// sendable reports whether a side whose transport carries immediate data
+// (or not: headers) can send the way peer takes its headers: every
+// transport sends SENDs, not every one immediate data.
+func (h hello) sendable(headers bool) error {
+	if headers && h.flags&helloHeaders == 0 {
+		return &protocolError{"the peer takes headers as immediate data, which this device's transport (iWARP) cannot send"}
+	}
+	return nil
 }
 
 // ringGeometry is what both sides of a connection agree on without

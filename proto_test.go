@@ -27,6 +27,7 @@ func TestHelloRoundTrip(t *testing.T) {
 			ringAddr: ^uint64(0) - maxRing, rkey: 0xffffffff}},
 		{"mixed", hello{recvDepth: 0x1234, ctrlDepth: 0x56, bufSize: 0x789abcde, ringSize: 0x12340, ringAddr: 0x0102030405060708, rkey: 0x9abcdef0}},
 		{"messages", hello{flags: helloMessages, recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096, ringSize: 8192, ringAddr: 4096, rkey: 1}},
+		{"headers as SENDs", hello{flags: helloMessages | helloHeaders, recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096, ringSize: 8192, ringAddr: 4096, rkey: 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := tc.h.marshal()
@@ -65,9 +66,10 @@ func TestHelloRejected(t *testing.T) {
 		{"bad magic", mutate(func(b []byte) { b[0] ^= 0xff }), "bad magic"},
 		{"version 0", mutate(func(b []byte) { b[4] = 0 }), "protocol version 0"},
 		{"version 1 (header in the payload)", mutate(func(b []byte) { b[4] = 1 }), "protocol version 1"},
-		{"version 2 (no flags)", mutate(func(b []byte) { b[4] = 2 }), "protocol version 2, want 4"},
-		{"version 3 (receive buffers)", mutate(func(b []byte) { b[4] = 3 }), "protocol version 3, want 4"},
-		{"version 5", mutate(func(b []byte) { b[4] = helloVersion + 1 }), "protocol version 5"},
+		{"version 2 (no flags)", mutate(func(b []byte) { b[4] = 2 }), "protocol version 2, want 5"},
+		{"version 3 (receive buffers)", mutate(func(b []byte) { b[4] = 3 }), "protocol version 3, want 5"},
+		{"version 4 (immediate data only)", mutate(func(b []byte) { b[4] = 4 }), "protocol version 4, want 5"},
+		{"version 6", mutate(func(b []byte) { b[4] = helloVersion + 1 }), "protocol version 6"},
 		{"unknown flag", mutate(func(b []byte) { b[5] = 0x80 }), "unknown flags 0x80"},
 		{"zero recvDepth", with(hello{recvDepth: 0, ctrlDepth: ctrlDepth, bufSize: 4096}), "bad geometry"},
 		{"zero ctrlDepth", with(hello{recvDepth: 16, ctrlDepth: 0, bufSize: 4096}), "bad geometry"},

@@ -200,11 +200,11 @@ func (c *Conn) recvDone(wc ibv.WC) {
 
 // recvMsg handles a message that consumed one of our receives.
 func (c *Conn) recvMsg(wc ibv.WC) {
-	if wc.WRID != recvWRID || wc.Flags&ibv.WCWithImm == 0 {
-		c.fail(&protocolError{"message without immediate data (its header)"})
+	h, n, err := c.rx.message(wc, c.mem)
+	if err != nil {
+		c.fail(err)
 		return
 	}
-	h := headerOf(wc.Imm)
 	more, err := c.cr.received(h)
 	if err != nil {
 		c.fail(err)
@@ -227,13 +227,7 @@ func (c *Conn) recvMsg(wc ibv.WC) {
 	}
 	switch h.typ {
 	case msgData, msgDataMore:
-		if wc.Opcode != ibv.WCOpRecvWriteImm {
-			// Data comes as RDMA WRITE with immediate into the ring,
-			// where the placement rule says; a SEND has no place there.
-			c.fail(&protocolError{"data message that is not an RDMA WRITE with immediate data"})
-			return
-		}
-		m, err := c.rx.arrived(wc.ByteLen, h.typ == msgDataMore)
+		m, err := c.rx.arrived(n, h.typ == msgDataMore)
 		if err != nil {
 			c.fail(err)
 			return
@@ -255,10 +249,6 @@ func (c *Conn) recvMsg(wc ibv.WC) {
 			c.st.MessagesReceived++
 		}
 	case msgCredit, msgFin:
-		if wc.Opcode != ibv.WCOpRecv || wc.ByteLen != 0 {
-			c.fail(&protocolError{"control message with payload or not a SEND"})
-			return
-		}
 		if h.typ == msgFin {
 			if c.push(rxMsg{n: -1}) {
 				c.life.set(shutFinRcvd)

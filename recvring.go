@@ -1,6 +1,10 @@
 package rdma
 
-import "github.com/goverbs/rdma/internal/ibv"
+import (
+	"encoding/binary"
+
+	"github.com/goverbs/rdma/internal/ibv"
+)
 
 // recvPoster posts a chain of receives: the QP, or a fake in tests.
 type recvPoster interface {
@@ -43,6 +47,17 @@ type recvRing struct {
 	reposts int // consumed receives not yet posted again
 	wrs     [ibv.MaxRecvBatch]ibv.RecvWR
 	posted  int // receives on the QP
+	// Header slots, on a transport without immediate data (hdrs > 0):
+	// each receive takes its message's header into a slot of its own,
+	// the next one round the slots (hdrNext), and its id names the slot.
+	// Receives complete in the order they were posted, and never more are
+	// posted than there are slots, so a slot is posted again only once its
+	// header was read.
+	hdrs    int
+	hdrOff  int    // arena offset of slot 0
+	hdrBase uint64 // its NIC address
+	hdrLKey uint32
+	hdrNext int
 	// discarding is set once CloseRead has dropped the queue while
 	// holding the read side: from then on arrivals are dropped at once.
 	discarding bool
@@ -54,6 +69,70 @@ func newRecvRing(slots, memOff int) recvRing {
 		r.wrs[i] = ibv.RecvWR{ID: recvWRID}
 	}
 	return r
+}
+
+// useHeaders gives every receive a header slot: n slots at arena offset
+// off, NIC address base under lkey.
+func (r *recvRing) useHeaders(n, off int, base uint64, lkey uint32) {
+	r.hdrs, r.hdrOff, r.hdrBase, r.hdrLKey = n, off, base, lkey
+}
+
+// prepare readies the first k receives of wrs for posting: zero-length
+// receives are all alike, receives with header slots take the next k.
+func (r *recvRing) prepare(k int) []ibv.RecvWR {
+	if r.hdrs > 0 {
+		for i := range k {
+			s := r.hdrNext
+			r.wrs[i] = ibv.RecvWR{ID: uint64(s), Addr: r.hdrBase + uint64(s*ibv.HeaderLen), Len: ibv.HeaderLen, LKey: r.hdrLKey}
+			if r.hdrNext++; r.hdrNext == r.hdrs {
+				r.hdrNext = 0
+			}
+		}
+	}
+	return r.wrs[:k]
+}
+
+// message decodes what a successful receive completion brings: the
+// message's header and the length of its payload (in the ring), checking
+// that it came the way its type must. With immediate data, a data message
+// is an RDMA WRITE with immediate (the completion's length is the
+// payload's) and a control message a SEND with immediate and no payload.
+// Without (header slots), every message is a SEND of the header alone,
+// which gives the payload's length; a data message's payload went ahead by
+// RDMA WRITE, which the SEND's completion implies has landed (RC places a
+// WRITE before a later SEND completes).
+func (r *recvRing) message(wc ibv.WC, mem []byte) (header, uint32, error) {
+	var h header
+	var n uint32
+	if r.hdrs == 0 {
+		if wc.WRID != recvWRID || wc.Flags&ibv.WCWithImm == 0 {
+			return h, 0, &protocolError{"message without immediate data (its header)"}
+		}
+		h, n = headerOf(wc.Imm), wc.ByteLen
+		if h.typ == msgData || h.typ == msgDataMore {
+			if wc.Opcode != ibv.WCOpRecvWriteImm {
+				// Data comes as RDMA WRITE with immediate into the
+				// ring, where the placement rule says; a SEND has no
+				// place there.
+				return h, 0, &protocolError{"data message that is not an RDMA WRITE with immediate data"}
+			}
+		} else if (h.typ == msgCredit || h.typ == msgFin) && (wc.Opcode != ibv.WCOpRecv || n != 0) {
+			return h, 0, &protocolError{"control message with payload or not a SEND"}
+		}
+		return h, n, nil
+	}
+	if wc.WRID >= uint64(r.hdrs) {
+		return h, 0, &protocolError{"receive completion of no header slot"}
+	}
+	if wc.Opcode != ibv.WCOpRecv || wc.Flags&ibv.WCWithImm != 0 || wc.ByteLen != ibv.HeaderLen {
+		return h, 0, &protocolError{"message that is not a SEND of a header alone"}
+	}
+	b := mem[r.hdrOff+int(wc.WRID)*ibv.HeaderLen:]
+	h, n = headerOf(binary.BigEndian.Uint32(b)), binary.BigEndian.Uint32(b[4:])
+	if (h.typ == msgCredit || h.typ == msgFin) && n != 0 {
+		return h, 0, &protocolError{"control message with payload"}
+	}
+	return h, n, nil
 }
 
 // open sets the geometry agreed with the peer.
@@ -116,7 +195,7 @@ func (r *recvRing) postReposts(p recvPoster) (int, error) {
 	var err error
 	for left := r.reposts; left > 0 && err == nil; {
 		k := min(left, ibv.MaxRecvBatch)
-		if err = p.PostRecvs(r.wrs[:k]); err == nil {
+		if err = p.PostRecvs(r.prepare(k)); err == nil {
 			posted += k
 		}
 		left -= k
@@ -131,7 +210,7 @@ func (r *recvRing) dropReposts() { r.reposts = 0 }
 
 // postOne posts one receive again at once, on its own.
 func (r *recvRing) postOne(p recvPoster) error {
-	if err := p.PostRecvs(r.wrs[:1]); err != nil {
+	if err := p.PostRecvs(r.prepare(1)); err != nil {
 		return err
 	}
 	r.posted++

@@ -115,9 +115,12 @@ func (e *RefusedError) Unwrap() []error {
 // refuseReasonOf classifies why setting up an accepted connection failed.
 func refuseReasonOf(err error) RefuseReason {
 	var me *memlockError
+	var pe *protocolError
 	switch {
 	case errors.As(err, &me):
 		return RefusedLockedMemory
+	case errors.As(err, &pe):
+		return RefusedProtocol
 	case errors.Is(err, net.ErrClosed):
 		return RefusedShutdown
 	}

@@ -99,7 +99,8 @@ type sendRing struct {
 	lkey      uint32
 	raddr     uint64 // the peer's receive ring, for RDMA WRITE
 	rkey      uint32
-	maxInline int // bytes the QP sends inline
+	maxInline int  // bytes the QP sends inline
+	headers   bool // the peer takes headers as SEND payloads (helloHeaders)
 
 	dataSeq, dataDone uint32
 	ctrlSeq, ctrlDone uint32
@@ -122,10 +123,14 @@ type sendRing struct {
 // the send ring at arena offset memOff and NIC address base; ctrl is how
 // many control messages may be in flight besides (and a keepalive probe:
 // see QPSendDepth).
-func newSendRing(depth, ctrl, memOff int, base uint64, lkey uint32, maxInline int) sendRing {
+func newSendRing(depth, ctrl, memOff int, base uint64, lkey uint32, maxInline int, headers bool) sendRing {
 	// Room for everything that can be queued at once, so appending never
-	// allocates.
+	// allocates: with headers as SENDs a data message is two work
+	// requests.
 	n := depth + ctrl + 1
+	if headers {
+		n += depth
+	}
 	return sendRing{
 		depth: depth, memOff: memOff, base: base, lkey: lkey, maxInline: maxInline,
 		sends: make([]ibv.SendWR, 0, n),
@@ -133,9 +138,10 @@ func newSendRing(depth, ctrl, memOff int, base uint64, lkey uint32, maxInline in
 	}
 }
 
-// open connects the send side to the peer's receive ring.
-func (r *sendRing) open(raddr uint64, rkey uint32, span, maxMsg, window int) {
-	r.raddr, r.rkey = raddr, rkey
+// open connects the send side to the peer's receive ring; headers says
+// the peer takes headers as SEND payloads.
+func (r *sendRing) open(raddr uint64, rkey uint32, span, maxMsg, window int, headers bool) {
+	r.raddr, r.rkey, r.headers = raddr, rkey, headers
 	r.ring.open(span, maxMsg, window)
 }
 
@@ -189,6 +195,17 @@ func (r *sendRing) queue(h header, n int, finSent bool) {
 	if h.credits > 0 || h.ctrlAck > 0 {
 		r.carries = true
 	}
+	if r.headers {
+		// The payload by plain RDMA WRITE, unsignaled (the header's
+		// completion retires it), then the header by SEND.
+		id := sendWRID(r.dataSeq, r.ctrlSeq)
+		if n > 0 {
+			r.sends = append(r.sends, ibv.SendWR{ID: id, Addr: addr, Len: uint32(n), LKey: r.lkey,
+				Flags: int32(flags&ibv.SendInline | ibv.SendWrite), RemoteAddr: raddr, RKey: rkey})
+		}
+		r.sends = append(r.sends, ibv.SendWR{ID: id, Len: uint32(n), Flags: int32(flags&ibv.SendSignaled | ibv.SendHeader), Imm: h.imm()})
+		return
+	}
 	r.sends = append(r.sends, ibv.SendWR{
 		ID:         sendWRID(r.dataSeq, r.ctrlSeq),
 		Addr:       addr,
@@ -234,11 +251,12 @@ func (r *sendRing) completed(wrid uint64) {
 // idle reports whether everything posted has completed.
 func (r *sendRing) idle() bool { return r.dataDone == r.dataSeq && r.ctrlDone == r.ctrlSeq }
 
-// marker is the teardown's drain marker: a signaled, empty send behind
-// everything posted, whose (flushed) completion retires all earlier sends,
-// signaled or not.
+// marker is the teardown's drain marker: a signaled, empty work request
+// behind everything posted, whose (flushed) completion retires all
+// earlier sends, signaled or not. It is a zero-length RDMA WRITE, which
+// every transport has (iWARP has no SEND with immediate data).
 func (r *sendRing) marker() ibv.SendWR {
-	return ibv.SendWR{ID: sendWRID(r.dataSeq, r.ctrlSeq), Addr: r.base, LKey: r.lkey, Flags: ibv.SendSignaled}
+	return ibv.SendWR{ID: sendWRID(r.dataSeq, r.ctrlSeq), LKey: r.lkey, Flags: ibv.SendSignaled | ibv.SendEmptyWrite}
 }
 
 // take hands the queued work requests to the poster and starts an empty

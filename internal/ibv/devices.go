@@ -37,6 +37,7 @@ static uint64_t gv_dev_be64(uint64_t v) { return be64toh(v); }
 import "C"
 
 import (
+	"fmt"
 	"os"
 	"syscall"
 	"unsafe"
@@ -118,6 +119,9 @@ var (
 type DeviceInfo struct {
 	Name     string // e.g. "rxe0", "mlx5_0"
 	NodeType string // ibv_node_type_str: "InfiniBand channel adapter", "iWARP", ...
+	// Transport is "InfiniBand" (also RoCE: the link layer tells them
+	// apart), "iWARP", or another ibv_transport_type's name.
+	Transport string
 	// Err is why the device could not be opened or queried (the fields
 	// below are then zero), e.g. a /dev/infiniband file the user may not
 	// open.
@@ -188,6 +192,16 @@ func queryDevice(d *C.struct_ibv_device) DeviceInfo {
 	info := DeviceInfo{
 		Name:     C.GoString(C.ibv_get_device_name(d)),
 		NodeType: C.GoString(C.ibv_node_type_str(d.node_type)),
+	}
+	switch d.transport_type {
+	case C.IBV_TRANSPORT_IB:
+		info.Transport = "InfiniBand"
+	case C.IBV_TRANSPORT_IWARP:
+		info.Transport = "iWARP"
+	case C.IBV_TRANSPORT_USNIC, C.IBV_TRANSPORT_USNIC_UDP:
+		info.Transport = "usNIC"
+	default:
+		info.Transport = fmt.Sprintf("transport %d", int(d.transport_type))
 	}
 	ctx, err := C.ibv_open_device(d)
 	if ctx == nil {

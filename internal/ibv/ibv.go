@@ -37,6 +37,10 @@ package ibv
 // of remote_addr into addr, an RDMA WRITE of addr to remote_addr.
 #define GV_RDMA_READ (1 << 28)
 #define GV_RDMA_WRITE (1 << 27)
+// And a SEND whose payload is the header itself (for transports that carry
+// no immediate data): 8 bytes, the immediate and the length, both in
+// network order, sent inline.
+#define GV_SEND_HEADER (1 << 26)
 
 // gv_wc is the part of ibv_wc the Go side reads; its layout is mirrored by
 // the Go type WC.
@@ -124,6 +128,7 @@ static int gv_post_sends(uintptr_t qpp, int n, const struct gv_send *in) {
 	struct ibv_qp *qp = (struct ibv_qp *)qpp;
 	struct ibv_send_wr wr[GV_MAX_SEND], *bad;
 	struct ibv_sge sge[GV_MAX_SEND];
+	uint32_t hdr[GV_MAX_SEND][2];
 	if (n > GV_MAX_SEND)
 		return EINVAL;
 	memset(wr, 0, n * sizeof(wr[0]));
@@ -134,7 +139,18 @@ static int gv_post_sends(uintptr_t qpp, int n, const struct gv_send *in) {
 		wr[i].wr_id = in[i].wr_id;
 		wr[i].sg_list = &sge[i];
 		wr[i].num_sge = in[i].length ? 1 : 0;
-		if (in[i].flags & GV_EMPTY_WRITE) {
+		if (in[i].flags & GV_SEND_HEADER) {
+			// Inline: the provider copies the bytes at post time, so
+			// they may live on this stack and need no key.
+			hdr[i][0] = htonl(in[i].imm);
+			hdr[i][1] = htonl(in[i].length);
+			sge[i].addr = (uintptr_t)hdr[i];
+			sge[i].length = sizeof(hdr[i]);
+			sge[i].lkey = 0;
+			wr[i].num_sge = 1;
+			wr[i].opcode = IBV_WR_SEND;
+			wr[i].send_flags = (in[i].flags & ~GV_SEND_HEADER) | IBV_SEND_INLINE;
+		} else if (in[i].flags & GV_EMPTY_WRITE) {
 			wr[i].opcode = IBV_WR_RDMA_WRITE;
 			wr[i].num_sge = 0;
 			wr[i].send_flags = in[i].flags & ~GV_EMPTY_WRITE;
@@ -294,6 +310,10 @@ var (
 	_ [C.GV_RDMA_READ - SendRead]struct{}
 	_ [SendWrite - C.GV_RDMA_WRITE]struct{}
 	_ [C.GV_RDMA_WRITE - SendWrite]struct{}
+	_ [SendHeader - C.GV_SEND_HEADER]struct{}
+	_ [C.GV_SEND_HEADER - SendHeader]struct{}
+	_ [HeaderLen - 8]struct{}
+	_ [8 - HeaderLen]struct{}
 	_ [WCRemAccessErr - C.IBV_WC_REM_ACCESS_ERR]struct{}
 	_ [C.IBV_WC_REM_ACCESS_ERR - WCRemAccessErr]struct{}
 	_ [WCRemInvReqErr - C.IBV_WC_REM_INV_REQ_ERR]struct{}
@@ -359,6 +379,11 @@ func (c *Context) Ptr() unsafe.Pointer { return unsafe.Pointer(c.c) }
 
 // Name is the device name (e.g. "rxe0").
 func (c *Context) Name() string { return C.GoString(C.ibv_get_device_name(c.c.device)) }
+
+// IWARP reports whether the device speaks iWARP (siw, Chelsio T6, Intel
+// E810 in iWARP mode): no immediate data on any work request, and an RDMA
+// READ's sink must allow remote writes (its response is a tagged write).
+func (c *Context) IWARP() bool { return c.c.device.transport_type == C.IBV_TRANSPORT_IWARP }
 
 // DeviceAttr is what the library needs of a device's attributes.
 type DeviceAttr struct {
@@ -645,7 +670,7 @@ func (qp *QP) PostSends(wrs []SendWR) error {
 	}
 	r := C.gv_post_sends(C.uintptr_t(uintptr(unsafe.Pointer(qp.qp))), C.int(len(wrs)), (*C.struct_gv_send)(unsafe.Pointer(unsafe.SliceData(wrs))))
 	if r != 0 {
-		return os.NewSyscallError("ibv_post_send", syscall.Errno(r))
+		return os.NewSyscallError("ibv_post_send", errno(r))
 	}
 	return nil
 }
@@ -672,7 +697,7 @@ func (qp *QP) postRDMA(op C.int, wr WriteWR, add uint64) error {
 	r := C.gv_post_rdma(C.uintptr_t(uintptr(unsafe.Pointer(qp.qp))), op, C.uint64_t(wr.ID), C.uint64_t(wr.Addr),
 		C.uint32_t(wr.Len), C.uint32_t(wr.LKey), C.uint64_t(wr.RemoteAddr), C.uint32_t(wr.RKey), C.int(wr.Flags), C.uint64_t(add))
 	if r != 0 {
-		return os.NewSyscallError("ibv_post_send", syscall.Errno(r))
+		return os.NewSyscallError("ibv_post_send", errno(r))
 	}
 	return nil
 }
@@ -684,9 +709,18 @@ func (qp *QP) PostRecvs(wrs []RecvWR) error {
 	}
 	r := C.gv_post_recvs(C.uintptr_t(uintptr(unsafe.Pointer(qp.qp))), C.int(len(wrs)), (*C.struct_gv_recv)(unsafe.Pointer(unsafe.SliceData(wrs))))
 	if r != 0 {
-		return os.NewSyscallError("ibv_post_recv", syscall.Errno(r))
+		return os.NewSyscallError("ibv_post_recv", errno(r))
 	}
 	return nil
+}
+
+// errno is the errno value a post verb returned. The verbs return a
+// positive errno, but some providers (siw) return it negated.
+func errno(r C.int) syscall.Errno {
+	if r < 0 {
+		r = -r
+	}
+	return syscall.Errno(r)
 }
 
 func errnoOr(err error) error {

@@ -26,7 +26,16 @@ const (
 	// operations on regions an application registered.
 	SendRead  = 1 << 28
 	SendWrite = 1 << 27
+	// SendHeader is this package's own flag too, for transports without
+	// immediate data (iWARP): post a SEND whose payload is the message's
+	// header, HeaderLen bytes inline: Imm, then Len (the length of the
+	// data message it announces), both big-endian. Addr and LKey are
+	// not used.
+	SendHeader = 1 << 26
 )
+
+// HeaderLen is the payload of a SendHeader SEND.
+const HeaderLen = 8
 
 // Completion statuses and flags the library distinguishes.
 const (
