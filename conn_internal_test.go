@@ -2,6 +2,7 @@ package rdma
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"io"
 	"net"
@@ -33,6 +34,9 @@ type fakePeer struct {
 	nextRx int    // index into q.recvs of the receive the next message lands in
 	seenTx int    // sends already examined
 	tail   uint64 // where the peer's messages end in our receive ring
+	// headers: the transport has no immediate data (iWARP): both sides
+	// send headers as SEND payloads into the receives' header slots.
+	headers bool
 }
 
 // newFakeConn returns an established Conn with depth receives and data
@@ -45,8 +49,17 @@ func newFakeConn(t testing.TB, depth, bufSize int) *fakePeer {
 // newFakeConnOpts is newFakeConn with options; peerMessages says the peer's
 // Reads are message-oriented.
 func newFakeConnOpts(t testing.TB, opts Options, peerMessages bool) *fakePeer {
+	return newFakeConnMode(t, opts, peerMessages, false)
+}
+
+// newFakeConnMode is newFakeConnOpts on a transport without immediate data
+// when headers is set.
+func newFakeConnMode(t testing.TB, opts Options, peerMessages, headers bool) *fakePeer {
 	depth, bufSize := opts.RecvDepth, opts.BufferSize
 	lay := newLayout(opts)
+	if headers {
+		lay = lay.withHeaders()
+	}
 	c := newConn(phaseEstablished)
 	q := &fakeQP{}
 	c.mu.Lock()
@@ -56,11 +69,14 @@ func newFakeConnOpts(t testing.TB, opts Options, peerMessages bool) *fakePeer {
 	if peerMessages {
 		flags = helloMessages
 	}
+	if headers {
+		flags |= helloHeaders
+	}
 	c.open(hello{flags: flags, recvDepth: uint16(depth), ctrlDepth: ctrlDepth, bufSize: uint32(bufSize),
 		ringSize: uint32(lay.ring), ringAddr: testRAddr, rkey: testRKey}, lay)
 	c.mu.Unlock()
 	require.Equal(t, bufSize, c.maxMsg)
-	return &fakePeer{t: t, c: c, q: q, lay: lay}
+	return &fakePeer{t: t, c: c, q: q, lay: lay, headers: headers}
 }
 
 // deliver completes the next posted receive with a message from the peer,
@@ -71,7 +87,9 @@ func (p *fakePeer) deliver(h header, payload []byte) {
 	p.t.Helper()
 	wr, ok := p.q.recvAt(p.nextRx)
 	require.True(p.t, ok, "the peer sent with no receive posted")
-	require.Equal(p.t, ibv.RecvWR{ID: recvWRID}, wr, "receives are zero-length")
+	if !p.headers {
+		require.Equal(p.t, ibv.RecvWR{ID: recvWRID}, wr, "receives are zero-length")
+	}
 	p.nextRx++
 	op := uint32(ibv.WCOpRecv)
 	if h.typ == msgData || h.typ == msgDataMore {
@@ -80,7 +98,24 @@ func (p *fakePeer) deliver(h header, payload []byte) {
 		copy(p.c.mem[p.lay.recvOff()+int(start%uint64(p.c.rx.span)):], payload)
 		p.tail = ringEnd(start, len(payload))
 	}
+	if p.headers {
+		// The RDMA WRITE placed the payload; the SEND brings the header
+		// and length into the receive's slot.
+		p.sendHeader(wr, h.imm(), uint32(len(payload)))
+		return
+	}
 	p.complete(ibv.WC{WRID: wr.ID, Opcode: op, ByteLen: uint32(len(payload)), Imm: h.imm(), Flags: ibv.WCWithImm})
+}
+
+// sendHeader completes receive wr with a SEND of a header (imm, n) into
+// its slot, as an iWARP peer's NIC would.
+func (p *fakePeer) sendHeader(wr ibv.RecvWR, imm, n uint32) {
+	p.t.Helper()
+	require.Equal(p.t, uint32(ibv.HeaderLen), wr.Len, "every receive has a header slot")
+	slot := p.c.mem[wr.Addr-testBase:]
+	binary.BigEndian.PutUint32(slot, imm)
+	binary.BigEndian.PutUint32(slot[4:], n)
+	p.complete(ibv.WC{WRID: wr.ID, Opcode: ibv.WCOpRecv, ByteLen: ibv.HeaderLen})
 }
 
 // complete hands one completion to the Conn as the poller does.

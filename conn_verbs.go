@@ -172,14 +172,14 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 		ms = max(1, min(ms, int(time.Until(dl)/time.Millisecond)))
 	}
 	if err := c.id.ResolveAddr(src, dst, ms); err != nil {
-		return noDevice(err)
+		return noDeviceAddr(err)
 	}
 	ev, err := c.waitCM(ctx)
 	if err != nil {
 		return err
 	}
 	if ev.Type != rdmacm.EventAddrResolved {
-		return noDevice(os.NewSyscallError("rdma_resolve_addr", eventErrno(ev, syscall.EHOSTUNREACH)))
+		return noDeviceAddr(os.NewSyscallError("rdma_resolve_addr", eventErrno(ev, syscall.EHOSTUNREACH)))
 	}
 	if err := c.id.ResolveRoute(ms); err != nil {
 		return noDevice(err)
@@ -203,6 +203,11 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 		return err
 	}
 	if err := c.id.ConnectRead(c.hello().marshal(), c.dev.initDepth, c.dev.respDepth); err != nil {
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			// siw connects its TCP stream within rdma_connect: a reset
+			// of its SYN comes back from the call itself.
+			return os.NewSyscallError("rdma_connect", &RefusedError{RefusedNoListener})
+		}
 		return err
 	}
 	if ev, err = c.waitCM(ctx); err != nil {
@@ -212,8 +217,17 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 	case rdmacm.EventEstablished:
 	case rdmacm.EventRejected:
 		reason := parseReject(ev.PrivateData)
-		if reason == RefusedUnknown && ev.Status == ibRejInvalidServiceID {
-			reason = RefusedNoListener
+		if reason == RefusedUnknown {
+			switch ev.Status {
+			case ibRejInvalidServiceID, -int(syscall.ECONNREFUSED):
+				// IB's reject of an unknown service; on iWARP, where
+				// the connection is TCP's, a reset of its SYN.
+				reason = RefusedNoListener
+			case -int(syscall.ECONNRESET):
+				// iWARP: the TCP connection was reset during the MPA
+				// exchange, the server's listener closing say.
+				return os.NewSyscallError("rdma_connect", errHandshakeAborted)
+			}
 		}
 		return os.NewSyscallError("rdma_connect", &RefusedError{reason})
 	case rdmacm.EventUnreachable:
@@ -225,7 +239,10 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 		// the errno lost on its way, which would read as EPERM.
 		return os.NewSyscallError("rdma_connect", errHandshakeAborted)
 	default:
-		return os.NewSyscallError("rdma_connect", eventErrno(ev, syscall.ECONNABORTED))
+		if err := eventErrno(ev, syscall.ECONNABORTED); err != syscall.ECONNRESET {
+			return os.NewSyscallError("rdma_connect", err)
+		}
+		return os.NewSyscallError("rdma_connect", errHandshakeAborted)
 	}
 	peer, err := parseHello(ev.PrivateData)
 	if err == nil {
@@ -251,6 +268,16 @@ func noDevice(err error) error {
 		return &deviceError{err}
 	}
 	return err
+}
+
+// noDeviceAddr is noDevice for address resolution, where EINVAL means no
+// device too: iWARP's rdma_cm refuses an address no iWARP device serves
+// (loopback, say) that way, where RoCE's says ENODEV.
+func noDeviceAddr(err error) error {
+	if errors.Is(err, syscall.EINVAL) {
+		return &deviceError{err}
+	}
+	return noDevice(err)
 }
 
 // eventErrno turns an event's status (a negative errno for most events)

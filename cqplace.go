@@ -20,8 +20,11 @@ type cqPlacement struct{ index, size int }
 // none of which may pass maxCQE entries; a new CQ starts at initial
 // entries (or cqe, if more). A CQ with room is preferred to growing one,
 // and growing one (doubling, so that resizes stay rare) to creating one.
-// Only a connection that alone needs more than maxCQE does not fit.
-func placeCQ(loads []cqLoad, cqe, maxCQE, initial int) (cqPlacement, error) {
+// Only a connection that alone needs more than maxCQE does not fit. A
+// device that cannot resize a CQ (siw) gets no growth (grow unset): its
+// CQs are created at the maximum instead, so that each serves as many
+// connections as a grown one would.
+func placeCQ(loads []cqLoad, cqe, maxCQE, initial int, grow bool) (cqPlacement, error) {
 	if cqe > maxCQE {
 		return cqPlacement{}, &cqLimitError{need: cqe, max: maxCQE}
 	}
@@ -29,6 +32,9 @@ func placeCQ(loads []cqLoad, cqe, maxCQE, initial int) (cqPlacement, error) {
 		if l.reserved+cqe <= l.cap {
 			return cqPlacement{i, l.cap}, nil
 		}
+	}
+	if !grow {
+		return cqPlacement{-1, maxCQE}, nil
 	}
 	for i, l := range loads {
 		if need := l.reserved + cqe; need <= maxCQE {

@@ -29,7 +29,7 @@ func TestPlaceCQ(t *testing.T) {
 		{"one connection alone at the maximum", []cqLoad{{max, 1}}, max, cqPlacement{-1, max}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := placeCQ(tc.loads, tc.cqe, max, initial)
+			got, err := placeCQ(tc.loads, tc.cqe, max, initial, true)
 			require.NoError(t, err)
 			require.Equal(t, tc.want, got)
 			if got.index >= 0 {
@@ -38,7 +38,7 @@ func TestPlaceCQ(t *testing.T) {
 			require.LessOrEqual(t, got.size, max)
 		})
 	}
-	_, err := placeCQ(nil, max+1, max, initial)
+	_, err := placeCQ(nil, max+1, max, initial, true)
 	require.ErrorIs(t, err, syscall.ENOSPC)
 	require.ErrorContains(t, err, "takes 1001 completion queue entries")
 }
@@ -50,7 +50,7 @@ func TestPlaceCQFills(t *testing.T) {
 	const max, initial, cqe = 32767, 8192, 43
 	var loads []cqLoad
 	for n := 0; n < 10000; n++ {
-		p, err := placeCQ(loads, cqe, max, initial)
+		p, err := placeCQ(loads, cqe, max, initial, true)
 		require.NoError(t, err)
 		if p.index < 0 {
 			for _, l := range loads {
@@ -64,4 +64,23 @@ func TestPlaceCQFills(t *testing.T) {
 		require.LessOrEqual(t, loads[p.index].reserved, p.size)
 	}
 	require.Len(t, loads, (10000+max/cqe-1)/(max/cqe), "%d connections per CQ", max/cqe)
+}
+
+// TestPlaceCQNoResize: a device that cannot resize CQs gets CQs of the
+// maximum size, filled before another is made, and none is ever grown.
+func TestPlaceCQNoResize(t *testing.T) {
+	const max, initial, cqe = 1000, 100, 40
+	var loads []cqLoad
+	for n := 0; n < 100; n++ {
+		p, err := placeCQ(loads, cqe, max, initial, false)
+		require.NoError(t, err)
+		if p.index < 0 {
+			require.Equal(t, max, p.size)
+			loads = append(loads, cqLoad{cap: p.size})
+			p.index = len(loads) - 1
+		}
+		require.Equal(t, loads[p.index].cap, p.size, "never grown")
+		loads[p.index].reserved += cqe
+	}
+	require.Len(t, loads, 4, "25 connections of 40 entries per CQ of 1,000")
 }

@@ -3,7 +3,9 @@
 package rdma
 
 import (
+	"errors"
 	"sync"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -34,6 +36,14 @@ type device struct {
 	// initDepth and respDepth are the RDMA READs a QP issues and serves
 	// at once (see readDepth).
 	initDepth, respDepth uint8
+	// iwarp: the transport has no immediate data (headers go as SEND
+	// payloads, see layout.withHeaders), and an RDMA READ's response is a
+	// tagged write into the reader's memory, which must allow remote
+	// writes.
+	iwarp bool
+	// noResize: the device cannot resize a CQ (siw), found on the first
+	// try; under devMu.
+	noResize bool
 
 	refs       int         // under devMu
 	registered int         // bytes connections registered, under devMu
@@ -110,7 +120,7 @@ func (d *device) reserve(cqe int) (*cqShard, error) {
 	for i, s := range d.cqs {
 		loads[i] = cqLoad{cap: s.cq.Cap, reserved: s.reserved}
 	}
-	p, err := placeCQ(loads, cqe, d.maxCQE, initialCQE)
+	p, err := placeCQ(loads, cqe, d.maxCQE, initialCQE, !d.noResize)
 	if err != nil {
 		return nil, err
 	}
@@ -123,6 +133,11 @@ func (d *device) reserve(cqe int) (*cqShard, error) {
 		s.cqMu.Lock()
 		err := s.cq.Resize(p.size)
 		s.cqMu.Unlock()
+		if errors.Is(err, syscall.EOPNOTSUPP) {
+			// siw has no ibv_resize_cq: place it again without growth.
+			d.noResize = true
+			return d.reserve(cqe)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -157,7 +172,7 @@ func newDevice(ctx *ibv.Context) (*device, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &device{ctx: ctx, ackTimeout: ackTimeoutHW, maxCQE: initialCQE,
+	d := &device{ctx: ctx, ackTimeout: ackTimeoutHW, maxCQE: initialCQE, iwarp: ctx.IWARP(),
 		async: async, asyncDone: make(chan struct{})}
 	d.events.conns = d
 	go func() {

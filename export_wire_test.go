@@ -58,6 +58,10 @@ func RingPlace(t uint64, span, maxMsg int) uint64 { return ringPlace(t, span, ma
 // RingEnd is the running count after a message of n bytes at start.
 func RingEnd(start uint64, n int) uint64 { return ringEnd(start, n) }
 
+// HelloHeaders is the hello flag of a side that takes headers as SEND
+// payloads (a transport without immediate data).
+const HelloHeaders = helloHeaders
+
 // HeaderImm returns the immediate data of a message: its header.
 func HeaderImm(typ, ctrlAck uint8, credits uint16) uint32 {
 	return header{typ: typ, ctrlAck: ctrlAck, credits: credits}.imm()

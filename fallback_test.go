@@ -82,6 +82,7 @@ func TestFallbackLoopback(t *testing.T) {
 // one on the RDMA address over RDMA.
 func TestFallbackBothTransports(t *testing.T) {
 	needDevice(t)
+	needNotSiw(t, fallbackIWARP)
 	lc := rdma.ListenConfig{FallbackTCP: true}
 	ln, err := lc.Listen(context.Background(), "rdma4", ":0")
 	require.NoError(t, err)
@@ -116,6 +117,7 @@ func TestFallbackBothTransports(t *testing.T) {
 // full) does not, though a TCP service listens on the same number.
 func TestFallbackRules(t *testing.T) {
 	needDevice(t)
+	needNotSiw(t, fallbackIWARP)
 	d := rdma.Dialer{FallbackTCP: true, Timeout: 10 * time.Second}
 
 	tl, err := net.Listen("tcp", net.JoinHostPort(testAddr, "0"))
@@ -164,3 +166,6 @@ func TestFallbackRules(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 }
+
+// fallbackIWARP is why the fallback tests do not run on siw.
+const fallbackIWARP = "iWARP's RDMA port is a TCP port (MPA runs over TCP): a TCP listener cannot share its number, and a TCP-only server accepts the connection and fails the MPA exchange instead of refusing it"

@@ -27,6 +27,33 @@ var testAddr = os.Getenv("RDMA_TEST_ADDR")
 
 var testAddr6 = os.Getenv("RDMA_TEST_ADDR6")
 
+// siw reports whether the device tests run on soft-iWARP (the test bed's
+// --provider siw), for the few checks where it differs by design; see
+// needNotSiw.
+func siw() bool { return os.Getenv("RDMA_TEST_PROVIDER") == "siw" }
+
+// registered is what a connection with options o registers on the test
+// bed's device: Options.RegisteredMemory, and on iWARP the page of header
+// slots.
+func registered(t testing.TB, o rdma.Options) int {
+	t.Helper()
+	n, err := o.RegisteredMemory()
+	require.NoError(t, err)
+	if siw() {
+		n += 4096
+	}
+	return n
+}
+
+// needNotSiw skips a test that cannot run on soft-iWARP, for the reason
+// given.
+func needNotSiw(t testing.TB, why string) {
+	t.Helper()
+	if siw() {
+		t.Skip("not on siw: " + why)
+	}
+}
+
 func needDevice(t testing.TB) {
 	t.Helper()
 	if testAddr == "" {

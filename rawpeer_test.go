@@ -3,6 +3,7 @@
 package rdma_test
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"testing"
@@ -33,6 +34,8 @@ const (
 	rawSendWRID  = 1 << 63 // send work request ids; receives' are 0
 	rawCQE       = 256
 	rawSendWR    = 64
+	rawHdrOff    = rawRing + rawSendArea // header slots, on a transport without immediate data
+	rawMem       = rawHdrOff + 4096
 )
 
 // rawMsg is a message the raw peer received (or a failed receive).
@@ -66,6 +69,10 @@ type rawPeer struct {
 	rxTail  uint64         // where the server's end in ours
 
 	established bool // the id took the QP
+	// headers: the transport has no immediate data (iWARP): headers go
+	// as SEND payloads, into a slot per receive (rxSlot is the next).
+	headers bool
+	rxSlot  int
 
 	seq     uint64             // sends posted
 	sendWCs map[uint64]ibv.WC  // completed sends, by id
@@ -114,13 +121,14 @@ func dialRaw(t testing.TB, addr string) *rawPeer {
 	p.expectEvent(rdmacm.EventRouteResolved, 5*time.Second)
 
 	ctx := ibv.ContextFrom(p.id.Verbs())
+	p.headers = ctx.IWARP()
 	if p.pd, err = ctx.AllocPD(); err != nil {
 		fatal("PD", err)
 	}
 	if p.cq, err = ctx.CreatePolledCQ(rawCQE); err != nil {
 		fatal("CQ", err)
 	}
-	if p.mem, err = unix.Mmap(-1, 0, rawRing+rawSendArea, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS); err != nil {
+	if p.mem, err = unix.Mmap(-1, 0, rawMem, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS); err != nil {
 		fatal("mmap", err)
 	}
 	if p.ringMR, err = p.pd.RegMRRemoteWrite(p.mem[:rawRing]); err != nil {
@@ -141,19 +149,33 @@ func dialRaw(t testing.TB, addr string) *rawPeer {
 			fatal("post receive", err)
 		}
 	}
-	h := rdma.MarshalHello(rdma.WireHello{RecvDepth: rawRecvDepth, CtrlDepth: rdma.CtrlDepth, BufSize: rawBufSize,
+	var flags uint8
+	if p.headers {
+		flags = rdma.HelloHeaders
+	}
+	h := rdma.MarshalHello(rdma.WireHello{Flags: flags, RecvDepth: rawRecvDepth, CtrlDepth: rdma.CtrlDepth, BufSize: rawBufSize,
 		RingSize: rawRing, RingAddr: p.addr(0), RKey: p.ringMR.RKey})
 	if err := p.id.ConnectNoQP(h, p.qp.Num); err != nil {
 		fatal("connect", err)
 	}
-	ev := p.expectEvent(rdmacm.EventConnectResponse, 10*time.Second)
-	if p.server, err = rdma.ParseHello(ev.PrivateData); err != nil {
-		fatal("the listener's hello", err)
+	if p.headers {
+		// iWARP: iw_cm moves the named QP through its states itself and
+		// reports the connection established, with the listener's hello;
+		// the QP stays ours.
+		ev := p.expectEvent(rdmacm.EventEstablished, 10*time.Second)
+		if p.server, err = rdma.ParseHello(ev.PrivateData); err != nil {
+			fatal("the listener's hello", err)
+		}
+	} else {
+		ev := p.expectEvent(rdmacm.EventConnectResponse, 10*time.Second)
+		if p.server, err = rdma.ParseHello(ev.PrivateData); err != nil {
+			fatal("the listener's hello", err)
+		}
+		if err := p.id.EstablishOwnQP(p.ownQP, 1); err != nil {
+			fatal("establish", err)
+		}
+		p.established = true
 	}
-	if err := p.id.EstablishOwnQP(p.ownQP, 1); err != nil {
-		fatal("establish", err)
-	}
-	p.established = true
 	p.span, p.maxMsg = rdma.RingGeometry(rawRing, rawBufSize, int(p.server.RingSize), int(p.server.BufSize))
 	return p
 }
@@ -193,7 +215,12 @@ func (p *rawPeer) waitEvent(want rdmacm.EventType, within time.Duration) bool {
 
 // repost posts a receive again: zero-length, as the protocol's are.
 func (p *rawPeer) repost() error {
-	return p.qp.PostRecvs([]ibv.RecvWR{{}})
+	if !p.headers {
+		return p.qp.PostRecvs([]ibv.RecvWR{{}})
+	}
+	s := p.rxSlot
+	p.rxSlot = (p.rxSlot + 1) % rawRecvSlots
+	return p.qp.PostRecvs([]ibv.RecvWR{{ID: uint64(s), Addr: p.addr(rawHdrOff + s*ibv.HeaderLen), Len: ibv.HeaderLen, LKey: p.mr.LKey}})
 }
 
 // addr is the NIC's address of p.mem[off].
@@ -224,13 +251,24 @@ func (p *rawPeer) stage(data []byte) uint64 {
 	return p.addr(rawRing)
 }
 
-// sendSEND posts a signaled SEND with immediate data and payload data.
+// sendSEND posts a signaled SEND with immediate data and payload data (on
+// a transport without immediate data, a SEND of the header and its length
+// 0, followed by data).
 func (p *rawPeer) sendSEND(typ, ctrlAck uint8, credits uint16, data []byte) uint64 {
 	p.t.Helper()
 	p.seq++
 	id := rawSendWRID | p.seq
 	wr := ibv.SendWR{ID: id, Addr: p.stage(data), Len: uint32(len(data)), LKey: p.mr.LKey, Flags: ibv.SendSignaled,
 		Imm: rdma.HeaderImm(typ, ctrlAck, credits)}
+	if p.headers {
+		wr = ibv.SendWR{ID: id, Flags: ibv.SendSignaled | ibv.SendHeader, Imm: wr.Imm}
+		if len(data) > 0 {
+			b := make([]byte, ibv.HeaderLen, ibv.HeaderLen+len(data))
+			binary.BigEndian.PutUint32(b, rdma.HeaderImm(typ, ctrlAck, credits))
+			b = append(b, data...)
+			wr = ibv.SendWR{ID: id, Addr: p.stage(b), Len: uint32(len(b)), LKey: p.mr.LKey, Flags: ibv.SendSignaled | ibv.SendPlain}
+		}
+	}
 	if err := p.qp.PostSends([]ibv.SendWR{wr}); err != nil {
 		p.t.Fatalf("raw peer: post send: %v", err)
 	}
@@ -245,7 +283,14 @@ func (p *rawPeer) writeImm(raddr uint64, rkey uint32, typ, ctrlAck uint8, credit
 	id := rawSendWRID | p.seq
 	wr := ibv.SendWR{ID: id, Addr: p.stage(data), Len: uint32(len(data)), LKey: p.mr.LKey, Flags: ibv.SendSignaled | ibv.SendWriteImm,
 		Imm: rdma.HeaderImm(typ, ctrlAck, credits), RemoteAddr: raddr, RKey: rkey}
-	if err := p.qp.PostSends([]ibv.SendWR{wr}); err != nil {
+	wrs := []ibv.SendWR{wr}
+	if p.headers {
+		// The payload by RDMA WRITE, then the header (and length) by SEND.
+		write := wr
+		write.Flags, write.Imm = ibv.SendWrite, 0
+		wrs = []ibv.SendWR{write, {ID: id, Len: uint32(len(data)), Flags: ibv.SendSignaled | ibv.SendHeader, Imm: wr.Imm}}
+	}
+	if err := p.qp.PostSends(wrs); err != nil {
 		p.t.Fatalf("raw peer: post write with immediate: %v", err)
 	}
 	return id
@@ -314,8 +359,15 @@ func (p *rawPeer) poll() {
 				p.t.Logf("raw peer: a receive completed with %q", ibv.StatusString(wc.Status))
 			}
 			if wc.Status == ibv.WCSuccess {
-				m.typ, m.ctrlAck, m.credits = rdma.ParseHeader(wc.Imm)
-				if wc.Opcode == ibv.WCOpRecvWriteImm {
+				imm, n, write := wc.Imm, wc.ByteLen, wc.Opcode == ibv.WCOpRecvWriteImm
+				if p.headers {
+					slot := p.mem[rawHdrOff+int(wc.WRID)*ibv.HeaderLen:]
+					imm, n = binary.BigEndian.Uint32(slot), binary.BigEndian.Uint32(slot[4:])
+					write = n > 0
+				}
+				wc.ByteLen = n
+				m.typ, m.ctrlAck, m.credits = rdma.ParseHeader(imm)
+				if write {
 					// The server placed it in our ring as the rule
 					// says (we never read so slowly that it wraps
 					// over unread bytes: the tests send little).

@@ -234,7 +234,16 @@ type Options struct {
 // ring of 2 × BufferSize bytes each, rounded up to a page (256 KiB with the
 // defaults); SendDepth and RecvDepth cost none. That is what each
 // connection pins, whatever its traffic; it returns an error for options
-// Dial and Listen would refuse.
+// Dial and Listen would refuse. On an iWARP device, which has no immediate
+// data, each connection registers a page more, for the headers of the
+// messages it receives (8 bytes per receive).
+//
+// On iWARP an RDMA READ's response is written into the reader's memory
+// under the key the READ names, so memory a connection reads into allows
+// remote writes through that key: the peer can write it while the
+// registration lasts. That is the transport's rule, not this package's:
+// keep regions that ReadAt or Region.ReadFrom fill apart from memory the
+// peer must not touch.
 func (o Options) RegisteredMemory() (int, error) {
 	o, err := o.normalized()
 	if err != nil {

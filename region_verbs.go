@@ -13,12 +13,14 @@ import (
 	"github.com/goverbs/rdma/internal/ibv"
 )
 
-// regionSys is the verbs side of a Region: its memory registration.
-type regionSys struct{ mr *ibv.MR }
+// regionSys is the verbs side of a Region: its memory registration, and on
+// iWARP a second one of the same memory that RDMA READs land in.
+type regionSys struct{ mr, sink *ibv.MR }
 
 // registerMem maps size bytes (whole pages, faulted in) and registers the
 // first size of them in the connection's protection domain with access:
-// local write always, and the remote rights asked for, never atomics.
+// local write always, and the remote rights asked for (on iWARP, see
+// below, remote write for RDMA READs into it), never atomics.
 // regMu is held, so that the release cannot hand the arena (and its PD) to
 // another connection meanwhile.
 func (c *Conn) registerMem(size int, access Access) (*Region, error) {
@@ -30,7 +32,21 @@ func (c *Conn) registerMem(size int, access Access) (*Region, error) {
 	if err != nil {
 		return nil, &mmapError{need: mapped, err: os.NewSyscallError("mmap", err)}
 	}
-	mr, err := c.ar.pd.RegMRAccess(mem[:size], access&RemoteRead != 0, access&RemoteWrite != 0)
+	// On iWARP the response to our RDMA READ is a tagged write into the
+	// memory it lands in, under the key the READ names, which the NIC
+	// refuses unless that registration allows remote writes. A region
+	// that grants no access gets one registration that does (no key of it
+	// is handed out but in our READs); one that grants access without
+	// remote writes gets a second registration for its READs to land in,
+	// so that the key the peer is given allows no more than access says.
+	iw := c.dev.iwarp && access&RemoteWrite == 0
+	mr, err := c.ar.pd.RegMRAccess(mem[:size], access&RemoteRead != 0, access&RemoteWrite != 0 || iw && access == 0)
+	var sink *ibv.MR
+	if err == nil && iw && access != 0 {
+		if sink, err = c.ar.pd.RegMRAccess(mem[:size], false, true); err != nil {
+			mr.Dereg()
+		}
+	}
 	if err != nil {
 		unix.Munmap(mem)
 		var lim unix.Rlimit
@@ -39,8 +55,12 @@ func (c *Conn) registerMem(size int, access Access) (*Region, error) {
 		}
 		return nil, err
 	}
-	r := &Region{c: c, mem: mem, size: size, access: access, base: addrOf(mem), lkey: mr.LKey,
-		sys: regionSys{mr: mr}, unpinned: make(chan struct{}, 1)}
+	lkey := mr.LKey
+	if sink != nil {
+		lkey = sink.LKey
+	}
+	r := &Region{c: c, mem: mem, size: size, access: access, base: addrOf(mem), lkey: lkey,
+		sys: regionSys{mr: mr, sink: sink}, unpinned: make(chan struct{}, 1)}
 	if access != 0 {
 		r.key = RemoteKey{Addr: r.base, Size: uint64(size), RKey: mr.RKey, Access: access}
 	}
@@ -55,6 +75,9 @@ func (c *Conn) registerMem(size int, access Access) (*Region, error) {
 // unmaps it.
 func (c *Conn) freeRegion(r *Region) {
 	r.sys.mr.Dereg()
+	if r.sys.sink != nil {
+		r.sys.sink.Dereg()
+	}
 	unix.Munmap(r.mem)
 	c.dev.addRegistered(-r.size)
 	c.mu.Lock()

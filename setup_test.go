@@ -46,8 +46,7 @@ func waitDevice(t *testing.T, what string, ok func(d rdma.DeviceStats, listed bo
 func TestClosedConnectionsMemoryIsReused(t *testing.T) {
 	needDevice(t)
 	rdma.ReleaseIdleDevices()
-	arena, err := rdma.Options{}.RegisteredMemory()
-	require.NoError(t, err)
+	arena := registered(t, rdma.Options{})
 	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
 	require.NoError(t, err)
 	defer ln.Close()

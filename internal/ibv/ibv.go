@@ -41,6 +41,8 @@ package ibv
 // no immediate data): 8 bytes, the immediate and the length, both in
 // network order, sent inline.
 #define GV_SEND_HEADER (1 << 26)
+// And a SEND without immediate data of the payload at addr.
+#define GV_SEND_PLAIN (1 << 25)
 
 // gv_wc is the part of ibv_wc the Go side reads; its layout is mirrored by
 // the Go type WC.
@@ -150,6 +152,9 @@ static int gv_post_sends(uintptr_t qpp, int n, const struct gv_send *in) {
 			wr[i].num_sge = 1;
 			wr[i].opcode = IBV_WR_SEND;
 			wr[i].send_flags = (in[i].flags & ~GV_SEND_HEADER) | IBV_SEND_INLINE;
+		} else if (in[i].flags & GV_SEND_PLAIN) {
+			wr[i].opcode = IBV_WR_SEND;
+			wr[i].send_flags = in[i].flags & ~GV_SEND_PLAIN;
 		} else if (in[i].flags & GV_EMPTY_WRITE) {
 			wr[i].opcode = IBV_WR_RDMA_WRITE;
 			wr[i].num_sge = 0;
@@ -312,6 +317,8 @@ var (
 	_ [C.GV_RDMA_WRITE - SendWrite]struct{}
 	_ [SendHeader - C.GV_SEND_HEADER]struct{}
 	_ [C.GV_SEND_HEADER - SendHeader]struct{}
+	_ [SendPlain - C.GV_SEND_PLAIN]struct{}
+	_ [C.GV_SEND_PLAIN - SendPlain]struct{}
 	_ [HeaderLen - 8]struct{}
 	_ [8 - HeaderLen]struct{}
 	_ [WCRemAccessErr - C.IBV_WC_REM_ACCESS_ERR]struct{}

@@ -32,6 +32,9 @@ const (
 	// data message it announces), both big-endian. Addr and LKey are
 	// not used.
 	SendHeader = 1 << 26
+	// SendPlain posts a SEND without immediate data of the payload at
+	// Addr: what a peer on a transport without immediate data sends.
+	SendPlain = 1 << 25
 )
 
 // HeaderLen is the payload of a SendHeader SEND.

@@ -1,0 +1,196 @@
+package rdma
+
+import (
+	"io"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goverbs/rdma/internal/ibv"
+)
+
+// The data path on a transport without immediate data (iWARP): headers
+// travel as the payload of SENDs into header slots (layout.withHeaders),
+// over the fake QP.
+
+func TestLayoutWithHeaders(t *testing.T) {
+	o := Options{BufferSize: 4096, RecvDepth: 16, SendDepth: 16}
+	l := newLayout(o)
+	h := l.withHeaders()
+	require.False(t, l.headers())
+	require.True(t, h.headers())
+	require.Equal(t, l.recvSlots, h.hdrs, "a slot per receive")
+	require.Equal(t, l.size()+page, h.size(), "the slots take whole pages after the send ring")
+	require.Equal(t, 2*l.ring, h.hdrOff())
+	require.LessOrEqual(t, h.hdrs*ibv.HeaderLen, h.size()-h.hdrOff())
+	// A data message is an RDMA WRITE and a SEND: the send queue and the
+	// CQ hold a second work request for each.
+	require.Equal(t, l.sendQueue()+o.SendDepth, h.sendQueue())
+	require.Equal(t, l.cqEntries()+o.SendDepth, h.cqEntries())
+}
+
+func TestHelloSendable(t *testing.T) {
+	require.NoError(t, hello{}.sendable(false), "immediate data to a peer that wants it")
+	require.NoError(t, hello{flags: helloHeaders}.sendable(false), "any transport sends SENDs")
+	require.NoError(t, hello{flags: helloHeaders}.sendable(true))
+	err := hello{}.sendable(true)
+	require.ErrorIs(t, err, ErrProtocol)
+	require.ErrorContains(t, err, "immediate data")
+}
+
+func newHeadersConn(t *testing.T, depth, bufSize int) *fakePeer {
+	return newFakeConnMode(t, Options{BufferSize: bufSize, SendDepth: depth, RecvDepth: depth, Poll: PollEvent}, false, true)
+}
+
+func TestConnHeadersWriteRead(t *testing.T) {
+	p := newHeadersConn(t, 8, 1024)
+	slots := p.lay.hdrs
+	slotAddr := func(i int) uint64 { return testBase + uint64(p.lay.hdrOff()+i*ibv.HeaderLen) }
+	for i, wr := range p.q.recvs {
+		require.Equal(t, ibv.RecvWR{ID: uint64(i), Addr: slotAddr(i), Len: ibv.HeaderLen, LKey: testLKey}, wr,
+			"receive %d takes its header into slot %d", i, i)
+	}
+
+	// A data message: its payload by RDMA WRITE, then its header by SEND.
+	n, err := p.c.Write([]byte("hello"))
+	require.NoError(t, err)
+	require.Equal(t, 5, n)
+	s := p.sent()
+	require.Len(t, s, 2)
+	write, hdr := s[0], s[1]
+	require.Equal(t, int32(ibv.SendWrite), write.Flags&^ibv.SendInline, "an unsignaled, plain RDMA WRITE")
+	require.Equal(t, "hello", p.payload(write))
+	require.Equal(t, uint64(testRAddr), write.RemoteAddr)
+	require.Equal(t, uint32(testRKey), write.RKey)
+	require.Equal(t, int32(ibv.SendHeader), hdr.Flags&^ibv.SendSignaled, "the header as a SEND")
+	require.Equal(t, uint32(5), hdr.Len, "the header's SEND carries the payload's length")
+	require.Equal(t, header{typ: msgData}, headerOf(hdr.Imm))
+	require.Equal(t, write.ID, hdr.ID)
+
+	// The peer's messages, through more receives than there are slots: the
+	// reposted receives take the slots round again, in order.
+	buf := make([]byte, 16)
+	credits := 8  // the peer sends only what our reports allow
+	ctrlSeen := 0 // and acknowledges our credit messages
+	for i := range 3 * slots {
+		require.Positive(t, credits, "message %d: our Reads returned no credits", i)
+		credits--
+		p.deliver(header{typ: msgData, ctrlAck: uint8(ctrlSeen)}, []byte{'a' + byte(i%26), 'z'})
+		ctrlSeen = 0
+		n, err := p.c.Read(buf)
+		require.NoError(t, err)
+		require.Equal(t, []byte{'a' + byte(i%26), 'z'}, buf[:n])
+		p.ack()
+		// The credits our Reads freed go back as header SENDs too.
+		for _, wr := range p.sent() {
+			if wr.Flags&ibv.SendWrite == 0 {
+				require.NotZero(t, wr.Flags&ibv.SendHeader, "every message is a header SEND: %+v", wr)
+				require.Zero(t, wr.Len, "a control message announces no payload")
+				credits += int(headerOf(wr.Imm).credits)
+				ctrlSeen++
+			}
+		}
+	}
+	for i, wr := range p.q.recvs {
+		require.Equal(t, uint64(i%slots), wr.ID)
+		require.Equal(t, slotAddr(i%slots), wr.Addr)
+	}
+
+	// The fin ends the stream; our Close sends ours as a header SEND.
+	p.deliver(header{typ: msgFin}, nil)
+	_, err = p.c.Read(buf)
+	require.Equal(t, io.EOF, err)
+	p.c.mu.Lock()
+	p.c.queueSend(msgFin, 0)
+	p.c.mu.Unlock()
+	p.c.lockAndFlush()
+	s = p.sent()
+	require.NotEmpty(t, s)
+	last := s[len(s)-1]
+	require.Equal(t, msgFin, int(headerOf(last.Imm).typ))
+	require.NotZero(t, last.Flags&ibv.SendHeader)
+}
+
+func TestConnHeadersFragments(t *testing.T) {
+	p := newFakeConnMode(t, Options{BufferSize: 64, SendDepth: 8, RecvDepth: 8, Poll: PollEvent, Messages: true}, true, true)
+	big := make([]byte, 150)
+	for i := range big {
+		big[i] = byte(i)
+	}
+	_, err := p.c.Write(big)
+	require.NoError(t, err)
+	s := p.sent()
+	require.Len(t, s, 6, "three messages of a WRITE and a SEND each")
+	var got []byte
+	for i := 0; i < len(s); i += 2 {
+		got = append(got, p.payload(s[i])...)
+		want := uint8(msgDataMore)
+		if i == len(s)-2 {
+			want = msgData
+		}
+		require.Equal(t, want, headerOf(s[i+1].Imm).typ)
+		require.Equal(t, s[i].Len, s[i+1].Len)
+	}
+	require.Equal(t, big, got)
+
+	// Arriving fragments make one message for a message-oriented Read.
+	p.deliver(header{typ: msgDataMore}, big[:64])
+	p.deliver(header{typ: msgData}, big[64:100])
+	buf := make([]byte, 200)
+	n, err := p.c.Read(buf)
+	require.NoError(t, err)
+	require.Equal(t, big[:100], buf[:n])
+}
+
+func TestConnHeadersProtocolViolations(t *testing.T) {
+	next := func(p *fakePeer) ibv.RecvWR {
+		wr, ok := p.q.recvAt(p.nextRx)
+		require.True(t, ok)
+		p.nextRx++
+		return wr
+	}
+	for _, tc := range []struct {
+		name string
+		send func(p *fakePeer)
+		want string
+	}{
+		{"header of the wrong length", func(p *fakePeer) {
+			p.complete(ibv.WC{WRID: next(p).ID, Opcode: ibv.WCOpRecv, ByteLen: 4})
+		}, "not a SEND of a header alone"},
+		{"header as immediate data", func(p *fakePeer) {
+			p.complete(ibv.WC{WRID: next(p).ID, Opcode: ibv.WCOpRecv, ByteLen: ibv.HeaderLen, Flags: ibv.WCWithImm, Imm: header{typ: msgCredit}.imm()})
+		}, "not a SEND of a header alone"},
+		{"RDMA WRITE with immediate", func(p *fakePeer) {
+			p.complete(ibv.WC{WRID: next(p).ID, Opcode: ibv.WCOpRecvWriteImm, ByteLen: 1, Flags: ibv.WCWithImm, Imm: header{typ: msgData}.imm()})
+		}, "not a SEND of a header alone"},
+		{"no header slot", func(p *fakePeer) {
+			next(p)
+			p.complete(ibv.WC{WRID: 999, Opcode: ibv.WCOpRecv, ByteLen: ibv.HeaderLen})
+		}, "no header slot"},
+		{"credit with a length", func(p *fakePeer) { p.sendHeader(next(p), header{typ: msgCredit}.imm(), 5) }, "control message with payload"},
+		{"fin with a length", func(p *fakePeer) { p.sendHeader(next(p), header{typ: msgFin}.imm(), 1) }, "control message with payload"},
+		{"empty data message", func(p *fakePeer) { p.sendHeader(next(p), header{typ: msgData}.imm(), 0) }, "empty data message"},
+		{"data longer than agreed", func(p *fakePeer) { p.sendHeader(next(p), header{typ: msgData}.imm(), 65) }, "larger than the largest"},
+		{"data past the ring", func(p *fakePeer) { p.sendHeader(next(p), header{typ: msgData}.imm(), 1<<31) }, "larger than the largest"},
+		{"unknown message type", func(p *fakePeer) { p.deliver(header{typ: 9}, nil) }, "unknown message type"},
+		{"more data messages than granted", func(p *fakePeer) {
+			for range 5 { // 4 granted
+				p.deliver(header{typ: msgData}, []byte("x"))
+			}
+		}, "a data message beyond those granted"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newHeadersConn(t, 4, 64)
+			tc.send(p)
+			_, werr := p.c.Write([]byte("x"))
+			require.ErrorIs(t, werr, ErrProtocol)
+			require.ErrorContains(t, werr, tc.want)
+			var rerr error
+			for rerr == nil {
+				_, rerr = p.c.Read(make([]byte, 1024))
+			}
+			require.ErrorIs(t, rerr, ErrProtocol)
+			requireNetOpError(t, rerr, "read")
+		})
+	}
+}
