@@ -1,5 +1,6 @@
 # make test: formatting and static checks, host unit tests and fuzzing, then
-# the device tests inside a Soft-RoCE VM (testbed/vm.sh), the scale test in a
+# the device tests inside a Soft-RoCE VM (testbed/vm.sh) and again on
+# soft-iWARP (testbed/vm.sh --provider siw), the scale test in a
 # VM with more memory, then the two-host tests on a pair of them
 # (testbed/vm.sh --pair). make demo: the echo example in
 # the VM. make bench: the benchmark table. Those install what they need on a
@@ -56,12 +57,12 @@ endif
 FUZZTIME        ?=
 FUZZ_EXECS      ?= 150000x
 FUZZ_SLOW_EXECS ?= 50000x
-FUZZ_TARGETS     = FuzzParseHello FuzzParseReject FuzzConnCompletions FuzzRemoteKey
+FUZZ_TARGETS     = FuzzParseHello FuzzParseReject FuzzConnCompletions FuzzConnHeaders FuzzRemoteKey
 fuzz:
 	@for f in $(FUZZ_TARGETS); do \
 		t="$(FUZZTIME)"; \
 		if [ -z "$$t" ]; then \
-			case $$f in FuzzConnCompletions) t=$(FUZZ_SLOW_EXECS) ;; *) t=$(FUZZ_EXECS) ;; esac; \
+			case $$f in FuzzConn*) t=$(FUZZ_SLOW_EXECS) ;; *) t=$(FUZZ_EXECS) ;; esac; \
 		fi; \
 		echo "fuzz $$f for $$t"; \
 		CGO_ENABLED=0 $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $$t -fuzzminimizetime 5s . || exit 1; \
@@ -84,6 +85,9 @@ vmtest: deps
 		$(OUT)/rdma.test -test.count=1 -test.run "^$$" -test.bench . -test.benchtime 20x -test.timeout 5m && \
 		echo "=== the same tests under the race detector (-short)" && \
 		$(OUT)/rdma.race.test -test.v -test.count=1 -test.short -test.timeout 20m'
+	@echo "=== the device suite again on soft-iWARP (siw0 instead of rxe0: testbed/vm.sh --provider siw)"
+	$(VM) --provider siw --timeout $(VMTIMEOUT) -- sh -c '$(OUT)/rdma.test -test.v -test.count=1 -test.timeout 20m && \
+		$(OUT)/rdma.test -test.count=1 -test.run "^$$" -test.bench . -test.benchtime 20x -test.timeout 5m'
 	@echo "=== scale: 5,000 connection pairs at once (or as many as the VM's memory holds) in a VM of 8 GiB"
 	$(VM) --mem 8192 --timeout $(VMTIMEOUT) -- env RDMA_TEST_SCALE_PAIRS=5000 $(OUT)/rdma.test -test.v -test.count=1 -test.run '^TestScale$$' -test.timeout 15m
 	@echo "=== two hosts: the same binary on a pair of VMs (testbed/vm.sh --pair), the peer killed last"

@@ -203,10 +203,14 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 		return err
 	}
 	if err := c.id.ConnectRead(c.hello().marshal(), c.dev.initDepth, c.dev.respDepth); err != nil {
+		// siw connects its TCP stream within rdma_connect: a reset of
+		// its SYN comes back from the call itself, and so does a reset
+		// during the MPA exchange.
 		if errors.Is(err, syscall.ECONNREFUSED) {
-			// siw connects its TCP stream within rdma_connect: a reset
-			// of its SYN comes back from the call itself.
 			return os.NewSyscallError("rdma_connect", &RefusedError{RefusedNoListener})
+		}
+		if errors.Is(err, syscall.ECONNRESET) {
+			return os.NewSyscallError("rdma_connect", errHandshakeAborted)
 		}
 		return err
 	}

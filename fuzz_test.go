@@ -14,6 +14,7 @@ import (
 func FuzzParseHello(f *testing.F) {
 	f.Add(hello{recvDepth: DefaultRecvDepth, ctrlDepth: ctrlDepth, bufSize: DefaultBufferSize, ringSize: 128 << 10, ringAddr: 0x7f0000000000, rkey: 7}.marshal())
 	f.Add(hello{flags: helloMessages, recvDepth: 1, ctrlDepth: 1, bufSize: 1, ringSize: minRing}.marshal())
+	f.Add(hello{flags: helloMessages | helloHeaders, recvDepth: 1, ctrlDepth: 1, bufSize: 1, ringSize: minRing}.marshal())
 	f.Add(append(hello{recvDepth: 0xffff, ctrlDepth: 0xff, bufSize: 0xffffffff, ringSize: maxRing, ringAddr: 1 << 40, rkey: 0xffffffff}.marshal(), make([]byte, 26)...))
 	f.Add(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096, ringSize: 8192 + 32}.marshal())
 	f.Add([]byte("GVRD"))
@@ -26,7 +27,7 @@ func FuzzParseHello(f *testing.F) {
 			}
 			return
 		}
-		if h.recvDepth == 0 || h.ctrlDepth == 0 || h.bufSize == 0 || h.flags&^helloMessages != 0 {
+		if h.recvDepth == 0 || h.ctrlDepth == 0 || h.bufSize == 0 || h.flags&^(helloMessages|helloHeaders) != 0 {
 			t.Fatalf("accepted a hello that grants nothing or has unknown flags: %+v", h)
 		}
 		if h.ringSize < minRing || h.ringSize > maxRing || h.ringSize%ringAlign != 0 || h.ringAddr+uint64(h.ringSize) < h.ringAddr {
@@ -77,56 +78,88 @@ func FuzzConnCompletions(f *testing.F) {
 	f.Add(cat(rec(9, 0, 0, 5, 0)))
 	f.Add(cat(rec(msgData, 0, 0, 5, 2), rec(msgData, 0, 0, 5, 3)))
 	f.Add(cat(rec(msgFin, 0, 0, 0, 0), rec(msgData, 0, 0, 1, 0)))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		const depth, bufSize = 4, 2048 // four largest messages overrun the 4 KiB ring
-		p := newFakeConn(t, depth, bufSize)
-		failed := false
-		for ; len(data) >= 8; data = data[8:] {
-			imm := binary.BigEndian.Uint32(data)
-			n := uint32(binary.BigEndian.Uint16(data[4:])) % (2*bufSize + 1)
-			switch data[6] % 8 {
-			case 1: // the application reads what is queued
-				p.c.mu.Lock()
-				queued := p.c.rx.n > 0
-				p.c.mu.Unlock()
-				if queued {
-					p.c.Read(make([]byte, int(data[7])+1))
+	f.Fuzz(func(t *testing.T, data []byte) { fuzzConn(t, data, false) })
+}
+
+// FuzzConnHeaders is FuzzConnCompletions on a transport without immediate
+// data (iWARP): the headers and lengths arrive in the receives' header
+// slots, beside whatever else the completions say.
+func FuzzConnHeaders(f *testing.F) {
+	rec := func(typ uint8, credits uint16, n uint16, op uint8) []byte {
+		b := make([]byte, 8)
+		binary.BigEndian.PutUint32(b, header{typ: typ, credits: credits}.imm())
+		binary.BigEndian.PutUint16(b[4:], n)
+		b[6] = op
+		return b
+	}
+	f.Add(append(rec(msgData, 0, 5, 0), rec(0, 0, 0, 1)...))
+	f.Add(append(rec(msgCredit, 0, 0, 0), rec(msgFin, 0, 0, 0)...))
+	f.Add(append(rec(msgDataMore, 0, 64, 0), rec(msgData, 0, 1, 0)...))
+	f.Add(append(rec(msgCredit, 0, 3, 0), rec(msgData, 0, 9, 6)...))
+	f.Add(rec(msgData, 0, 4097, 2))
+	f.Fuzz(func(t *testing.T, data []byte) { fuzzConn(t, data, true) })
+}
+
+// fuzzConn is the body of the completion fuzzers: 8 bytes of data per
+// event; headers says the transport has no immediate data.
+func fuzzConn(t *testing.T, data []byte, headers bool) {
+	const depth, bufSize = 4, 2048 // four largest messages overrun the 4 KiB ring
+	p := newFakeConnMode(t, Options{BufferSize: bufSize, SendDepth: depth, RecvDepth: depth, Poll: PollEvent}, false, headers)
+	failed := false
+	for ; len(data) >= 8; data = data[8:] {
+		imm := binary.BigEndian.Uint32(data)
+		n := uint32(binary.BigEndian.Uint16(data[4:])) % (2*bufSize + 1)
+		switch data[6] % 8 {
+		case 1: // the application reads what is queued
+			p.c.mu.Lock()
+			queued := p.c.rx.n > 0
+			p.c.mu.Unlock()
+			if queued {
+				p.c.Read(make([]byte, int(data[7])+1))
+			}
+		case 2: // a completion without immediate data
+			p.deliverRaw(ibv.WC{ByteLen: n})
+		case 3: // a failed completion
+			p.deliverRaw(ibv.WC{ByteLen: n, Status: uint32(data[7] % 22), Flags: ibv.WCWithImm, Imm: imm})
+		case 5: // a send completion (the ids are ours: the NIC only
+			// completes what we posted, so the peer forges none)
+			if all := p.q.posted(); len(all) > 0 {
+				p.complete(ibv.WC{WRID: all[int(data[7])%len(all)].ID})
+			}
+		case 6: // a SEND into the next posted receive
+			p.deliverRaw(ibv.WC{Opcode: ibv.WCOpRecv, ByteLen: n, Flags: ibv.WCWithImm, Imm: imm})
+		default:
+			if headers {
+				// A header SEND into the next receive's slot,
+				// announcing n payload bytes (in the ring, or not).
+				if wr, ok := p.q.recvAt(p.nextRx); ok {
+					p.nextRx++
+					p.sendHeader(wr, imm, n)
 				}
-			case 2: // a completion without immediate data
-				p.deliverRaw(ibv.WC{ByteLen: n})
-			case 3: // a failed completion
-				p.deliverRaw(ibv.WC{ByteLen: n, Status: uint32(data[7] % 22), Flags: ibv.WCWithImm, Imm: imm})
-			case 5: // a send completion (the ids are ours: the NIC only
-				// completes what we posted, so the peer forges none)
-				if all := p.q.posted(); len(all) > 0 {
-					p.complete(ibv.WC{WRID: all[int(data[7])%len(all)].ID})
-				}
-			case 6: // a SEND into the next posted receive
-				p.deliverRaw(ibv.WC{Opcode: ibv.WCOpRecv, ByteLen: n, Flags: ibv.WCWithImm, Imm: imm})
-			default: // an RDMA WRITE with immediate into the ring
+			} else { // an RDMA WRITE with immediate into the ring
 				p.deliverRaw(ibv.WC{Opcode: ibv.WCOpRecvWriteImm, ByteLen: n, Flags: ibv.WCWithImm, Imm: imm})
 			}
-			p.c.mu.Lock()
-			c := p.c
-			if c.rx.posted < 0 || c.rx.posted > p.lay.recvSlots {
-				t.Fatalf("receives posted: %d of %d", c.rx.posted, p.lay.recvSlots)
-			}
-			if c.cr.credits < 0 || c.cr.credits > c.cr.peerWindow || c.cr.ctrlCredits > c.cr.ctrlWindow {
-				t.Fatalf("credits out of bounds: %+v", c.cr)
-			}
-			if c.rx.tail-c.rx.read > uint64(c.rx.span) || c.rx.read > c.rx.tail {
-				t.Fatalf("receive ring: %d unread bytes of %d", c.rx.tail-c.rx.read, c.rx.span)
-			}
-			if c.tx.ring.tail-c.tx.ring.acked > uint64(c.tx.ring.span) || c.tx.ring.n > c.cr.peerWindow {
-				t.Fatalf("send ring: %+v", c.tx.ring)
-			}
-			if failed && c.life.rerr == nil && c.life.werr == nil {
-				t.Fatal("a failed connection recovered")
-			}
-			failed = c.life.rerr != nil || c.life.werr != nil
-			c.mu.Unlock()
 		}
-	})
+		p.c.mu.Lock()
+		c := p.c
+		if c.rx.posted < 0 || c.rx.posted > p.lay.recvSlots {
+			t.Fatalf("receives posted: %d of %d", c.rx.posted, p.lay.recvSlots)
+		}
+		if c.cr.credits < 0 || c.cr.credits > c.cr.peerWindow || c.cr.ctrlCredits > c.cr.ctrlWindow {
+			t.Fatalf("credits out of bounds: %+v", c.cr)
+		}
+		if c.rx.tail-c.rx.read > uint64(c.rx.span) || c.rx.read > c.rx.tail {
+			t.Fatalf("receive ring: %d unread bytes of %d", c.rx.tail-c.rx.read, c.rx.span)
+		}
+		if c.tx.ring.tail-c.tx.ring.acked > uint64(c.tx.ring.span) || c.tx.ring.n > c.cr.peerWindow {
+			t.Fatalf("send ring: %+v", c.tx.ring)
+		}
+		if failed && c.life.rerr == nil && c.life.werr == nil {
+			t.Fatal("a failed connection recovered")
+		}
+		failed = c.life.rerr != nil || c.life.werr != nil
+		c.mu.Unlock()
+	}
 }
 
 // deliverRaw completes the next posted receive with wc (its id filled

@@ -266,9 +266,18 @@ func TestCancelledDials(t *testing.T) {
 	for range 2 { // the first sets the device up
 		start := time.Now()
 		c, err := rdma.Dial("rdma", ln.Addr().String())
+		if siw() && errors.Is(err, syscall.ECONNABORTED) {
+			// On iWARP the server is established before the dialer: its
+			// Accept and Close can beat the dialer's own handshake.
+			t.Logf("warm-up dial: %v", err)
+			continue
+		}
 		require.NoError(t, err)
 		c.Close()
 		span = max(time.Millisecond, time.Since(start)*10)
+	}
+	if span == 0 {
+		span = 20 * time.Millisecond
 	}
 	t.Logf("cancelling within %v of the start", span)
 	r := rand.New(rand.NewSource(time.Now().UnixNano()))

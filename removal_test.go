@@ -49,6 +49,7 @@ func rdmaLink(t *testing.T, timeout time.Duration, args ...string) (time.Duratio
 // the same process.
 func TestDeviceRemoval(t *testing.T) {
 	needDevice(t)
+	needNotSiw(t, "measured: after rdma link delete siw0 a Dial in progress gets no device-removal event and fails 9.5 s later as unreachable, not at once with ErrNoDevice")
 	out, err := exec.Command("rdma", "link", "show").Output()
 	require.NoError(t, err)
 	m := rxeLinkRE.FindStringSubmatch(string(out))

@@ -111,7 +111,21 @@ func device(d ibv.DeviceInfo, cqEntries int) Device {
 	for _, p := range d.Ports {
 		out.Ports = append(out.Ports, port(p))
 	}
+	out.Transport, out.Implies = transport(d.Transport, out.Ports)
 	return out
+}
+
+// transport names a device's transport as users know it, and says what it
+// implies for this library.
+func transport(t string, ports []Port) (name, implies string) {
+	switch {
+	case t == "iWARP":
+		return t, "iWARP: no immediate data, so message headers travel as SENDs (a page more registered per connection); " +
+			"memory RDMA READs land in is writable by the peer; the RDMA port is a TCP port, so FallbackTCP cannot share it"
+	case t == "InfiniBand" && len(ports) > 0 && ports[0].LinkLayer == "Ethernet":
+		return "RoCE", ""
+	}
+	return t, ""
 }
 
 func port(p ibv.PortInfo) Port {

@@ -106,6 +106,7 @@ func TestDeviceJSON(t *testing.T) {
 	require.Equal(t, 4096, p.ActiveMTU, "the test bed's netdev has jumbo frames")
 	require.GreaterOrEqual(t, p.MaxMTU, p.ActiveMTU)
 	require.Equal(t, "Ethernet", p.LinkLayer)
+	require.Equal(t, "RoCE", d.Transport, "rxe is RoCE")
 	require.Contains(t, []string{"RoCE v1", "RoCE v2"}, g.Type)
 	require.NotEmpty(t, g.Netdev)
 	require.Regexp(t, `^0000:0000:0000:0000:0000:ffff:[0-9a-f]{4}:[0-9a-f]{4}$`, g.GID)

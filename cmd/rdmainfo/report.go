@@ -24,8 +24,13 @@ type Report struct {
 
 // Device is one RDMA device.
 type Device struct {
-	Name         string `json:"name"`
-	NodeType     string `json:"node_type"`
+	Name     string `json:"name"`
+	NodeType string `json:"node_type"`
+	// Transport is "InfiniBand", "RoCE" (InfiniBand's transport over an
+	// Ethernet link layer) or "iWARP"; Implies says what that means for
+	// this library.
+	Transport    string `json:"transport"`
+	Implies      string `json:"implies,omitempty"`
 	Error        string `json:"error,omitempty"`
 	VendorID     uint32 `json:"vendor_id"`
 	VendorPartID uint32 `json:"vendor_part_id"`
@@ -284,9 +289,12 @@ func (r *Report) writeText(w io.Writer) error {
 			fmt.Fprintf(tw, "%s: %s\n", d.Name, d.Error)
 			continue
 		}
-		fmt.Fprintf(tw, "%s: %s, vendor 0x%06x part %d, node GUID %s", d.Name, d.NodeType, d.VendorID, d.VendorPartID, d.NodeGUID)
+		fmt.Fprintf(tw, "%s: %s (%s), vendor 0x%06x part %d, node GUID %s", d.Name, d.Transport, d.NodeType, d.VendorID, d.VendorPartID, d.NodeGUID)
 		if d.Firmware != "" {
 			fmt.Fprintf(tw, ", firmware %s", d.Firmware)
+		}
+		if d.Implies != "" {
+			fmt.Fprintf(tw, "\n  %s", d.Implies)
 		}
 		fmt.Fprintf(tw, "\n  max_qp %d, max_qp_wr %d, max_cq %d, max_cqe %d, max_mr %d, max_pd %d, max_mr_size %s\n",
 			d.MaxQP, d.MaxQPWR, d.MaxCQ, d.MaxCQE, d.MaxMR, d.MaxPD, bytesIEC(d.MaxMRSize))
