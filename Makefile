@@ -110,8 +110,11 @@ demo: deps
 clean:
 	rm -rf $(OUT)
 
+# The table on Soft-RoCE, then its latency, streaming and one-sided rows on
+# soft-iWARP (bench/results-siw.*).
 bench: deps
 	bench/bench.sh
+	BENCH_ONLY=siw bench/bench.sh
 
 # The testing.B benchmarks of the data path (round trips per poll mode,
 # streaming per write size), in the VM.

@@ -306,7 +306,12 @@ func TestHostileSendWithPayloadWakesWriter(t *testing.T) {
 	}
 	p.waitSend(p.sendSEND(rdma.MsgData, 0, 0, []byte("a SEND with payload")), 5*time.Second)
 	err := <-wrote
-	requireFailed(t, err, "write", syscall.ECONNRESET, "work request failed: ")
+	detail := "work request failed: "
+	if siw() {
+		// siw may report the broken QP as a fatal QP event first.
+		detail = ""
+	}
+	requireFailed(t, err, "write", syscall.ECONNRESET, detail)
 	within(t, 10*time.Second, "Close after the failure", func() error { sc.Close(); return nil })
 	p.requireDisconnected(t)
 	b.checkServing(t)

@@ -221,7 +221,7 @@ func TestRegionRefusedByPeer(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.name == "read of a write-only region" {
-				needNotSiw(t, "measured: siw serves an RDMA READ of memory registered without remote read access")
+				needNotSiw(t, "siw checks no access right on the memory an RDMA READ reads (its transmit path checks the READ response's source with no permission bits), so the READ succeeds")
 			}
 			client, server, region, remote := regionPair(t, 64<<10, tc.access)
 			local, err := client.RegisterRegion(64<<10, 0)
@@ -318,7 +318,6 @@ func TestRegionCancel(t *testing.T) {
 // TestRegionConnClose: closing a connection with operations in flight
 // fails them (no hang), closes its regions and gives their memory back.
 func TestRegionConnClose(t *testing.T) {
-	needNotSiw(t, "measured, not yet explained: after a Close with 16 MiB RDMA READs in flight, one connection end on siw is still not released 15 s later (its teardown waits for completions siw does not deliver)")
 	baseConns, baseReg := deviceTotals()
 	const size = 16 << 20
 	client, _, _, remote := regionPair(t, size, rdma.RemoteRead|rdma.RemoteWrite)
@@ -361,7 +360,7 @@ func waitDeviceTotalsAbove(t *testing.T, baseConns, baseReg int) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		conns, reg := deviceTotals()
-		if conns <= baseConns+1 && reg <= baseReg+(256<<10)+(16<<20) {
+		if conns <= baseConns+1 && reg <= baseReg+registered(t, rdma.Options{})+(16<<20) {
 			return
 		}
 	}

@@ -19,7 +19,8 @@
 # given. RDMAPERF defaults to the repository's .testbed-out/rdmaperf, then to PATH.
 # Environment: RDMA_TEST_ADDR (default 10.77.0.1); BENCH_ROUNDS (5): every test is repeated that
 # many times, the tools interleaved per workload so that a slow spell of the (emulated) machine
-# hits them alike; BENCH_ONLY (all): onesided runs the one-sided section alone;
+# hits them alike; BENCH_ONLY (all): onesided runs the one-sided section alone, siw the rows
+# measured on soft-iWARP (bench.sh runs that in the test bed's siw VM);
 # BENCH_SECONDS (2): length of each rdmaperf test; BENCH_BUDGET (780): no new
 # round starts when it might end after this many seconds; BENCH_COPY_BYTES (256 MiB): the file
 # io.Copy sends; BENCH_ENVIRONMENT: the machine's
@@ -43,7 +44,9 @@ budget=${BENCH_BUDGET:-780}
 only=${BENCH_ONLY:-all}
 # The RDMA link's MTU (ibv_devinfo's active_mtu of the first port): figures move with it.
 link_mtu=$(ibv_devinfo 2>/dev/null | awk '$1 == "active_mtu:" {print $2; exit}')
-environment=${BENCH_ENVIRONMENT:-"Soft-RoCE (rdma_rxe) in a $(nproc)-vCPU TCG VM, RDMA link MTU ${link_mtu:-unknown}; only ratios within one run mean anything"}
+provider="Soft-RoCE (rdma_rxe)"
+ibv_devinfo 2>/dev/null | grep -q 'transport:.*iWARP' && provider="soft-iWARP (siw)"
+environment=${BENCH_ENVIRONMENT:-"$provider in a $(nproc)-vCPU TCG VM, RDMA link MTU ${link_mtu:-unknown}; only ratios within one run mean anything"}
 tool_timeout=60 # seconds any one process may take; a hung tool becomes a failed measurement
 
 work=$(mktemp -d /tmp/rdma-bench.XXXXXX)
@@ -385,10 +388,31 @@ onesided_round() {
 	done
 }
 
+# siw_round: what the soft-iWARP test bed measures (BENCH_ONLY=siw): latency 64 B, streaming
+# 64 KiB and the one-sided rows, beside perftest and rstream on the same siw device.
+siw_round() {
+	echo "== latency, siw (round $round)"
+	run_rdmaperf rdma lat 64 1 -test lat -size 64 -duration "${secs}s" -stats
+	run_rdmaperf rdma lat 64 1 -test lat -size 64 -duration "${secs}s" -poll busy -stats
+	[[ $go_mode == pinned ]] && run_rdmaperf_oneproc rdma lat 64 1 -test lat -size 64 -duration "${secs}s" -stats
+	perftest_lat perftest 64 2000
+	rstream_run lat 64 1 2000
+	echo "== throughput, siw (round $round)"
+	run_rdmaperf rdma bw 65536 1 -test bw -size 65536 -duration "${secs}s" -stats
+	[[ $go_mode == pinned ]] && run_rdmaperf_oneproc rdma bw 65536 1 -test bw -size 65536 -duration "${secs}s" -stats
+	perftest_bw bw 65536 300 1
+	rstream_run bw 65536 200 1
+	onesided_round
+}
+
 one_round() {
 	local net size
 	if [[ $only == onesided ]]; then
 		onesided_round
+		return
+	fi
+	if [[ $only == siw ]]; then
+		siw_round
 		return
 	fi
 	echo "== latency (round $round)"
@@ -461,7 +485,7 @@ for ((r = 1; r <= rounds; r++)); do
 	one_round
 	last=$((SECONDS - t0))
 	done_rounds=$r
-	if ((r == 1)) && [[ $only != onesided ]]; then
+	if ((r == 1)) && [[ $only == all ]]; then
 		# Once is enough: idle CPU varies little, and it costs 5 s a transport.
 		echo "== idle connection, 5 s (round $round)"
 		for net in rdma tcp; do run_rdmaperf "$net" idle 64 1 -idle 5s; done

@@ -161,14 +161,13 @@ static int gv_create_qp(struct rdma_cm_id *id, void *pd, void *cq, uint32_t send
 	a.cap.max_recv_sge = 1;
 	a.cap.max_inline_data = inline_data;
 	a.sq_sig_all = 0;
-	if (rdma_create_qp(id, pd, &a)) {
-		if (inline_data == 0)
+	// Some providers refuse an inline size they cannot honour (siw takes
+	// at most 80 bytes): retry with less, then without, rather than fail
+	// the connection.
+	while (rdma_create_qp(id, pd, &a)) {
+		if (errno != EINVAL || a.cap.max_inline_data == 0)
 			return -1;
-		// Some providers refuse an inline size they cannot honour; retry
-		// without inline rather than fail the connection.
-		a.cap.max_inline_data = 0;
-		if (rdma_create_qp(id, pd, &a))
-			return -1;
+		a.cap.max_inline_data = a.cap.max_inline_data > 64 ? 64 : 0;
 	}
 	*max_inline = a.cap.max_inline_data;
 	return 0;
