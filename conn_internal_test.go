@@ -111,11 +111,19 @@ func (p *fakePeer) deliver(h header, payload []byte) {
 // its slot, as an iWARP peer's NIC would.
 func (p *fakePeer) sendHeader(wr ibv.RecvWR, imm, n uint32) {
 	p.t.Helper()
-	require.Equal(p.t, uint32(ibv.HeaderLen), wr.Len, "every receive has a header slot")
+	p.sendHeaderData(wr, imm, n, nil)
+}
+
+// sendHeaderData is sendHeader with data in the SEND, behind the header,
+// as a peer sends a small data message.
+func (p *fakePeer) sendHeaderData(wr ibv.RecvWR, imm, n uint32, data []byte) {
+	p.t.Helper()
+	require.Equal(p.t, uint32(ibv.HeaderSlot), wr.Len, "every receive has a header slot")
 	slot := p.c.mem[wr.Addr-testBase:]
 	binary.BigEndian.PutUint32(slot, imm)
 	binary.BigEndian.PutUint32(slot[4:], n)
-	p.complete(ibv.WC{WRID: wr.ID, Opcode: ibv.WCOpRecv, ByteLen: ibv.HeaderLen})
+	copy(slot[ibv.HeaderLen:ibv.HeaderSlot], data)
+	p.complete(ibv.WC{WRID: wr.ID, Opcode: ibv.WCOpRecv, ByteLen: uint32(ibv.HeaderLen + min(len(data), ibv.HeaderData))})
 }
 
 // complete hands one completion to the Conn as the poller does.

@@ -97,6 +97,7 @@ func FuzzConnHeaders(f *testing.F) {
 	f.Add(append(rec(msgDataMore, 0, 64, 0), rec(msgData, 0, 1, 0)...))
 	f.Add(append(rec(msgCredit, 0, 3, 0), rec(msgData, 0, 9, 6)...))
 	f.Add(rec(msgData, 0, 4097, 2))
+	f.Add(append(rec(msgData, 0, 5, 4), rec(msgData, 0, 72, 4)...))
 	f.Fuzz(func(t *testing.T, data []byte) { fuzzConn(t, data, true) })
 }
 
@@ -134,7 +135,11 @@ func fuzzConn(t *testing.T, data []byte, headers bool) {
 				// announcing n payload bytes (in the ring, or not).
 				if wr, ok := p.q.recvAt(p.nextRx); ok {
 					p.nextRx++
-					p.sendHeader(wr, imm, n)
+					if data[6]%8 == 4 { // with up to HeaderData bytes of data inline
+						p.sendHeaderData(wr, imm, n, make([]byte, int(data[7])%(ibv.HeaderData+1)))
+					} else {
+						p.sendHeader(wr, imm, n)
+					}
 				}
 			} else { // an RDMA WRITE with immediate into the ring
 				p.deliverRaw(ibv.WC{Opcode: ibv.WCOpRecvWriteImm, ByteLen: n, Flags: ibv.WCWithImm, Imm: imm})

@@ -1,6 +1,7 @@
 package rdma
 
 import (
+	"bytes"
 	"io"
 	"testing"
 
@@ -22,7 +23,7 @@ func TestLayoutWithHeaders(t *testing.T) {
 	require.Equal(t, l.recvSlots, h.hdrs, "a slot per receive")
 	require.Equal(t, l.size()+page, h.size(), "the slots take whole pages after the send ring")
 	require.Equal(t, 2*l.ring, h.hdrOff())
-	require.LessOrEqual(t, h.hdrs*ibv.HeaderLen, h.size()-h.hdrOff())
+	require.LessOrEqual(t, h.hdrs*ibv.HeaderSlot, h.size()-h.hdrOff())
 	// A data message is an RDMA WRITE and a SEND: the send queue and the
 	// CQ hold a second work request for each.
 	require.Equal(t, l.sendQueue()+o.SendDepth, h.sendQueue())
@@ -45,9 +46,9 @@ func newHeadersConn(t *testing.T, depth, bufSize int) *fakePeer {
 func TestConnHeadersWriteRead(t *testing.T) {
 	p := newHeadersConn(t, 8, 1024)
 	slots := p.lay.hdrs
-	slotAddr := func(i int) uint64 { return testBase + uint64(p.lay.hdrOff()+i*ibv.HeaderLen) }
+	slotAddr := func(i int) uint64 { return testBase + uint64(p.lay.hdrOff()+i*ibv.HeaderSlot) }
 	for i, wr := range p.q.recvs {
-		require.Equal(t, ibv.RecvWR{ID: uint64(i), Addr: slotAddr(i), Len: ibv.HeaderLen, LKey: testLKey}, wr,
+		require.Equal(t, ibv.RecvWR{ID: uint64(i), Addr: slotAddr(i), Len: ibv.HeaderSlot, LKey: testLKey}, wr,
 			"receive %d takes its header into slot %d", i, i)
 	}
 
@@ -156,17 +157,29 @@ func TestConnHeadersProtocolViolations(t *testing.T) {
 	}{
 		{"header of the wrong length", func(p *fakePeer) {
 			p.complete(ibv.WC{WRID: next(p).ID, Opcode: ibv.WCOpRecv, ByteLen: 4})
-		}, "not a SEND of a header alone"},
+		}, "not a SEND of a header"},
 		{"header as immediate data", func(p *fakePeer) {
 			p.complete(ibv.WC{WRID: next(p).ID, Opcode: ibv.WCOpRecv, ByteLen: ibv.HeaderLen, Flags: ibv.WCWithImm, Imm: header{typ: msgCredit}.imm()})
-		}, "not a SEND of a header alone"},
+		}, "not a SEND of a header"},
 		{"RDMA WRITE with immediate", func(p *fakePeer) {
 			p.complete(ibv.WC{WRID: next(p).ID, Opcode: ibv.WCOpRecvWriteImm, ByteLen: 1, Flags: ibv.WCWithImm, Imm: header{typ: msgData}.imm()})
-		}, "not a SEND of a header alone"},
+		}, "not a SEND of a header"},
 		{"no header slot", func(p *fakePeer) {
 			next(p)
 			p.complete(ibv.WC{WRID: 999, Opcode: ibv.WCOpRecv, ByteLen: ibv.HeaderLen})
 		}, "no header slot"},
+		{"a header longer than its slot", func(p *fakePeer) {
+			p.complete(ibv.WC{WRID: next(p).ID, Opcode: ibv.WCOpRecv, ByteLen: ibv.HeaderSlot + 1})
+		}, "not a SEND of a header"},
+		{"inline data of another length", func(p *fakePeer) {
+			p.sendHeaderData(next(p), header{typ: msgData}.imm(), 6, []byte("hello"))
+		}, "not its data message's"},
+		{"a credit with inline data", func(p *fakePeer) {
+			p.sendHeaderData(next(p), header{typ: msgCredit}.imm(), 5, []byte("hello"))
+		}, "not its data message's"},
+		{"inline data past the largest message", func(p *fakePeer) {
+			p.sendHeaderData(next(p), header{typ: msgData}.imm(), 72, make([]byte, 72))
+		}, "larger than the largest"},
 		{"credit with a length", func(p *fakePeer) { p.sendHeader(next(p), header{typ: msgCredit}.imm(), 5) }, "control message with payload"},
 		{"fin with a length", func(p *fakePeer) { p.sendHeader(next(p), header{typ: msgFin}.imm(), 1) }, "control message with payload"},
 		{"empty data message", func(p *fakePeer) { p.sendHeader(next(p), header{typ: msgData}.imm(), 0) }, "empty data message"},
@@ -193,4 +206,57 @@ func TestConnHeadersProtocolViolations(t *testing.T) {
 			requireNetOpError(t, rerr, "read")
 		})
 	}
+}
+
+// TestConnHeadersInlineData: a data message small enough travels in its
+// header's SEND (one work request, not two), and one that arrives that way
+// is read like any other.
+func TestConnHeadersInlineData(t *testing.T) {
+	p := newHeadersConn(t, 8, 1024)
+	p.c.mu.Lock()
+	p.c.tx.maxInline = ibv.HeaderSlot // what siw grants
+	p.c.mu.Unlock()
+
+	small := bytes.Repeat([]byte("s"), ibv.HeaderData)
+	_, err := p.c.Write(small)
+	require.NoError(t, err)
+	s := p.sent()
+	require.Len(t, s, 1, "header and payload in one SEND")
+	require.Equal(t, int32(ibv.SendHeader|ibv.SendHeaderData), s[0].Flags&^ibv.SendSignaled)
+	require.Equal(t, uint32(len(small)), s[0].Len)
+	require.Equal(t, string(small), p.payload(s[0]), "the payload the C side copies behind the header")
+	require.Equal(t, header{typ: msgData}, headerOf(s[0].Imm))
+
+	// One byte more than fits: the RDMA WRITE and the header SEND.
+	_, err = p.c.Write(append(small, 'x'))
+	require.NoError(t, err)
+	s = p.sent()
+	require.Len(t, s, 2)
+	require.NotZero(t, s[0].Flags&ibv.SendWrite)
+	require.Equal(t, int32(ibv.SendHeader), s[1].Flags&^ibv.SendSignaled)
+
+	// Arrivals both ways, in order: inline, by WRITE, inline.
+	wr := func() ibv.RecvWR {
+		w, ok := p.q.recvAt(p.nextRx)
+		require.True(t, ok)
+		p.nextRx++
+		return w
+	}
+	place := func(n int) {
+		start := ringPlace(p.tail, p.c.rx.span, p.c.rx.maxMsg)
+		p.tail = ringEnd(start, n)
+	}
+	place(5)
+	p.sendHeaderData(wr(), header{typ: msgData}.imm(), 5, []byte("hello"))
+	p.deliver(header{typ: msgData}, []byte(", big "))
+	place(5)
+	p.sendHeaderData(wr(), header{typ: msgData}.imm(), 5, []byte("world"))
+	buf := make([]byte, 64)
+	var got []byte
+	for len(got) < 16 {
+		n, err := p.c.Read(buf)
+		require.NoError(t, err)
+		got = append(got, buf[:n]...)
+	}
+	require.Equal(t, "hello, big world", string(got))
 }

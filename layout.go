@@ -22,7 +22,7 @@ import "github.com/goverbs/rdma/internal/ibv"
 // message's header comes as the payload of a SEND instead, and each
 // receive has a slot of its own for it, after the send ring:
 //
-//	[ header slots: recvSlots × ibv.HeaderLen, whole pages ]  local write: receives land here
+//	[ header slots: recvSlots × ibv.HeaderSlot, whole pages ]  local write: receives land here
 type layout struct {
 	bufSize   int
 	ring      int
@@ -90,7 +90,7 @@ func (l layout) sendOff() int { return l.ring }
 func (l layout) hdrOff() int  { return 2 * l.ring }
 
 // hdrSize is the bytes of the header slots, in whole pages.
-func (l layout) hdrSize() int { return (l.hdrs*ibv.HeaderLen + page - 1) &^ (page - 1) }
+func (l layout) hdrSize() int { return (l.hdrs*ibv.HeaderSlot + page - 1) &^ (page - 1) }
 
 // size is the arena size: two rings and the header slots, of whole pages.
 func (l layout) size() int { return 2*l.ring + l.hdrSize() }

@@ -33,14 +33,18 @@ var testAddr6 = os.Getenv("RDMA_TEST_ADDR6")
 func siw() bool { return os.Getenv("RDMA_TEST_PROVIDER") == "siw" }
 
 // registered is what a connection with options o registers on the test
-// bed's device: Options.RegisteredMemory, and on iWARP the page of header
-// slots.
+// bed's device: Options.RegisteredMemory, and on iWARP the header slots.
 func registered(t testing.TB, o rdma.Options) int {
 	t.Helper()
 	n, err := o.RegisteredMemory()
 	require.NoError(t, err)
 	if siw() {
-		n += 4096
+		// An 80-byte header slot per receive, in whole pages.
+		d := o.RecvDepth
+		if d == 0 {
+			d = rdma.DefaultRecvDepth
+		}
+		n += ((d+rdma.CtrlDepth+rdma.FinSlots)*80 + 4095) &^ 4095
 	}
 	return n
 }

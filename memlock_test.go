@@ -160,10 +160,10 @@ func TestMoreCompletionQueues(t *testing.T) {
 }
 
 // registering is what the memlock error says a default connection
-// registers: its two rings, and on iWARP a page of header slots.
+// registers: its two rings, and on iWARP its header slots.
 func registering() string {
 	if siw() {
-		return "registering 260 KiB"
+		return "registering 264 KiB"
 	}
 	return "registering 256 KiB"
 }

@@ -52,10 +52,13 @@ import (
 // A data message is then its RDMA WRITE into the ring followed by that
 // SEND; RC delivers a SEND's completion only after the WRITEs posted
 // before it have landed, so the receiver finds the payload in place as
-// with the immediate. Such a side posts each receive with a slot for the
-// header and says so in its hello (helloHeaders); the other side sends
-// to it that way. A side that cannot send immediate data refuses a peer
-// that wants them.
+// with the immediate. A data message of at most HeaderData bytes may
+// instead follow its header in the SEND itself (one work request, not
+// two): the receiver copies it to where the placement rule puts it, so
+// both sides' ring arithmetic is the same either way. Such a side posts
+// each receive with a slot of HeaderSlot bytes and says so in its hello
+// (helloHeaders); the other side sends to it that way. A side that
+// cannot send immediate data refuses a peer that wants them.
 //
 // Credits come in two classes so that returning credits can never wait on
 // credits. Data messages spend data credits (the peer's RecvDepth). Credit

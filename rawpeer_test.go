@@ -35,7 +35,7 @@ const (
 	rawCQE       = 256
 	rawSendWR    = 64
 	rawHdrOff    = rawRing + rawSendArea // header slots, on a transport without immediate data
-	rawMem       = rawHdrOff + 4096
+	rawMem       = rawHdrOff + 4096      // rawRecvSlots header slots of ibv.HeaderSlot bytes
 )
 
 // rawMsg is a message the raw peer received (or a failed receive).
@@ -220,7 +220,7 @@ func (p *rawPeer) repost() error {
 	}
 	s := p.rxSlot
 	p.rxSlot = (p.rxSlot + 1) % rawRecvSlots
-	return p.qp.PostRecvs([]ibv.RecvWR{{ID: uint64(s), Addr: p.addr(rawHdrOff + s*ibv.HeaderLen), Len: ibv.HeaderLen, LKey: p.mr.LKey}})
+	return p.qp.PostRecvs([]ibv.RecvWR{{ID: uint64(s), Addr: p.addr(rawHdrOff + s*ibv.HeaderSlot), Len: ibv.HeaderSlot, LKey: p.mr.LKey}})
 }
 
 // addr is the NIC's address of p.mem[off].
@@ -360,14 +360,23 @@ func (p *rawPeer) poll() {
 			}
 			if wc.Status == ibv.WCSuccess {
 				imm, n, write := wc.Imm, wc.ByteLen, wc.Opcode == ibv.WCOpRecvWriteImm
+				var inline []byte
 				if p.headers {
-					slot := p.mem[rawHdrOff+int(wc.WRID)*ibv.HeaderLen:]
+					slot := p.mem[rawHdrOff+int(wc.WRID)*ibv.HeaderSlot:]
 					imm, n = binary.BigEndian.Uint32(slot), binary.BigEndian.Uint32(slot[4:])
 					write = n > 0
+					if wc.ByteLen > ibv.HeaderLen { // a small message's data came in the SEND
+						inline = slot[ibv.HeaderLen:wc.ByteLen]
+					}
 				}
 				wc.ByteLen = n
 				m.typ, m.ctrlAck, m.credits = rdma.ParseHeader(imm)
 				if write {
+					if inline != nil {
+						start := rdma.RingPlace(p.rxTail, p.span, p.maxMsg)
+						off := int(start % uint64(p.span))
+						copy(p.mem[off:off+len(inline)], inline)
+					}
 					// The server placed it in our ring as the rule
 					// says (we never read so slowly that it wraps
 					// over unread bytes: the tests send little).

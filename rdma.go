@@ -235,8 +235,9 @@ type Options struct {
 // defaults); SendDepth and RecvDepth cost none. That is what each
 // connection pins, whatever its traffic; it returns an error for options
 // Dial and Listen would refuse. On an iWARP device, which has no immediate
-// data, each connection registers a page more, for the headers of the
-// messages it receives (8 bytes per receive).
+// data, each connection registers 80 bytes more per receive, in whole
+// pages (8 KiB with the defaults), for the headers of the messages it
+// receives and the payload of the small ones.
 //
 // On iWARP an RDMA READ's response is written into the reader's memory
 // under the key the READ names, so memory a connection reads into allows

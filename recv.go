@@ -200,7 +200,7 @@ func (c *Conn) recvDone(wc ibv.WC) {
 
 // recvMsg handles a message that consumed one of our receives.
 func (c *Conn) recvMsg(wc ibv.WC) {
-	h, n, err := c.rx.message(wc, c.mem)
+	h, n, inline, err := c.rx.message(wc, c.mem)
 	if err != nil {
 		c.fail(err)
 		return
@@ -231,6 +231,11 @@ func (c *Conn) recvMsg(wc ibv.WC) {
 		if err != nil {
 			c.fail(err)
 			return
+		}
+		if inline != nil {
+			// It came in the SEND: into the ring where an RDMA WRITE
+			// would have put it.
+			copy(c.rx.payload(c.mem, m, 0), inline)
 		}
 		if c.rx.discarding {
 			// CloseRead has taken the queue from the reader: discard,

@@ -83,7 +83,7 @@ func (r *recvRing) prepare(k int) []ibv.RecvWR {
 	if r.hdrs > 0 {
 		for i := range k {
 			s := r.hdrNext
-			r.wrs[i] = ibv.RecvWR{ID: uint64(s), Addr: r.hdrBase + uint64(s*ibv.HeaderLen), Len: ibv.HeaderLen, LKey: r.hdrLKey}
+			r.wrs[i] = ibv.RecvWR{ID: uint64(s), Addr: r.hdrBase + uint64(s*ibv.HeaderSlot), Len: ibv.HeaderSlot, LKey: r.hdrLKey}
 			if r.hdrNext++; r.hdrNext == r.hdrs {
 				r.hdrNext = 0
 			}
@@ -93,20 +93,23 @@ func (r *recvRing) prepare(k int) []ibv.RecvWR {
 }
 
 // message decodes what a successful receive completion brings: the
-// message's header and the length of its payload (in the ring), checking
-// that it came the way its type must. With immediate data, a data message
-// is an RDMA WRITE with immediate (the completion's length is the
-// payload's) and a control message a SEND with immediate and no payload.
-// Without (header slots), every message is a SEND of the header alone,
-// which gives the payload's length; a data message's payload went ahead by
-// RDMA WRITE, which the SEND's completion implies has landed (RC places a
-// WRITE before a later SEND completes).
-func (r *recvRing) message(wc ibv.WC, mem []byte) (header, uint32, error) {
+// message's header, the length of its payload, and the payload itself when
+// it came in the receive's slot rather than in the ring, checking that it
+// came the way its type must. With immediate data, a data message is an
+// RDMA WRITE with immediate (the completion's length is the payload's) and
+// a control message a SEND with immediate and no payload. Without (header
+// slots), every message is a SEND of the header, which gives the payload's
+// length. A data message's payload either went ahead by RDMA WRITE, which
+// the SEND's completion implies has landed (RC places a WRITE before a
+// later SEND completes), or, when small, follows the header in the SEND
+// (at most ibv.HeaderData bytes): then it is returned, to be copied where
+// the WRITE would have put it.
+func (r *recvRing) message(wc ibv.WC, mem []byte) (header, uint32, []byte, error) {
 	var h header
 	var n uint32
 	if r.hdrs == 0 {
 		if wc.WRID != recvWRID || wc.Flags&ibv.WCWithImm == 0 {
-			return h, 0, &protocolError{"message without immediate data (its header)"}
+			return h, 0, nil, &protocolError{"message without immediate data (its header)"}
 		}
 		h, n = headerOf(wc.Imm), wc.ByteLen
 		if h.typ == msgData || h.typ == msgDataMore {
@@ -114,25 +117,32 @@ func (r *recvRing) message(wc ibv.WC, mem []byte) (header, uint32, error) {
 				// Data comes as RDMA WRITE with immediate into the
 				// ring, where the placement rule says; a SEND has no
 				// place there.
-				return h, 0, &protocolError{"data message that is not an RDMA WRITE with immediate data"}
+				return h, 0, nil, &protocolError{"data message that is not an RDMA WRITE with immediate data"}
 			}
 		} else if (h.typ == msgCredit || h.typ == msgFin) && (wc.Opcode != ibv.WCOpRecv || n != 0) {
-			return h, 0, &protocolError{"control message with payload or not a SEND"}
+			return h, 0, nil, &protocolError{"control message with payload or not a SEND"}
 		}
-		return h, n, nil
+		return h, n, nil, nil
 	}
 	if wc.WRID >= uint64(r.hdrs) {
-		return h, 0, &protocolError{"receive completion of no header slot"}
+		return h, 0, nil, &protocolError{"receive completion of no header slot"}
 	}
-	if wc.Opcode != ibv.WCOpRecv || wc.Flags&ibv.WCWithImm != 0 || wc.ByteLen != ibv.HeaderLen {
-		return h, 0, &protocolError{"message that is not a SEND of a header alone"}
+	if wc.Opcode != ibv.WCOpRecv || wc.Flags&ibv.WCWithImm != 0 || wc.ByteLen < ibv.HeaderLen || wc.ByteLen > ibv.HeaderSlot {
+		return h, 0, nil, &protocolError{"message that is not a SEND of a header"}
 	}
-	b := mem[r.hdrOff+int(wc.WRID)*ibv.HeaderLen:]
+	b := mem[r.hdrOff+int(wc.WRID)*ibv.HeaderSlot:]
 	h, n = headerOf(binary.BigEndian.Uint32(b)), binary.BigEndian.Uint32(b[4:])
-	if (h.typ == msgCredit || h.typ == msgFin) && n != 0 {
-		return h, 0, &protocolError{"control message with payload"}
+	var data []byte
+	if wc.ByteLen > ibv.HeaderLen {
+		if h.typ != msgData && h.typ != msgDataMore || n != wc.ByteLen-ibv.HeaderLen {
+			return h, 0, nil, &protocolError{"a header SEND with payload that is not its data message's"}
+		}
+		data = b[ibv.HeaderLen:wc.ByteLen]
 	}
-	return h, n, nil
+	if (h.typ == msgCredit || h.typ == msgFin) && n != 0 {
+		return h, 0, nil, &protocolError{"control message with payload"}
+	}
+	return h, n, data, nil
 }
 
 // open sets the geometry agreed with the peer.

@@ -196,9 +196,16 @@ func (r *sendRing) queue(h header, n int, finSent bool) {
 		r.carries = true
 	}
 	if r.headers {
+		id := sendWRID(r.dataSeq, r.ctrlSeq)
+		if n > 0 && n <= ibv.HeaderData && ibv.HeaderLen+n <= r.maxInline {
+			// Small: the payload rides in the header's SEND, one work
+			// request where a WRITE and a SEND would be two.
+			r.sends = append(r.sends, ibv.SendWR{ID: id, Addr: addr, Len: uint32(n), LKey: r.lkey,
+				Flags: int32(flags&ibv.SendSignaled | ibv.SendHeader | ibv.SendHeaderData), Imm: h.imm()})
+			return
+		}
 		// The payload by plain RDMA WRITE, unsignaled (the header's
 		// completion retires it), then the header by SEND.
-		id := sendWRID(r.dataSeq, r.ctrlSeq)
 		if n > 0 {
 			r.sends = append(r.sends, ibv.SendWR{ID: id, Addr: addr, Len: uint32(n), LKey: r.lkey,
 				Flags: int32(flags&ibv.SendInline | ibv.SendWrite), RemoteAddr: raddr, RKey: rkey})

@@ -43,6 +43,10 @@ package ibv
 #define GV_SEND_HEADER (1 << 26)
 // And a SEND without immediate data of the payload at addr.
 #define GV_SEND_PLAIN (1 << 25)
+// With GV_SEND_HEADER: the length bytes at addr follow the header inline.
+#define GV_HEADER_DATA (1 << 24)
+#define GV_HEADER_LEN 8
+#define GV_HEADER_SLOT 80
 
 // gv_wc is the part of ibv_wc the Go side reads; its layout is mirrored by
 // the Go type WC.
@@ -130,7 +134,7 @@ static int gv_post_sends(uintptr_t qpp, int n, const struct gv_send *in) {
 	struct ibv_qp *qp = (struct ibv_qp *)qpp;
 	struct ibv_send_wr wr[GV_MAX_SEND], *bad;
 	struct ibv_sge sge[GV_MAX_SEND];
-	uint32_t hdr[GV_MAX_SEND][2];
+	unsigned char hdr[GV_MAX_SEND][GV_HEADER_SLOT];
 	if (n > GV_MAX_SEND)
 		return EINVAL;
 	memset(wr, 0, n * sizeof(wr[0]));
@@ -144,14 +148,22 @@ static int gv_post_sends(uintptr_t qpp, int n, const struct gv_send *in) {
 		if (in[i].flags & GV_SEND_HEADER) {
 			// Inline: the provider copies the bytes at post time, so
 			// they may live on this stack and need no key.
-			hdr[i][0] = htonl(in[i].imm);
-			hdr[i][1] = htonl(in[i].length);
+			uint32_t h[2] = {htonl(in[i].imm), htonl(in[i].length)};
+			memcpy(hdr[i], h, GV_HEADER_LEN);
+			sge[i].length = GV_HEADER_LEN;
+			if (in[i].flags & GV_HEADER_DATA) {
+				if (in[i].length > GV_HEADER_SLOT - GV_HEADER_LEN)
+					return EINVAL;
+				// The payload is in registered memory outside
+				// Go's heap (the send ring).
+				memcpy(hdr[i] + GV_HEADER_LEN, (const void *)(uintptr_t)in[i].addr, in[i].length);
+				sge[i].length += in[i].length;
+			}
 			sge[i].addr = (uintptr_t)hdr[i];
-			sge[i].length = sizeof(hdr[i]);
 			sge[i].lkey = 0;
 			wr[i].num_sge = 1;
 			wr[i].opcode = IBV_WR_SEND;
-			wr[i].send_flags = (in[i].flags & ~GV_SEND_HEADER) | IBV_SEND_INLINE;
+			wr[i].send_flags = (in[i].flags & ~(GV_SEND_HEADER | GV_HEADER_DATA)) | IBV_SEND_INLINE;
 		} else if (in[i].flags & GV_SEND_PLAIN) {
 			wr[i].opcode = IBV_WR_SEND;
 			wr[i].send_flags = in[i].flags & ~GV_SEND_PLAIN;
@@ -319,8 +331,12 @@ var (
 	_ [C.GV_SEND_HEADER - SendHeader]struct{}
 	_ [SendPlain - C.GV_SEND_PLAIN]struct{}
 	_ [C.GV_SEND_PLAIN - SendPlain]struct{}
-	_ [HeaderLen - 8]struct{}
-	_ [8 - HeaderLen]struct{}
+	_ [HeaderLen - C.GV_HEADER_LEN]struct{}
+	_ [C.GV_HEADER_LEN - HeaderLen]struct{}
+	_ [HeaderSlot - C.GV_HEADER_SLOT]struct{}
+	_ [C.GV_HEADER_SLOT - HeaderSlot]struct{}
+	_ [SendHeaderData - C.GV_HEADER_DATA]struct{}
+	_ [C.GV_HEADER_DATA - SendHeaderData]struct{}
 	_ [WCRemAccessErr - C.IBV_WC_REM_ACCESS_ERR]struct{}
 	_ [C.IBV_WC_REM_ACCESS_ERR - WCRemAccessErr]struct{}
 	_ [WCRemInvReqErr - C.IBV_WC_REM_INV_REQ_ERR]struct{}

@@ -37,8 +37,19 @@ const (
 	SendPlain = 1 << 25
 )
 
-// HeaderLen is the payload of a SendHeader SEND.
-const HeaderLen = 8
+// HeaderLen is the header a SendHeader SEND starts with. With
+// SendHeaderData its payload follows: the Len bytes at Addr (under LKey),
+// at most HeaderData of them, copied inline behind the header.
+const (
+	HeaderLen  = 8
+	HeaderData = 72
+	// HeaderSlot is what a receive takes such a SEND into.
+	HeaderSlot = HeaderLen + HeaderData
+)
+
+// SendHeaderData, with SendHeader, carries the data message's payload in
+// the SEND itself, behind the header, instead of an RDMA WRITE before it.
+const SendHeaderData = 1 << 24
 
 // Completion statuses and flags the library distinguishes.
 const (

@@ -167,7 +167,8 @@ static int gv_create_qp(struct rdma_cm_id *id, void *pd, void *cq, uint32_t send
 	while (rdma_create_qp(id, pd, &a)) {
 		if (errno != EINVAL || a.cap.max_inline_data == 0)
 			return -1;
-		a.cap.max_inline_data = a.cap.max_inline_data > 64 ? 64 : 0;
+		uint32_t m = a.cap.max_inline_data;
+		a.cap.max_inline_data = m > 80 ? 80 : m > 64 ? 64 : 0;
 	}
 	*max_inline = a.cap.max_inline_data;
 	return 0;
