@@ -150,28 +150,34 @@ static int gv_connect(struct rdma_cm_id *id, const void *pd, uint8_t pdlen, int 
 
 static int gv_create_qp(struct rdma_cm_id *id, void *pd, void *cq, uint32_t send_wr,
                         uint32_t recv_wr, uint32_t inline_data, uint32_t *max_inline) {
-	struct ibv_qp_init_attr a;
-	memset(&a, 0, sizeof(a));
-	a.send_cq = cq;
-	a.recv_cq = cq;
-	a.qp_type = IBV_QPT_RC;
-	a.cap.max_send_wr = send_wr;
-	a.cap.max_recv_wr = recv_wr;
-	a.cap.max_send_sge = 1;
-	a.cap.max_recv_sge = 1;
-	a.cap.max_inline_data = inline_data;
-	a.sq_sig_all = 0;
 	// Some providers refuse an inline size they cannot honour (siw takes
 	// at most 80 bytes): retry with less, then without, rather than fail
-	// the connection.
-	while (rdma_create_qp(id, pd, &a)) {
-		if (errno != EINVAL || a.cap.max_inline_data == 0)
+	// the connection. The sizes tried are fixed: a failed attempt may
+	// have written the provider's own figures into the attributes (when
+	// the QP was created and librdmacm then failed to set it up).
+	const uint32_t sizes[] = {inline_data, 80, 64, 0};
+	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		if (i > 0 && sizes[i] >= inline_data)
+			continue;
+		struct ibv_qp_init_attr a;
+		memset(&a, 0, sizeof(a));
+		a.send_cq = cq;
+		a.recv_cq = cq;
+		a.qp_type = IBV_QPT_RC;
+		a.cap.max_send_wr = send_wr;
+		a.cap.max_recv_wr = recv_wr;
+		a.cap.max_send_sge = 1;
+		a.cap.max_recv_sge = 1;
+		a.cap.max_inline_data = sizes[i];
+		a.sq_sig_all = 0;
+		if (rdma_create_qp(id, pd, &a) == 0) {
+			*max_inline = a.cap.max_inline_data;
+			return 0;
+		}
+		if (errno != EINVAL)
 			return -1;
-		uint32_t m = a.cap.max_inline_data;
-		a.cap.max_inline_data = m > 80 ? 80 : m > 64 ? 64 : 0;
 	}
-	*max_inline = a.cap.max_inline_data;
-	return 0;
+	return -1;
 }
 
 // gv_create_own_qp creates an RC QP that is not the id's, so librdmacm
