@@ -184,6 +184,11 @@ func (c *Conn) recvDone(wc ibv.WC) {
 		}
 		return
 	}
+	if c.mem == nil {
+		// Released (a drain that timed out): the memory is gone, and
+		// with it anything this completion could deliver.
+		return
+	}
 	if !c.rx.opened() {
 		// The peer was established first and wrote before open has the
 		// ring's geometry: open handles it, in order. The peer's credits
