@@ -148,6 +148,21 @@ static int gv_connect(struct rdma_cm_id *id, const void *pd, uint8_t pdlen, int 
 	return accept ? rdma_accept(id, &p) : rdma_connect(id, &p);
 }
 
+// gv_rc_attr is the attributes of an RC QP on cq with send_wr and recv_wr
+// work requests of one scatter entry each, no inline data.
+static struct ibv_qp_init_attr gv_rc_attr(void *cq, uint32_t send_wr, uint32_t recv_wr) {
+	struct ibv_qp_init_attr a;
+	memset(&a, 0, sizeof(a));
+	a.send_cq = cq;
+	a.recv_cq = cq;
+	a.qp_type = IBV_QPT_RC;
+	a.cap.max_send_wr = send_wr;
+	a.cap.max_recv_wr = recv_wr;
+	a.cap.max_send_sge = 1;
+	a.cap.max_recv_sge = 1;
+	return a;
+}
+
 static int gv_create_qp(struct rdma_cm_id *id, void *pd, void *cq, uint32_t send_wr,
                         uint32_t recv_wr, uint32_t inline_data, uint32_t *max_inline) {
 	// Some providers refuse an inline size they cannot honour (siw takes
@@ -159,17 +174,8 @@ static int gv_create_qp(struct rdma_cm_id *id, void *pd, void *cq, uint32_t send
 	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
 		if (i > 0 && sizes[i] >= inline_data)
 			continue;
-		struct ibv_qp_init_attr a;
-		memset(&a, 0, sizeof(a));
-		a.send_cq = cq;
-		a.recv_cq = cq;
-		a.qp_type = IBV_QPT_RC;
-		a.cap.max_send_wr = send_wr;
-		a.cap.max_recv_wr = recv_wr;
-		a.cap.max_send_sge = 1;
-		a.cap.max_recv_sge = 1;
+		struct ibv_qp_init_attr a = gv_rc_attr(cq, send_wr, recv_wr);
 		a.cap.max_inline_data = sizes[i];
-		a.sq_sig_all = 0;
 		if (rdma_create_qp(id, pd, &a) == 0) {
 			*max_inline = a.cap.max_inline_data;
 			return 0;
@@ -184,15 +190,7 @@ static int gv_create_qp(struct rdma_cm_id *id, void *pd, void *cq, uint32_t send
 // leaves its states to the caller, and moves it to INIT. Returns NULL with
 // errno on failure.
 static struct ibv_qp *gv_create_own_qp(struct rdma_cm_id *id, void *pd, void *cq, uint32_t send_wr, uint32_t recv_wr) {
-	struct ibv_qp_init_attr a;
-	memset(&a, 0, sizeof(a));
-	a.send_cq = cq;
-	a.recv_cq = cq;
-	a.qp_type = IBV_QPT_RC;
-	a.cap.max_send_wr = send_wr;
-	a.cap.max_recv_wr = recv_wr;
-	a.cap.max_send_sge = 1;
-	a.cap.max_recv_sge = 1;
+	struct ibv_qp_init_attr a = gv_rc_attr(cq, send_wr, recv_wr);
 	struct ibv_qp *qp = ibv_create_qp(pd, &a);
 	if (!qp)
 		return NULL;
