@@ -472,6 +472,15 @@ func TestConnFailedPost(t *testing.T) {
 	_, err = p.c.Write([]byte("y"))
 	require.ErrorIs(t, err, syscall.EIO)
 	require.ErrorContains(t, err, "ibv_post_send")
+
+	// A QP that has left RTS refuses the post (siw): the connection
+	// closed under it, which reads as a reset, not as the verb's errno.
+	p = newFakeConn(t, 4, 64)
+	p.q.sendErr = os.NewSyscallError("ibv_post_send", syscall.ENOTCONN)
+	_, err = p.c.Write([]byte("x"))
+	require.NoError(t, err)
+	_, err = p.c.Write([]byte("y"))
+	require.ErrorIs(t, err, syscall.ECONNRESET)
 }
 
 func TestConnDrainWaitsForPostInFlight(t *testing.T) {

@@ -225,6 +225,11 @@ func (c *Conn) startOneSided(ctx context.Context, op uint8, local *Region, lo, n
 	if err != nil {
 		t.inFlight--
 		t.put(i)
+		if e := c.oneSidedEnded(); e != nil {
+			err = e // the connection ended meanwhile: say so, not how the post failed
+		} else {
+			err = postFailed(err)
+		}
 	}
 	if c.life.phase == phaseDead {
 		signal(c.drained)

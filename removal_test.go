@@ -3,14 +3,16 @@
 package rdma_test
 
 import (
-	"context"
+	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"regexp"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -39,14 +41,29 @@ func linkType() string {
 
 func rdmaLink(t *testing.T, timeout time.Duration, args ...string) (time.Duration, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
+	cmd := exec.Command("rdma", append([]string{"link"}, args...)...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
 	start := time.Now()
-	out, err := exec.CommandContext(ctx, "rdma", append([]string{"link"}, args...)...).CombinedOutput()
-	if err != nil {
-		err = errors.Join(err, errors.New(string(out)))
+	if err := cmd.Start(); err != nil {
+		return 0, err
 	}
-	return time.Since(start), err
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			err = errors.Join(err, errors.New(out.String()))
+		}
+		return time.Since(start), err
+	case <-time.After(timeout):
+		// A delete the kernel holds until this process lets go of the
+		// device sleeps uninterruptibly: killing it cannot end the wait,
+		// so say where it sleeps and leave it.
+		stack, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stack", cmd.Process.Pid))
+		_ = cmd.Process.Kill()
+		return time.Since(start), fmt.Errorf("rdma link %s: still running after %v; kernel stack:\n%s", strings.Join(args, " "), timeout, stack)
+	}
 }
 
 // TestDeviceRemoval deletes the RDMA device (rdma link delete) while a
@@ -58,7 +75,6 @@ func rdmaLink(t *testing.T, timeout time.Duration, args ...string) (time.Duratio
 // the same process.
 func TestDeviceRemoval(t *testing.T) {
 	needDevice(t)
-	needNotSiw(t, "measured: after rdma link delete siw0 a Dial in progress gets no device-removal event and fails 9.5 s later as unreachable, not at once with ErrNoDevice")
 	out, err := exec.Command("rdma", "link", "show").Output()
 	require.NoError(t, err)
 	m := rxeLinkRE.FindStringSubmatch(string(out))
@@ -141,8 +157,15 @@ func TestDeviceRemoval(t *testing.T) {
 		e := <-ended
 		after := e.at.Sub(start)
 		t.Logf("%s failed %v after the delete began: %v", e.name, after.Round(time.Millisecond), e.err)
-		require.ErrorIs(t, e.err, rdma.ErrNoDevice, e.name)
-		require.ErrorIs(t, e.err, syscall.ENODEV, e.name)
+		if siw() && (e.name == "Read" || e.name == "Write") && errors.Is(e.err, syscall.ECONNRESET) {
+			// On iWARP the connection is a TCP stream: its other end,
+			// on the same device in this process, may hear of the
+			// removal first and let go, and the reset reach this end
+			// before its own removal event does (measured: 67 ms).
+		} else {
+			require.ErrorIs(t, e.err, rdma.ErrNoDevice, e.name)
+			require.ErrorIs(t, e.err, syscall.ENODEV, e.name)
+		}
 		var oe *net.OpError
 		require.ErrorAs(t, e.err, &oe)
 		require.Equal(t, "rdma", oe.Net)

@@ -1,6 +1,7 @@
 package rdma
 
 import (
+	"errors"
 	"io"
 	"net"
 	"syscall"
@@ -301,7 +302,7 @@ func (c *Conn) flushDroppingLock() {
 		if err != nil {
 			// The connection has failed: post nothing more (the
 			// teardown's marker retires what never went out).
-			c.life.failWrite(err)
+			c.life.failWrite(postFailed(err))
 			c.tx.sends = c.tx.sends[:0]
 			signal(c.txReady)
 			break
@@ -351,4 +352,15 @@ func (c *Conn) sendFinDroppingLock() error {
 	// peer may read the fin, close, and have its disconnect recorded here.
 	c.flushDroppingLock()
 	return nil
+}
+
+// postFailed is what a failed post means to the caller. siw refuses work
+// (its doorbell fails with ENOTCONN) once its QP has left RTS, the iWARP
+// connection closing under it before this side has heard; on rxe the same
+// work would be flushed and the connection read as reset, so it does here.
+func postFailed(err error) error {
+	if errors.Is(err, syscall.ENOTCONN) {
+		return syscall.ECONNRESET
+	}
+	return err
 }

@@ -104,7 +104,11 @@ for a in $(cat /proc/cmdline); do
 	case $a in testbed.host=[0-9]*) host=${a#*=} ;; testbed.provider=siw) provider=siw ;; esac
 done
 rdmamod=rdma_rxe && [ "$provider" = rxe ] || rdmamod=siw
-mods="virtio_pci 9pnet_virtio 9p overlay $rdmamod rdma_ucm ib_uverbs dummy"
+# ib_uverbs before rdma_cm: a device delete takes its clients off in the reverse order they
+# registered, and ib_uverbs waits there until every process has closed the device, which a
+# process does when rdma_cm tells it of the removal, so rdma_cm must be told first. rdma_rxe
+# pulls ib_uverbs in before itself; siw does not, and rdma_ucm would load rdma_cm first.
+mods="virtio_pci 9pnet_virtio 9p overlay ib_uverbs $rdmamod rdma_ucm dummy"
 [ -z "$host" ] || mods="$mods virtio_net sch_netem"
 for m in $mods; do
 	modprobe "$m" $([ "$m" = dummy ] && echo numdummies=0) || echo "testbed: modprobe $m failed"

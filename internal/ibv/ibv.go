@@ -83,6 +83,17 @@ static int gv_poll(uintptr_t cqp, int n, struct gv_wc *out) {
 	return got;
 }
 
+// gv_ret turns a post verb's return into an errno value. Most providers
+// return the errno value itself; some return -1 and leave the cause in
+// errno (siw's doorbell is a write(2) to the command descriptor, which
+// fails with ENOTCONN once the QP has left RTS), which read as -1 would
+// pass for EPERM.
+static int gv_ret(int r) {
+	if (r == -1 && errno != 0)
+		return errno;
+	return r < 0 ? -r : r;
+}
+
 // gv_recv mirrors the Go type RecvWR.
 struct gv_recv {
 	uint64_t wr_id;
@@ -107,7 +118,8 @@ static int gv_post_recvs(uintptr_t qpp, int n, const struct gv_recv *in) {
 		wr[i].num_sge = in[i].length ? 1 : 0;
 		wr[i].next = i + 1 < n ? &wr[i + 1] : NULL;
 	}
-	return ibv_post_recv(qp, wr, &bad);
+	errno = 0;
+	return gv_ret(ibv_post_recv(qp, wr, &bad));
 }
 
 // gv_send mirrors the Go type SendWR.
@@ -189,7 +201,8 @@ static int gv_post_sends(uintptr_t qpp, int n, const struct gv_send *in) {
 		}
 		wr[i].next = i + 1 < n ? &wr[i + 1] : NULL;
 	}
-	return ibv_post_send(qp, wr, &bad);
+	errno = 0;
+	return gv_ret(ibv_post_send(qp, wr, &bad));
 }
 
 // gv_post_rdma posts one RDMA operation of the peer's memory at raddr in
@@ -219,7 +232,8 @@ static int gv_post_rdma(uintptr_t qpp, int opcode, uint64_t wr_id, uint64_t addr
 		wr.wr.rdma.remote_addr = raddr;
 		wr.wr.rdma.rkey = rkey;
 	}
-	return ibv_post_send(qp, &wr, &bad);
+	errno = 0;
+	return gv_ret(ibv_post_send(qp, &wr, &bad));
 }
 
 // gv_release_files points the context's command and event descriptors at
