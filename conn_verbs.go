@@ -68,6 +68,7 @@ const (
 	ackTimeoutHW  = 18
 	ackTimeoutRXE = 14
 	rxeVendorID   = 0xffffff // RXE_VENDOR_ID
+	siwVendorID   = 0x626d74 // SIW_VENDOR_ID ("bmt")
 )
 
 func newVerbsConn(cm *cmLoop, ph phase) *Conn {

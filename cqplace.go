@@ -7,6 +7,17 @@ package rdma
 // default Options). placeCQ decides where a new connection goes; it is
 // pure arithmetic, so that every branch is tested without a device.
 
+// fixedCQE is the size of each CQ of a device that cannot resize them:
+// rxe's maximum (32,768 entries, 1 MiB of completions on siw), not the
+// device's own (siw's is 3,276,800: 100 MiB of kernel memory per CQ).
+// On siw the first CQ of this size also keeps a bug of libsiw (rdma-core
+// up to at least v44) away: it takes the mmap offset 0x90000 for its
+// "invalid key", so the QP or CQ whose queue the kernel maps at page 144
+// of the context fails to create (EINVAL, the 19th connection pair of a
+// process); a first CQ of 257 pages, created before any QP, holds that
+// page for as long as the device is open.
+const fixedCQE = 32768
+
 // cqLoad is what placement knows of one CQ: its size and the entries its
 // connections have reserved.
 type cqLoad struct{ cap, reserved int }
@@ -22,8 +33,8 @@ type cqPlacement struct{ index, size int }
 // and growing one (doubling, so that resizes stay rare) to creating one.
 // Only a connection that alone needs more than maxCQE does not fit. A
 // device that cannot resize a CQ (siw) gets no growth (grow unset): its
-// CQs are created at the maximum instead, so that each serves as many
-// connections as a grown one would.
+// CQs are created at fixedCQE instead (or its maximum, if less), so that
+// each serves as many connections as a grown one would on rxe.
 func placeCQ(loads []cqLoad, cqe, maxCQE, initial int, grow bool) (cqPlacement, error) {
 	if cqe > maxCQE {
 		return cqPlacement{}, &cqLimitError{need: cqe, max: maxCQE}
@@ -34,7 +45,7 @@ func placeCQ(loads []cqLoad, cqe, maxCQE, initial int, grow bool) (cqPlacement, 
 		}
 	}
 	if !grow {
-		return cqPlacement{-1, maxCQE}, nil
+		return cqPlacement{-1, min(max(fixedCQE, cqe), maxCQE)}, nil
 	}
 	for i, l := range loads {
 		if need := l.reserved + cqe; need <= maxCQE {

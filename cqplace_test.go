@@ -66,8 +66,8 @@ func TestPlaceCQFills(t *testing.T) {
 	require.Len(t, loads, (10000+max/cqe-1)/(max/cqe), "%d connections per CQ", max/cqe)
 }
 
-// TestPlaceCQNoResize: a device that cannot resize CQs gets CQs of the
-// maximum size, filled before another is made, and none is ever grown.
+// TestPlaceCQNoResize: a device that cannot resize CQs gets CQs of
+// fixedCQE entries (its maximum if less), filled before another is made, and none is ever grown.
 func TestPlaceCQNoResize(t *testing.T) {
 	const max, initial, cqe = 1000, 100, 40
 	var loads []cqLoad
@@ -83,4 +83,13 @@ func TestPlaceCQNoResize(t *testing.T) {
 		loads[p.index].reserved += cqe
 	}
 	require.Len(t, loads, 4, "25 connections of 40 entries per CQ of 1,000")
+
+	// A device whose maximum is huge (siw: 3,276,800) gets CQs of
+	// fixedCQE, or of one connection's need if more.
+	p, err := placeCQ(nil, cqe, 3276800, initial, false)
+	require.NoError(t, err)
+	require.Equal(t, cqPlacement{-1, fixedCQE}, p)
+	p, err = placeCQ([]cqLoad{{fixedCQE, fixedCQE - 10}}, 2*fixedCQE, 3276800, initial, false)
+	require.NoError(t, err)
+	require.Equal(t, cqPlacement{-1, 2 * fixedCQE}, p)
 }

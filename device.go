@@ -41,8 +41,8 @@ type device struct {
 	// tagged write into the reader's memory, which must allow remote
 	// writes.
 	iwarp bool
-	// noResize: the device cannot resize a CQ (siw), found on the first
-	// try; under devMu.
+	// noResize: the device cannot resize a CQ (known for siw, else
+	// found on the first try); under devMu.
 	noResize bool
 
 	refs       int         // under devMu
@@ -180,8 +180,14 @@ func newDevice(ctx *ibv.Context) (*device, error) {
 		async.Run(d.events.handle)
 	}()
 	if a, err := ctx.Query(); err == nil {
-		if a.VendorID == rxeVendorID {
+		switch a.VendorID {
+		case rxeVendorID:
 			d.ackTimeout = ackTimeoutRXE
+		case siwVendorID:
+			// No ibv_resize_cq; knowing it before the first CQ makes
+			// that CQ fixedCQE entries, which keeps libsiw's bad
+			// mmap key away (see fixedCQE).
+			d.noResize = true
 		}
 		d.maxCQE = a.MaxCQE
 		d.initDepth, d.respDepth = readDepth(a.MaxQPInitRdAtom), readDepth(a.MaxQPRdAtom)

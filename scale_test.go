@@ -34,8 +34,7 @@ func TestScale(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: thousands of connections under the race detector take too long")
 	}
-	perEnd, err := rdma.Options{}.RegisteredMemory()
-	require.NoError(t, err)
+	perEnd := registered(t, rdma.Options{})
 	// Registered memory is pinned: leave the rest of the machine a third
 	// of what is available.
 	avail := memAvailable(t)
