@@ -32,7 +32,11 @@ type connSys struct {
 	// offered (see rdmacm.Event): an accept grants no more.
 	reqInit, reqResp uint8
 	cmEv             chan rdmacm.Event
-	inbox            inbox[rdmacm.Event] // see inbox.go
+	// abandoned: the dial gave up while rdma_connect was still running
+	// (see connect), and the call's goroutine tears the connection down
+	// when it returns. Only the dialing goroutine touches it.
+	abandoned bool
+	inbox     inbox[rdmacm.Event] // see inbox.go
 	// qpMu is held across a librdmacm call made off the CM goroutine that
 	// moves the QP through its states (rdma_accept on the listener's
 	// setup goroutine) and across the QP's destruction, which must not
@@ -150,7 +154,9 @@ func dial(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options)
 		return nil, err
 	}
 	if err := c.handshake(ctx, src, dst, opts); err != nil {
-		c.teardown(false)
+		if !c.abandoned {
+			c.teardown(false)
+		}
 		return nil, err
 	}
 	c.mu.Lock()
@@ -203,7 +209,7 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 	if err := c.id.SetAckTimeout(c.dev.ackTimeout); err != nil {
 		return err
 	}
-	if err := c.id.ConnectRead(c.hello().marshal(), c.dev.initDepth, c.dev.respDepth); err != nil {
+	if err := c.connect(ctx); err != nil {
 		// siw connects its TCP stream within rdma_connect: a reset of
 		// its SYN comes back from the call itself, and so does a reset
 		// during the MPA exchange.
@@ -292,6 +298,33 @@ func eventErrno(ev rdmacm.Event, def syscall.Errno) error {
 		return syscall.Errno(-ev.Status)
 	}
 	return def
+}
+
+// connect calls rdma_connect. siw connects its TCP stream inside that
+// call, blocking for as long as TCP tries: about two minutes for an
+// address nobody answers (the kernel's SYN retries), whatever the Dial's
+// deadline. So on iWARP the call runs on a goroutine of its own, and a
+// Dial whose ctx ends first returns then with ctx's error, leaving the
+// connection to that goroutine, which tears it down once the call has
+// returned (the id cannot go while the call uses it).
+func (c *Conn) connect(ctx context.Context) error {
+	call := func() error { return c.id.ConnectRead(c.hello().marshal(), c.dev.initDepth, c.dev.respDepth) }
+	if !c.dev.iwarp {
+		return call() // returns at once: the outcome comes as an event
+	}
+	done := make(chan error, 1)
+	go func() { done <- call() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		c.abandoned = true
+		go func() {
+			<-done
+			c.teardown(false)
+		}()
+		return ctx.Err()
+	}
 }
 
 func (c *Conn) waitCM(ctx context.Context) (rdmacm.Event, error) {

@@ -26,7 +26,13 @@ func deviceStat() (rdma.DeviceStats, bool) {
 // waitDevice waits up to 5 s for the device's entry to satisfy ok.
 func waitDevice(t *testing.T, what string, ok func(d rdma.DeviceStats, listed bool) bool) rdma.DeviceStats {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	return waitDeviceFor(t, 5*time.Second, what, ok)
+}
+
+// waitDeviceFor waits up to limit for the device's entry to satisfy ok.
+func waitDeviceFor(t *testing.T, limit time.Duration, what string, ok func(d rdma.DeviceStats, listed bool) bool) rdma.DeviceStats {
+	t.Helper()
+	deadline := time.Now().Add(limit)
 	for {
 		d, listed := deviceStat()
 		if ok(d, listed) {

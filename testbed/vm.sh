@@ -128,6 +128,9 @@ J=/host/run/testbed && mkdir -p "$J"
 mount -t 9p -o "$o" job "$J" || { echo "testbed: cannot mount job share"; poweroff -f; }
 # busybox ip (already in memory) is faster than the host's; no DAD, as with "nodad".
 echo 0 >/proc/sys/net/ipv6/conf/default/accept_dad
+# One SYN retry (TCP gives up after 3 s, not 127 s): on siw a Dial to a silent address leaves
+# rdma_connect, which connects TCP, running past the Dial's deadline, and a test waits for it.
+echo 1 >/proc/sys/net/ipv4/tcp_syn_retries
 ip link set lo up
 if [ -n "$host" ]; then
 	# eth0 appeared with virtio_net, before the default above: it needs its own no-DAD.
