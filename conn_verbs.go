@@ -307,6 +307,9 @@ func eventErrno(ev rdmacm.Event, def syscall.Errno) error {
 // Dial whose ctx ends first returns then with ctx's error, leaving the
 // connection to that goroutine, which tears it down once the call has
 // returned (the id cannot go while the call uses it).
+// At most maxAbandoned such calls are left running at once (each holds
+// an OS thread, a QP and its registered memory until it returns); past
+// that a Dial waits for its call, as it would without the goroutine.
 func (c *Conn) connect(ctx context.Context) error {
 	call := func() error { return c.id.ConnectRead(c.hello().marshal(), c.dev.initDepth, c.dev.respDepth) }
 	if !c.dev.iwarp {
@@ -318,14 +321,29 @@ func (c *Conn) connect(ctx context.Context) error {
 	case err := <-done:
 		return err
 	case <-ctx.Done():
-		c.abandoned = true
-		go func() {
-			<-done
-			c.teardown(false)
-		}()
+	}
+	select {
+	case abandonSlots <- struct{}{}:
+	default:
+		<-done // too many left running: wait for this one
 		return ctx.Err()
 	}
+	c.abandoned = true
+	releasing.Add(1) // ReleaseIdleDevices and the tests wait for it
+	go func() {
+		defer releasing.Done()
+		<-done
+		c.teardown(false)
+		<-abandonSlots
+	}()
+	return ctx.Err()
 }
+
+// maxAbandoned bounds the rdma_connect calls that dials which gave up
+// leave running (see connect).
+const maxAbandoned = 64
+
+var abandonSlots = make(chan struct{}, maxAbandoned)
 
 func (c *Conn) waitCM(ctx context.Context) (rdmacm.Event, error) {
 	select {
@@ -358,6 +376,13 @@ func (c *Conn) handleCM(ev rdmacm.Event) {
 	c.mu.Unlock()
 	switch ph {
 	case phaseDialing:
+		if ev.Type == rdmacm.EventDeviceRemoval {
+			// Here, not only where the dialing goroutine reads it: a
+			// dial that gave up during rdma_connect (see connect) reads
+			// no more events, and the kernel waits until the device is
+			// let go. Marking twice is harmless.
+			markRemoved(c.id.Verbs())
+		}
 		select {
 		case c.cmEv <- ev:
 		default:

@@ -373,7 +373,10 @@ func Dial(network, address string) (*Conn, error) {
 }
 
 // DialContext connects to address on network, honouring ctx's deadline and
-// cancellation during resolution and connection. So that it can be plugged
+// cancellation during resolution and connection. (On iWARP the kernel
+// connects TCP inside rdma_connect and cannot be interrupted there: a Dial
+// that gives up then returns at once, and the connection's resources go
+// when that call returns, within TCP's SYN retries.) So that it can be plugged
 // into code that dials TCP (http.Transport.DialContext, say), it takes
 // "tcp", "tcp4" and "tcp6" to mean "rdma", "rdma4" and "rdma6".
 func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {

@@ -129,7 +129,8 @@ mount -t 9p -o "$o" job "$J" || { echo "testbed: cannot mount job share"; powero
 # busybox ip (already in memory) is faster than the host's; no DAD, as with "nodad".
 echo 0 >/proc/sys/net/ipv6/conf/default/accept_dad
 # One SYN retry (TCP gives up after 3 s, not 127 s): on siw a Dial to a silent address leaves
-# rdma_connect, which connects TCP, running past the Dial's deadline, and a test waits for it.
+# rdma_connect, which connects TCP, running past the Dial's deadline, and a test waits for it
+# (16 s in all with iwpmd's own wait).
 echo 1 >/proc/sys/net/ipv4/tcp_syn_retries
 ip link set lo up
 if [ -n "$host" ]; then

@@ -751,8 +751,9 @@ func (qp *QP) PostRecvs(wrs []RecvWR) error {
 	return nil
 }
 
-// errno is the errno value a post verb returned. The verbs return a
-// positive errno, but some providers (siw) return it negated.
+// errno is the errno value a post verb returned, as gv_ret made it
+// positive (a provider may return it negated, or -1 with errno set); it
+// also takes a negated value from the other shims.
 func errno(r C.int) syscall.Errno {
 	if r < 0 {
 		r = -r
