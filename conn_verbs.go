@@ -141,6 +141,30 @@ func (c *Conn) hello() hello {
 
 // dial runs the active side of the handshake.
 func dial(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options) (*Conn, error) {
+	for attempt := 1; ; attempt++ {
+		c, err := dialOnce(ctx, src, dst, opts)
+		if err == nil || attempt == dialAttempts || ctx.Err() != nil || !portTaken(err) {
+			return c, err
+		}
+	}
+}
+
+// dialAttempts bounds the tries of a dial whose port TCP still held (see
+// portTaken).
+const dialAttempts = 3
+
+// portTaken reports whether rdma_connect failed for want of its local
+// port. On iWARP without the port mapper (iwpmd), iw_cm gives TCP the port
+// rdma_cm chose, which TCP may still hold (a closed connection in
+// TIME_WAIT): connect(2) then fails with EADDRNOTAVAIL, where for a port
+// of its own choosing TCP would have taken another. A new id gets another
+// port, so the dial tries again.
+func portTaken(err error) bool {
+	var se *os.SyscallError
+	return errors.As(err, &se) && se.Syscall == "rdma_connect" && errors.Is(se.Err, syscall.EADDRNOTAVAIL)
+}
+
+func dialOnce(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options) (*Conn, error) {
 	cm, err := acquireCM()
 	if err != nil {
 		return nil, err

@@ -55,13 +55,13 @@ func TestDialContext(t *testing.T) {
 	_, err = d.Dial("rdma", net.JoinHostPort(silent, "7471"))
 	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
 
-	// On siw each Dial left its rdma_connect running (the call asks the
-	// port mapper, iwpmd, then connects TCP, blocking throughout); its
-	// connection goes once the call returns: when TCP gives up, after
-	// 2^(r+1)-1 s for r SYN retries, besides iwpmd's wait for the silent
-	// peer's mapper (the test bed allows one retry: measured 16.4 s in
-	// all, 6.4 s without iwpmd; the kernel's default of 6 retries takes
-	// two minutes).
+	// On siw each Dial left its rdma_connect running (the call connects
+	// TCP, blocking while TCP tries, after asking the port mapper, iwpmd,
+	// if it runs); its connection goes once the call returns: when TCP
+	// gives up, after 2^(r+1)-1 s for r SYN retries, besides iwpmd's
+	// wait for the silent peer's mapper (the test bed allows one retry
+	// and runs no iwpmd: measured 6.4 s, 16.4 s with iwpmd; the kernel's
+	// default of 6 retries takes two minutes).
 	limit := 40 * time.Second
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_syn_retries"); err == nil {
 		if r, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && r < 10 {

@@ -130,7 +130,7 @@ mount -t 9p -o "$o" job "$J" || { echo "testbed: cannot mount job share"; powero
 echo 0 >/proc/sys/net/ipv6/conf/default/accept_dad
 # One SYN retry (TCP gives up after 3 s, not 127 s): on siw a Dial to a silent address leaves
 # rdma_connect, which connects TCP, running past the Dial's deadline, and a test waits for it
-# (16 s in all with iwpmd's own wait).
+# (6.5 s in all).
 echo 1 >/proc/sys/net/ipv4/tcp_syn_retries
 ip link set lo up
 if [ -n "$host" ]; then
@@ -144,10 +144,6 @@ else
 fi
 H="chroot /host /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin"
 if $H rdma link add "${provider}0" type "$provider" netdev "$dev" >>"$J/output" 2>&1; then
-	# iWARP's port mapper, as rdma-core's udev rule starts it on a host with an iWARP device:
-	# without it iw_cm gives TCP the port rdma_cm chose, which TCP may still hold (TIME_WAIT),
-	# and rdma_connect fails with EADDRNOTAVAIL (2 of 7 runs of 1,500 pairs, none with it).
-	[ "$provider" = siw ] && $H /usr/sbin/iwpmd
 	echo "job start: uptime $(cat /proc/uptime)"
 	: >"$J/started" # tells the --pair harness that this host's command runs
 	# env -i: the job sees only what run.sh exports, not the kernel's init environment.
