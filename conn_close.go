@@ -105,7 +105,42 @@ func (c *Conn) Close() error {
 
 // releasing counts the releases of verbs objects that Close left running
 // (see teardown).
-var releasing sync.WaitGroup
+var releasing inFlight
+
+// inFlight counts work in progress, and Wait waits until there is none.
+// Unlike a sync.WaitGroup it may grow from zero while another goroutine
+// waits: a connection's Close starts a release while ReleaseIdleDevices
+// (in tests) waits for the others.
+type inFlight struct {
+	mu   sync.Mutex
+	cond sync.Cond
+	n    int
+}
+
+// Add adds d (negative to retire) to the count.
+func (f *inFlight) Add(d int) {
+	f.mu.Lock()
+	f.n += d
+	if f.n == 0 && f.cond.L != nil {
+		f.cond.Broadcast()
+	}
+	f.mu.Unlock()
+}
+
+// Done retires one.
+func (f *inFlight) Done() { f.Add(-1) }
+
+// Wait returns once the count is zero.
+func (f *inFlight) Wait() {
+	f.mu.Lock()
+	if f.cond.L == nil {
+		f.cond.L = &f.mu
+	}
+	for f.n > 0 {
+		f.cond.Wait()
+	}
+	f.mu.Unlock()
+}
 
 // undeliveredError is Close's error when data Write accepted could not be
 // delivered: the peer left no receive free for the linger time.
