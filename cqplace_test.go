@@ -67,7 +67,8 @@ func TestPlaceCQFills(t *testing.T) {
 }
 
 // TestPlaceCQNoResize: a device that cannot resize CQs gets CQs of
-// fixedCQE entries (its maximum if less), filled before another is made, and none is ever grown.
+// fixedCQE entries (its maximum if less), filled before another is made,
+// and none is ever grown.
 func TestPlaceCQNoResize(t *testing.T) {
 	const max, initial, cqe = 1000, 100, 40
 	var loads []cqLoad

@@ -28,8 +28,6 @@ import (
 
 var rxeLinkRE = regexp.MustCompile(`link (\S+)/\d+ .*netdev (\S+)`)
 
-// rdmaLink runs `rdma link ARGS` with a bound: a removal that waits for
-// this process must fail the test, not hang it.
 // linkType is the rdma link type of the test bed's device: rxe, or siw
 // (testbed/vm.sh --provider siw).
 func linkType() string {
@@ -39,6 +37,8 @@ func linkType() string {
 	return "rxe"
 }
 
+// rdmaLink runs `rdma link ARGS` with a bound: a removal that waits for
+// this process must fail the test, not hang it.
 func rdmaLink(t *testing.T, timeout time.Duration, args ...string) (time.Duration, error) {
 	t.Helper()
 	cmd := exec.Command("rdma", append([]string{"link"}, args...)...)
