@@ -85,6 +85,39 @@ func (a *arena) free() {
 	a.pd.Dealloc()
 }
 
+// verbsRings registers a connection's big rings (see resize.go) in its
+// arena's PD, mapped apart from the arena, and counts them in the
+// device's registered memory.
+type verbsRings struct {
+	pd  *ibv.PD
+	dev *device
+}
+
+func (v verbsRings) allocRing(size int, remote bool) (*ringMem, error) {
+	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
+	if err != nil {
+		return nil, os.NewSyscallError("mmap", err)
+	}
+	var mr *ibv.MR
+	if remote {
+		mr, err = v.pd.RegMRRemoteWrite(mem)
+	} else {
+		mr, err = v.pd.RegMR(mem)
+	}
+	if err != nil {
+		unix.Munmap(mem)
+		return nil, err
+	}
+	v.dev.addRegistered(size)
+	return &ringMem{buf: mem, base: addrOf(mem), lkey: mr.LKey, rkey: mr.RKey, reg: mr}, nil
+}
+
+func (v verbsRings) freeRing(m *ringMem) {
+	m.reg.(*ibv.MR).Dereg()
+	unix.Munmap(m.buf)
+	v.dev.addRegistered(-len(m.buf))
+}
+
 // addrOf is the address the NIC uses for the first byte of b.
 func addrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))) }
 

@@ -18,7 +18,7 @@ func TestLayout(t *testing.T) {
 		ring int
 	}{
 		{"small", Options{BufferSize: 4096, RecvDepth: 8, SendDepth: 4}, 8192},
-		{"defaults", defaults, 128 << 10},
+		{"defaults", defaults, 128 << 10}, // grown; it starts at initRing
 		{"minimum", Options{BufferSize: minBufferSize, RecvDepth: 2, SendDepth: 2}, 4096},
 		{"uneven", Options{BufferSize: 3000, RecvDepth: 3, SendDepth: 5}, 8192},
 	} {
@@ -28,8 +28,9 @@ func TestLayout(t *testing.T) {
 			require.Equal(t, tc.o.RecvDepth+ctrlDepth+finSlots, l.recvSlots)
 			require.Equal(t, tc.o.SendDepth, l.sendSlots)
 			require.Equal(t, ctrlDepth+finSlots, l.ctrlSlots)
-			require.Equal(t, tc.ring, l.ring, "two of the largest messages, in whole pages")
-			require.GreaterOrEqual(t, l.ring, 2*tc.o.BufferSize)
+			require.Equal(t, tc.ring, l.bigRing, "two of the largest messages, in whole pages")
+			require.GreaterOrEqual(t, l.bigRing, 2*tc.o.BufferSize)
+			require.Equal(t, min(tc.ring, initRing), l.ring, "a connection starts small")
 			require.Zero(t, l.recvOff())
 			require.Equal(t, l.ring, l.sendOff(), "the send ring follows the receive ring")
 			require.Equal(t, 2*l.ring, l.size(), "the depths cost no memory")

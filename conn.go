@@ -69,11 +69,10 @@ type Conn struct {
 	connSys
 
 	laddr, raddr *Addr
-	maxMsg       int       // payload bytes per message, from both sides' buffer sizes
 	msgRead      bool      // Options.Messages: a Read returns at most one of the peer's Writes
 	msgWrite     bool      // the peer's Options.Messages: Writes are never merged
 	qp           queuePair // posts sends and receives
-	mem          []byte    // the registered memory: the receive ring, then the send ring
+	mem          []byte    // the arena: the small receive ring, then the small send ring (and any header slots)
 	early        []ibv.WC  // messages that arrived before open
 
 	w       waiter
@@ -107,8 +106,9 @@ type Conn struct {
 	cr                      ledger
 	tx                      sendRing
 	rx                      recvRing
-	heard                   uint64 // successful completions: the peer or its NIC answered
-	qpBroken                bool   // a failed completion disconnected the QP
+	rs                      resizer // rings that follow the traffic (resize.go)
+	heard                   uint64  // successful completions: the peer or its NIC answered
+	qpBroken                bool    // a failed completion disconnected the QP
 	ka                      keepalive
 	kaTimer                 *time.Timer // ticks the keepalive while it is on
 }
@@ -140,12 +140,16 @@ func (c *Conn) initDataPath(qp queuePair, mem []byte, lay layout, sendBase uint6
 	c.msgRead = opts.Messages
 	c.w = waiter{mode: opts.Poll, spinTime: opts.SpinTime, sp: sp}
 	c.cr = newLedger(opts.RecvDepth)
-	c.rx = newRecvRing(lay.recvSlots, lay.recvOff())
+	c.rx = newRecvRing(lay.recvSlots, mem[lay.recvOff():lay.recvOff()+lay.ring])
 	if lay.headers() {
 		// The header slots follow the send ring, under its key.
 		c.rx.useHeaders(lay.hdrs, lay.hdrOff(), sendBase+uint64(lay.hdrOff()-lay.sendOff()), sendLKey)
 	}
-	c.tx = newSendRing(lay.sendSlots, lay.ctrlSlots, lay.sendOff(), sendBase, sendLKey, maxInline, lay.headers())
+	sendRing := mem[lay.sendOff() : lay.sendOff()+lay.ring]
+	c.tx = newSendRing(lay.sendSlots, lay.ctrlSlots, sendRing, sendBase, sendLKey, maxInline, lay.headers())
+	// The receive ring's key comes with the registration (setup).
+	c.initRings(ringMem{buf: c.rx.buf[0], base: sendBase - uint64(lay.sendOff()-lay.recvOff())},
+		ringMem{buf: sendRing, base: sendBase, lkey: sendLKey}, lay)
 	c.early = make([]ibv.WC, 0, lay.recvSlots)
 	c.rx.reposts = lay.recvSlots
 	c.postReposts()
@@ -164,7 +168,7 @@ func (c *Conn) initDataPath(qp queuePair, mem []byte, lay layout, sendBase uint6
 // read the reply) are handled now, in order.
 func (c *Conn) open(peer hello, lay layout) {
 	span, maxMsg := ringGeometry(lay.ring, lay.bufSize, int(peer.ringSize), int(peer.bufSize))
-	c.maxMsg = maxMsg
+	c.openRings(span, peer)
 	c.msgWrite = peer.flags&helloMessages != 0
 	c.cr.open(int(peer.recvDepth), int(peer.ctrlDepth))
 	c.cr.noMerge = c.msgWrite

@@ -351,6 +351,10 @@ func (c *Conn) releaseAll() {
 	c.tx.dropPending()
 	mem := c.mem
 	c.mem = nil
+	c.rx.buf = [2][]byte{}
+	c.tx.buf = nil
 	c.mu.Unlock()
+	// The rings registered apart, before the arena goes back to the pool.
+	c.freeRings()
 	c.freeVerbs(len(mem))
 }

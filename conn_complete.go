@@ -33,7 +33,7 @@ func (c *Conn) complete(wc ibv.WC) bool {
 	if c.life.phase == phaseDead {
 		signal(c.drained)
 	}
-	return len(c.tx.sends) > 0 || c.pendingGoes()
+	return len(c.tx.sends) > 0 || c.pendingGoes() || c.ringDue()
 }
 
 // wcError is a failed work completion: the connection is broken.

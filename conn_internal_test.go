@@ -75,7 +75,7 @@ func newFakeConnMode(t testing.TB, opts Options, peerMessages, headers bool) *fa
 	c.open(hello{flags: flags, recvDepth: uint16(depth), ctrlDepth: ctrlDepth, bufSize: uint32(bufSize),
 		ringSize: uint32(lay.ring), ringAddr: testRAddr, rkey: testRKey}, lay)
 	c.mu.Unlock()
-	require.Equal(t, bufSize, c.maxMsg)
+	require.Equal(t, bufSize, c.tx.ring.maxMsg)
 	return &fakePeer{t: t, c: c, q: q, lay: lay, headers: headers}
 }
 
@@ -92,7 +92,7 @@ func (p *fakePeer) deliver(h header, payload []byte) {
 	}
 	p.nextRx++
 	op := uint32(ibv.WCOpRecv)
-	if h.typ == msgData || h.typ == msgDataMore {
+	if isData(h.typ) {
 		op = ibv.WCOpRecvWriteImm
 		start := ringPlace(p.tail, p.c.rx.span, p.c.rx.maxMsg)
 		copy(p.c.mem[p.lay.recvOff()+int(start%uint64(p.c.rx.span)):], payload)

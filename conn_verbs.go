@@ -114,7 +114,12 @@ func (c *Conn) setup(opts Options) error {
 	cqs.add(c.vqp.Num, c)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.initDataPath(c.vqp, c.ar.mem, c.lay, c.ar.base+uint64(c.lay.sendOff()), c.ar.sendMR.LKey, inline, opts, cqs)
+	if err := c.initDataPath(c.vqp, c.ar.mem, c.lay, c.ar.base+uint64(c.lay.sendOff()), c.ar.sendMR.LKey, inline, opts, cqs); err != nil {
+		return err
+	}
+	c.rs.arenaRx.rkey, c.rs.arenaRx.lkey = c.ar.recvMR.RKey, c.ar.recvMR.LKey
+	c.rs.alloc = verbsRings{pd: c.ar.pd, dev: dev}
+	return nil
 }
 
 // start records the peer's geometry once the handshake is done.

@@ -47,12 +47,12 @@ func newLedger(recvDepth int) ledger {
 // receive kept for something else, or find none: receiver not ready).
 func (l *ledger) arrived(typ uint8) error {
 	switch typ {
-	case msgData, msgDataMore:
+	case msgData, msgDataMore, msgRing:
 		if l.peerCredits == 0 {
 			return &protocolError{"peer overran its credits: a data message beyond those granted"}
 		}
 		l.peerCredits--
-	case msgCredit:
+	case msgCredit, msgSwitched, msgDecline:
 		if l.peerCtrl == 0 {
 			return &protocolError{"peer overran its credits: a credit message beyond those granted"}
 		}
@@ -120,6 +120,18 @@ func (l *ledger) creditDue(force, open bool, ctrlInFlight int) bool {
 	}
 	if l.ctrlCredits == 0 || ctrlInFlight >= ctrlDepth {
 		l.wantCredit = true
+		return false
+	}
+	l.ctrlCredits--
+	return true
+}
+
+// ctrlFree reports whether a control message other than a credit message
+// (the answer to a ring offer) may go now, and if so spends its control
+// credit; otherwise it waits for the completion or acknowledgement that
+// frees one.
+func (l *ledger) ctrlFree(ctrlInFlight int) bool {
+	if l.ctrlCredits == 0 || ctrlInFlight >= ctrlDepth {
 		return false
 	}
 	l.ctrlCredits--

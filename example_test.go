@@ -118,8 +118,8 @@ func ExampleOptions() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Printf("%d KiB registered per connection\n", mem>>10)
-	// Output: 64 KiB registered per connection
+	fmt.Printf("%d KiB registered per idle connection\n", mem>>10)
+	// Output: 32 KiB registered per idle connection
 }
 
 // With FallbackTCP on both sides, a service runs where there is no RDMA

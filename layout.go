@@ -7,9 +7,13 @@ import "github.com/goverbs/rdma/internal/ibv"
 //	[ receive ring: ring bytes ]  registered for remote write: the peer's RDMA WRITEs land here
 //	[ send ring:    ring bytes ]  local access only: messages are written from here
 //
-// The ring is twice BufferSize (the largest message), rounded up to whole
-// pages, so that a message of any size up to BufferSize fits an empty ring
-// wherever the last one ended (see ringPlace). Receives are zero-length:
+// A connection starts with rings of initRing bytes (less for a small
+// BufferSize) and moves to rings of bigRing bytes, twice BufferSize (the
+// largest message) rounded up to whole pages, while the peer streams to it
+// (see resize.go): so that a message of any size up to BufferSize fits an
+// empty ring wherever the last one ended (see ringPlace). The big rings
+// are registered apart, and given back when the connection is idle; the
+// arena keeps the small ones. Receives are zero-length:
 // a data message's payload goes where the sender put it in the ring, and
 // control messages (credits, the fin) carry none, only their header in
 // the immediate data. So the receives (RecvDepth for data, the control
@@ -25,7 +29,8 @@ import "github.com/goverbs/rdma/internal/ibv"
 //	[ header slots: recvSlots × ibv.HeaderSlot, whole pages ]  local write: receives land here
 type layout struct {
 	bufSize   int
-	ring      int
+	ring      int // the arena's rings: what a connection starts with
+	bigRing   int // the rings it grows to
 	recvSlots int
 	sendSlots int
 	ctrlSlots int
@@ -34,10 +39,20 @@ type layout struct {
 
 const page = 4096
 
+// initRing is the ring a connection starts with: room for two messages of
+// 8 KiB, many more small ones. An idle connection end registers two of
+// them (32 KiB), where rings of the largest size would pin 256 KiB by
+// default.
+const initRing = 16 << 10
+
+// ringFor is the ring of a side whose largest message is bufSize bytes.
+func ringFor(bufSize int) int { return (2*bufSize + page - 1) &^ (page - 1) }
+
 func newLayout(o Options) layout {
 	return layout{
 		bufSize:   o.BufferSize, // payload only: the header travels as immediate data
-		ring:      (2*o.BufferSize + page - 1) &^ (page - 1),
+		ring:      min(ringFor(o.BufferSize), initRing),
+		bigRing:   ringFor(o.BufferSize),
 		recvSlots: o.RecvDepth + ctrlDepth + finSlots,
 		sendSlots: o.SendDepth,
 		ctrlSlots: ctrlDepth + finSlots,

@@ -19,23 +19,27 @@ func TestDocumentedNumbers(t *testing.T) {
 	require.Equal(t, 16, opts.SendDepth)
 	require.Equal(t, 64, opts.RecvDepth)
 
-	// README: 256 KiB registered and 107 CQ entries per connection end;
-	// resources.go's message: RecvDepth + SendDepth + 27.
+	// README: 32 KiB registered by an idle connection end, 288 KiB by
+	// one grown, and 107 CQ entries per connection end; resources.go's
+	// message: RecvDepth + SendDepth + 27.
 	lay := newLayout(opts)
-	require.Equal(t, 256<<10, lay.size())
+	require.Equal(t, 32<<10, lay.size())
+	require.Equal(t, 288<<10, lay.size()+2*lay.bigRing)
 	mem, err := Options{}.RegisteredMemory()
 	require.NoError(t, err)
-	require.Equal(t, 256<<10, mem)
+	require.Equal(t, 32<<10, mem)
 	require.Equal(t, 107, lay.cqEntries())
 	require.Equal(t, 27, cqFixed)
 	require.Equal(t, opts.RecvDepth+opts.SendDepth+cqFixed, lay.cqEntries())
 	require.Contains(t, (&cqLimitError{need: 107, max: 100}).Error(), "RecvDepth + SendDepth + 27")
 
 	// README "Failures": a listener keeps at most 32 MiB of half-open
-	// connections, 128 of 256 KiB with the defaults (and at least 32).
+	// connections, 1,024 of 32 KiB with the defaults (and at least 32),
+	// and never more than its backlog.
 	require.Equal(t, 32<<20, halfOpenMemory)
 	require.Equal(t, 128, halfOpenLimit(opts, 128))
-	require.Equal(t, 32<<20, halfOpenLimit(opts, 128)*lay.size())
+	require.Equal(t, 1024, halfOpenLimit(opts, 4096))
+	require.Equal(t, 32<<20, halfOpenLimit(opts, 4096)*lay.size())
 	require.Equal(t, 32, minHalfOpen)
 	require.Equal(t, time.Second, halfOpenGrace)
 

@@ -21,7 +21,7 @@ import (
 // version (the dialer sees the connection refused), and a dialer fails on a
 // reply of another version with ErrProtocol. Version 3 added the flags and
 // the fragment type; version 4 the receive ring; version 5 headers as SEND
-// payloads (below).
+// payloads (below); version 6 rings that grow and shrink (below).
 //
 // Memory: each side has a receive ring, the only memory the peer may
 // touch (registered for remote write, never read), and a send ring of the
@@ -71,10 +71,28 @@ import (
 // the ring bytes up to that message's end; a sender that remembers where
 // each message it sent ended (ringTx) knows how much ring is free, and
 // sends nothing that would overwrite bytes the peer has not read.
+//
+// Rings that follow the traffic: each side starts with the small ring its
+// hello announces and may move its receive ring to another (bigger while
+// the peer streams to it, the small one again once it is idle; see
+// resize.go). The receiver offers the new ring in a data message of its
+// own (msgRing, whose RingDescLen bytes of payload are the ring's address,
+// rkey and size), placed and credited like any data message but never
+// given to Read. The sender answers at a message boundary of its own: it
+// sends msgSwitched, a control message, and from then on places its
+// messages in the new ring, the running counts of both sides starting at
+// 0 there; messages sent before it stay in the old ring, and their credits
+// come back as before. A sender that cannot follow (no memory for a send
+// ring that size) answers msgDecline instead, and the receiver keeps the
+// ring it had. One offer is outstanding at a time, and the receiver makes
+// the next only once the old ring is drained. A ring's size is at most
+// what the sender's BufferSize gives (twice it, in pages), at least
+// minRing; the largest message in it is the smaller BufferSize and at most
+// half the ring, as at the handshake.
 
 const (
 	helloMagic   = 0x47565244 // "GVRD"
-	helloVersion = 5          // 1 carried the header in an 8-byte prefix; 2 had no flags; 3 used SEND and receive buffers; 4 had no helloHeaders
+	helloVersion = 6          // 1 carried the header in an 8-byte prefix; 2 had no flags; 3 used SEND and receive buffers; 4 had no helloHeaders; 5 had fixed rings
 	helloLen     = 30
 
 	helloMessages = 1 << 0 // flags: the sender's Reads are message-oriented
@@ -87,6 +105,9 @@ const (
 	msgCredit   = 2
 	msgFin      = 3
 	msgDataMore = 4 // data: a fragment; the Write goes on in the next data message
+	msgRing     = 5 // data: the receiver offers a new receive ring (its payload is a ringDesc)
+	msgSwitched = 6 // control: the sender writes into the offered ring from the next message on
+	msgDecline  = 7 // control: the sender cannot follow the offer; the old ring stays
 
 	// ringAlign is where messages start in a ring: each takes a whole
 	// number of these, so its successor starts on a cache line.
@@ -97,6 +118,47 @@ const (
 	minRing = 2 * minBufferSize
 	maxRing = 1 << 30
 )
+
+// isData reports whether messages of type typ are data messages: placed
+// in the ring, spending a data credit.
+func isData(typ uint8) bool { return typ == msgData || typ == msgDataMore || typ == msgRing }
+
+// isControl reports whether messages of type typ are control messages:
+// no payload, spending a control credit (the fin has its own receive).
+func isControl(typ uint8) bool { return typ == msgCredit || typ == msgSwitched || typ == msgDecline }
+
+// ringDesc is a msgRing's payload: a receive ring offered to the peer.
+type ringDesc struct {
+	addr uint64
+	rkey uint32
+	size uint32
+}
+
+// ringDescLen is the length of a marshaled ringDesc.
+const ringDescLen = 16
+
+func (d ringDesc) put(b []byte) {
+	binary.BigEndian.PutUint64(b, d.addr)
+	binary.BigEndian.PutUint32(b[8:], d.rkey)
+	binary.BigEndian.PutUint32(b[12:], d.size)
+}
+
+// parseRingDesc validates a peer's ring offer: exactly ringDescLen bytes, a
+// size of whole ringAlign units between minRing and most (the largest ring
+// this side sends into), not wrapping the address space.
+func parseRingDesc(b []byte, most int) (ringDesc, error) {
+	if len(b) != ringDescLen {
+		return ringDesc{}, &protocolError{fmt.Sprintf("ring offer of %d bytes", len(b))}
+	}
+	d := ringDesc{addr: binary.BigEndian.Uint64(b), rkey: binary.BigEndian.Uint32(b[8:]), size: binary.BigEndian.Uint32(b[12:])}
+	if d.size < minRing || int64(d.size) > int64(most) || d.size > maxRing || d.size%ringAlign != 0 {
+		return ringDesc{}, &protocolError{fmt.Sprintf("ring offer of size %d (at most %d)", d.size, most)}
+	}
+	if d.addr > ^uint64(0)-uint64(d.size) {
+		return ringDesc{}, &protocolError{fmt.Sprintf("ring offer at %#x of %d bytes wraps the address space", d.addr, d.size)}
+	}
+	return d, nil
+}
 
 // hello is the handshake each side sends in the CM private data.
 type hello struct {

@@ -188,8 +188,10 @@ const (
 type Options struct {
 	// BufferSize is the largest message: on a connection, the smaller of
 	// the two sides' BufferSize (headers travel apart, as immediate data);
-	// bigger Writes are split. Each side's send and receive rings hold
-	// two of them (see RegisteredMemory); a message takes only its own
+	// bigger Writes are split. A connection starts with send and receive
+	// rings of 16 KiB (messages of up to 8 KiB), and moves to rings that
+	// hold two of the largest messages while the peer streams to it, back
+	// once it is idle (see RegisteredMemory); a message takes only its own
 	// length in the peer's ring (rounded up to 64 bytes), so many small
 	// messages fit where one large one does. Default 64 KiB.
 	BufferSize int
@@ -229,11 +231,15 @@ type Options struct {
 	SpinTime time.Duration
 }
 
-// RegisteredMemory returns how many bytes of memory a connection with
-// these options registers with the device: a receive ring and a send
-// ring of 2 × BufferSize bytes each, rounded up to a page (256 KiB with the
-// defaults); SendDepth and RecvDepth cost none. That is what each
-// connection pins, whatever its traffic; it returns an error for options
+// RegisteredMemory returns how many bytes of memory an idle connection
+// with these options registers with the device: a receive ring and a send
+// ring of 16 KiB each (2 × BufferSize, in whole pages, if that is less):
+// 32 KiB with the defaults; SendDepth and RecvDepth cost none. While the
+// peer streams to it, a connection registers a receive ring of 2 ×
+// BufferSize (in whole pages, and no more than the peer's BufferSize
+// gives) besides, and the peer a send ring to match; a connection that
+// streams both ways registers both (GrownRegisteredMemory). They go again
+// once no data has come for two seconds. It returns an error for options
 // Dial and Listen would refuse. On an iWARP device, which has no immediate
 // data, each connection registers 80 bytes more per receive, in whole
 // pages (8 KiB with the defaults), for the headers of the messages it
@@ -251,6 +257,22 @@ func (o Options) RegisteredMemory() (int, error) {
 		return 0, err
 	}
 	return newLayout(o).size(), nil
+}
+
+// GrownRegisteredMemory returns the most memory a connection with these
+// options registers while it streams both ways: RegisteredMemory and a big
+// receive ring and send ring of 2 × BufferSize each, in whole pages
+// (288 KiB with the defaults).
+func (o Options) GrownRegisteredMemory() (int, error) {
+	o, err := o.normalized()
+	if err != nil {
+		return 0, err
+	}
+	l := newLayout(o)
+	if l.bigRing <= l.ring {
+		return l.size(), nil
+	}
+	return l.size() + 2*l.bigRing, nil
 }
 
 // CompletionQueueEntries returns how many entries of its device's shared

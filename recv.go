@@ -106,9 +106,10 @@ func (c *Conn) copyOutDroppingLock(b []byte) (int, bool, error) {
 	}
 	head, avail, off := c.rx.readable()
 	c.mu.Unlock()
-	n, used, off, ended := c.rx.copyOut(b, c.mem, head, avail, off, c.msgRead)
+	n, used, off, ended := c.rx.copyOut(b, head, avail, off, c.msgRead)
 	c.mu.Lock()
 	c.rx.consume(used, off)
+	c.ringDrained()
 	if used > 0 {
 		c.returnCredits(c.rx.halfUnreported())
 		c.flushDroppingLock()
@@ -136,7 +137,7 @@ func (c *Conn) writeTo(w io.Writer) (int64, error) {
 			}
 			// The head message is the reader's while readMu is held (see
 			// Read): hand it to w without the lock.
-			b := c.rx.payload(c.mem, c.rx.q[c.rx.head], c.rx.off)
+			b := c.rx.payload(c.rx.q[c.rx.head], c.rx.off)
 			c.mu.Unlock()
 			n, werr := w.Write(b)
 			c.mu.Lock()
@@ -150,6 +151,7 @@ func (c *Conn) writeTo(w io.Writer) (int64, error) {
 			c.st.BytesRead += uint64(n)
 			if n == len(b) {
 				c.rx.consume(1, 0)
+				c.ringDrained()
 				c.returnCredits(c.rx.halfUnreported())
 				c.flushDroppingLock()
 			} else {
@@ -222,6 +224,8 @@ func (c *Conn) recvMsg(wc ibv.WC) {
 		signal(c.txReady)
 	}
 	if c.life.has(shutFinRcvd) && h.typ != msgCredit {
+		// (Nor does a ring offer or its answer come after the fin: the
+		// write side shut, a sender sends neither.)
 		// The fin ended what the peer sends; credits may still come.
 		c.fail(&protocolError{"message after the fin"})
 		return
@@ -231,7 +235,7 @@ func (c *Conn) recvMsg(wc ibv.WC) {
 		return
 	}
 	switch h.typ {
-	case msgData, msgDataMore:
+	case msgData, msgDataMore, msgRing:
 		m, err := c.rx.arrived(n, h.typ == msgDataMore)
 		if err != nil {
 			c.fail(err)
@@ -240,8 +244,23 @@ func (c *Conn) recvMsg(wc ibv.WC) {
 		if inline != nil {
 			// It came in the SEND: into the ring where an RDMA WRITE
 			// would have put it.
-			copy(c.rx.payload(c.mem, m, 0), inline)
+			copy(c.rx.payload(m, 0), inline)
 		}
+		if h.typ == msgRing {
+			// Read never sees it; its ring bytes and receive go back in
+			// order with the data.
+			if err := c.ringOffered(c.rx.payload(m, 0)); err != nil {
+				c.fail(err)
+				return
+			}
+			if !c.rx.pushOffer(m) {
+				c.fail(&protocolError{"peer overran its credits"})
+				return
+			}
+			c.returnCredits(c.rx.halfUnreported())
+			return
+		}
+		c.noteData(int(n))
 		if c.rx.discarding {
 			// CloseRead has taken the queue from the reader: discard,
 			// and give the ring bytes and the receive back to the peer.
@@ -258,11 +277,22 @@ func (c *Conn) recvMsg(wc ibv.WC) {
 		if c.push(m) {
 			c.st.MessagesReceived++
 		}
-	case msgCredit, msgFin:
+	case msgCredit, msgFin, msgSwitched, msgDecline:
 		if h.typ == msgFin {
 			if c.push(rxMsg{n: -1}) {
 				c.life.set(shutFinRcvd)
 			}
+			return
+		}
+		var err error
+		switch h.typ {
+		case msgSwitched:
+			err = c.ringSwitched()
+		case msgDecline:
+			err = c.ringDeclined()
+		}
+		if err != nil {
+			c.fail(err)
 			return
 		}
 		// Post the receive again at once, on its own (queued data

@@ -14,8 +14,9 @@ type recvPoster interface {
 // rxMsg is an arrived message waiting for Read.
 type rxMsg struct {
 	off  int32  // where its payload is in the receive ring
-	n    int32  // payload bytes; -1 for the fin
+	n    int32  // payload bytes; -1 for the fin, 0 for a ring offer (nothing to read)
 	more bool   // a fragment: the peer's Write goes on in the next message
+	ep   uint8  // the ring it is in: recvRing.buf[ep]
 	end  uint64 // the ring's running count after it: consumed up to here once it is read
 }
 
@@ -32,9 +33,17 @@ type rxMsg struct {
 // lock; Conn.mu guards it, except the payload of queued messages, which a
 // Read copies out without it (the completion side only appends behind
 // them).
+//
+// When the peer moves to another ring (switchTo), the messages queued in
+// the old one stay queued, in order, and the running counts start again
+// at 0 in the new one; the old ring is drained once the last of them is
+// consumed (oldLeft).
 type recvRing struct {
-	memOff   int // arena offset of the receive ring
-	span     int // ring bytes both sides use; 0 until the handshake is done
+	buf      [2][]byte // the ring, and the one before it while messages in it are queued
+	ep       uint8     // buf[ep] is the ring the peer writes into
+	oldLeft  int       // messages queued in buf[ep^1]
+	drained  bool      // the old ring's last message was consumed: its memory may go
+	span     int       // ring bytes both sides use; 0 until the handshake is done
 	maxMsg   int
 	tail     uint64
 	read     uint64
@@ -63,8 +72,9 @@ type recvRing struct {
 	discarding bool
 }
 
-func newRecvRing(slots, memOff int) recvRing {
-	r := recvRing{memOff: memOff, q: make([]rxMsg, slots)}
+func newRecvRing(slots int, ring []byte) recvRing {
+	r := recvRing{q: make([]rxMsg, slots)}
+	r.buf[0] = ring
 	for i := range r.wrs {
 		r.wrs[i] = ibv.RecvWR{ID: recvWRID}
 	}
@@ -112,14 +122,14 @@ func (r *recvRing) message(wc ibv.WC, mem []byte) (header, uint32, []byte, error
 			return h, 0, nil, &protocolError{"message without immediate data (its header)"}
 		}
 		h, n = headerOf(wc.Imm), wc.ByteLen
-		if h.typ == msgData || h.typ == msgDataMore {
+		if isData(h.typ) {
 			if wc.Opcode != ibv.WCOpRecvWriteImm {
 				// Data comes as RDMA WRITE with immediate into the
 				// ring, where the placement rule says; a SEND has no
 				// place there.
 				return h, 0, nil, &protocolError{"data message that is not an RDMA WRITE with immediate data"}
 			}
-		} else if (h.typ == msgCredit || h.typ == msgFin) && (wc.Opcode != ibv.WCOpRecv || n != 0) {
+		} else if (isControl(h.typ) || h.typ == msgFin) && (wc.Opcode != ibv.WCOpRecv || n != 0) {
 			return h, 0, nil, &protocolError{"control message with payload or not a SEND"}
 		}
 		return h, n, nil, nil
@@ -134,12 +144,12 @@ func (r *recvRing) message(wc ibv.WC, mem []byte) (header, uint32, []byte, error
 	h, n = headerOf(binary.BigEndian.Uint32(b)), binary.BigEndian.Uint32(b[4:])
 	var data []byte
 	if wc.ByteLen > ibv.HeaderLen {
-		if h.typ != msgData && h.typ != msgDataMore || n != wc.ByteLen-ibv.HeaderLen {
+		if !isData(h.typ) || n != wc.ByteLen-ibv.HeaderLen {
 			return h, 0, nil, &protocolError{"a header SEND with payload that is not its data message's"}
 		}
 		data = b[ibv.HeaderLen:wc.ByteLen]
 	}
-	if (h.typ == msgCredit || h.typ == msgFin) && n != 0 {
+	if (isControl(h.typ) || h.typ == msgFin) && n != 0 {
 		return h, 0, nil, &protocolError{"control message with payload"}
 	}
 	return h, n, data, nil
@@ -168,7 +178,41 @@ func (r *recvRing) arrived(n uint32, more bool) (rxMsg, error) {
 		return rxMsg{}, &protocolError{"peer overran the receive ring: a message over bytes not yet read"}
 	}
 	r.tail = end
-	return rxMsg{off: int32(start % uint64(r.span)), n: int32(n), more: more, end: end}, nil
+	return rxMsg{off: int32(start % uint64(r.span)), n: int32(n), more: more, ep: r.ep, end: end}, nil
+}
+
+// switchTo moves to the ring buf of span bytes whose largest message is
+// maxMsg, the peer having said that its next message goes there: the
+// queued messages stay, in the old ring. The caller has checked that the
+// one before is drained.
+func (r *recvRing) switchTo(buf []byte, span, maxMsg int) {
+	r.ep ^= 1
+	r.buf[r.ep] = buf
+	r.span, r.maxMsg = span, maxMsg
+	r.tail, r.read, r.reported = 0, 0, 0
+	r.oldLeft = r.n
+	r.drained = r.n == 0
+}
+
+// takeDrained reports, once, that the old ring's last message was
+// consumed: its memory may go.
+func (r *recvRing) takeDrained() bool {
+	d := r.drained
+	r.drained = false
+	return d
+}
+
+// pushOffer queues a ring offer (a message with nothing to read) in
+// order with the data: its ring bytes and receive go back when it is
+// consumed, as any message's, and not before those ahead of it. With
+// nothing queued it is consumed at once.
+func (r *recvRing) pushOffer(m rxMsg) bool {
+	m.n, m.more = 0, true
+	if r.n == 0 {
+		r.consumed(m)
+		return true
+	}
+	return r.push(m)
 }
 
 // halfUnreported reports whether the peer has not yet been told of half
@@ -232,25 +276,24 @@ func (r *recvRing) postOne(p recvPoster) error {
 func (r *recvRing) readable() (head, avail, off int) { return r.head, r.n, r.off }
 
 // payload is the part of message m from byte off on, in mem (the arena).
-func (r *recvRing) payload(mem []byte, m rxMsg, off int) []byte {
-	start := r.memOff + int(m.off)
-	return mem[start+off : start+int(m.n)]
+func (r *recvRing) payload(m rxMsg, off int) []byte {
+	return r.buf[m.ep][int(m.off)+off : int(m.off)+int(m.n)]
 }
 
 // copyOut copies into b the payload of up to avail messages from head on,
-// starting off bytes into the first, from mem (the arena), stopping at a
+// starting off bytes into the first, stopping at a
 // fin and, when messages is set, after the end of one of the peer's
 // Writes. It returns the bytes copied, how many messages were used up, how
 // far into the next one the copy got, and whether it stopped at the end of
 // a Write. It only reads the queue's entries from head to head+avail,
 // which the completion side never touches, so it runs without the lock.
-func (r *recvRing) copyOut(b, mem []byte, head, avail, off int, messages bool) (n, used, next int, ended bool) {
+func (r *recvRing) copyOut(b []byte, head, avail, off int, messages bool) (n, used, next int, ended bool) {
 	for used < avail && n < len(b) {
 		m := r.q[(head+used)%len(r.q)]
 		if m.n < 0 {
 			break
 		}
-		k := copy(b[n:], r.payload(mem, m, off))
+		k := copy(b[n:], r.payload(m, off))
 		n += k
 		if off += k; off < int(m.n) {
 			break
@@ -266,15 +309,34 @@ func (r *recvRing) copyOut(b, mem []byte, head, avail, off int, messages bool) (
 
 // consume drops used messages from the head, freeing their ring bytes and
 // queueing their receives to be posted again, and records how far into
-// the next one Read got.
+// the next one Read got. Ring offers that come to the head go too: they
+// have nothing to read.
 func (r *recvRing) consume(used, off int) {
 	for range used {
-		r.read = r.q[r.head].end
-		r.queueRepost()
-		r.head = (r.head + 1) % len(r.q)
-		r.n--
+		r.pop()
 	}
 	r.off = off
+	for off == 0 && r.n > 0 && r.q[r.head].n == 0 {
+		r.pop()
+	}
+}
+
+// pop drops the head message (see consume).
+func (r *recvRing) pop() {
+	r.consumed(r.q[r.head])
+	r.head = (r.head + 1) % len(r.q)
+	r.n--
+}
+
+// consumed frees a message's ring bytes and queues its receive to be
+// posted again.
+func (r *recvRing) consumed(m rxMsg) {
+	if m.ep == r.ep {
+		r.read = m.end
+	} else if r.oldLeft--; r.oldLeft == 0 {
+		r.drained = true
+	}
+	r.queueRepost()
 }
 
 // discard drops every queued message (CloseRead), freeing their ring bytes
@@ -283,8 +345,7 @@ func (r *recvRing) consume(used, off int) {
 func (r *recvRing) discard() {
 	for ; r.n > 0; r.n-- {
 		if m := r.q[r.head]; m.n >= 0 {
-			r.read = m.end
-			r.queueRepost()
+			r.consumed(m)
 		}
 		r.head = (r.head + 1) % len(r.q)
 	}

@@ -12,12 +12,11 @@ import (
 // testRecvRing returns the receive side of slots receives over mem, a ring
 // of slots × 8 bytes whose every 8 bytes are filled with one letter.
 func testRecvRing(slots int) (recvRing, []byte) {
-	r := newRecvRing(slots, 0)
 	mem := make([]byte, slots*8)
 	for i := range mem {
 		mem[i] = byte('a' + i/8)
 	}
-	return r, mem
+	return newRecvRing(slots, mem), mem
 }
 
 func TestRecvRingPushFullAndFin(t *testing.T) {
@@ -33,7 +32,7 @@ func TestRecvRingPushFullAndFin(t *testing.T) {
 }
 
 func TestRecvRingCopyOutAcrossMessages(t *testing.T) {
-	r, mem := testRecvRing(4)
+	r, _ := testRecvRing(4)
 	r.push(rxMsg{off: 16, n: 5})
 	r.push(rxMsg{off: 0, n: 3})
 	r.push(rxMsg{off: 24, n: 8})
@@ -41,7 +40,7 @@ func TestRecvRingCopyOutAcrossMessages(t *testing.T) {
 	// A 6-byte Read takes the first message and one byte of the second.
 	head, avail, off := r.readable()
 	b := make([]byte, 6)
-	n, used, next, _ := r.copyOut(b, mem, head, avail, off, false)
+	n, used, next, _ := r.copyOut(b, head, avail, off, false)
 	require.Equal(t, 6, n)
 	require.Equal(t, 1, used)
 	require.Equal(t, 1, next)
@@ -52,7 +51,7 @@ func TestRecvRingCopyOutAcrossMessages(t *testing.T) {
 	// The next Read resumes inside the second message.
 	head, avail, off = r.readable()
 	b = make([]byte, 100)
-	n, used, next, _ = r.copyOut(b, mem, head, avail, off, false)
+	n, used, next, _ = r.copyOut(b, head, avail, off, false)
 	require.Equal(t, "aadddddddd", string(b[:n]))
 	require.Equal(t, 2, used)
 	require.Zero(t, next)
@@ -61,37 +60,37 @@ func TestRecvRingCopyOutAcrossMessages(t *testing.T) {
 }
 
 func TestRecvRingCopyOutStopsAtFin(t *testing.T) {
-	r, mem := testRecvRing(4)
+	r, _ := testRecvRing(4)
 	r.push(rxMsg{off: 8, n: 2})
 	r.push(rxMsg{off: 16, n: -1})
 	head, avail, off := r.readable()
 	b := make([]byte, 10)
-	n, used, _, _ := r.copyOut(b, mem, head, avail, off, false)
+	n, used, _, _ := r.copyOut(b, head, avail, off, false)
 	require.Equal(t, "bb", string(b[:n]))
 	require.Equal(t, 1, used, "the fin stays queued for the next Read's io.EOF")
 }
 
 func TestRecvRingCopyOutStopsAtWriteEnd(t *testing.T) {
-	r, mem := testRecvRing(4)
+	r, _ := testRecvRing(4)
 	r.push(rxMsg{off: 0, n: 8, more: true})
 	r.push(rxMsg{off: 8, n: 3})
 	r.push(rxMsg{off: 16, n: 8})
 	b := make([]byte, 100)
 	head, avail, off := r.readable()
-	n, used, next, ended := r.copyOut(b, mem, head, avail, off, true)
+	n, used, next, ended := r.copyOut(b, head, avail, off, true)
 	require.Equal(t, "aaaaaaaabbb", string(b[:n]), "the fragment and the end of the first Write")
 	require.Equal(t, 2, used)
 	require.Zero(t, next)
 	require.True(t, ended)
 
 	// A stream reader ignores the boundaries.
-	n, used, _, ended = r.copyOut(b, mem, head, avail, off, false)
+	n, used, _, ended = r.copyOut(b, head, avail, off, false)
 	require.Equal(t, 19, n)
 	require.Equal(t, 3, used)
 	require.False(t, ended)
 
 	// A buffer that ends inside a message does not end the Write.
-	n, _, next, ended = r.copyOut(b[:5], mem, head, avail, off, true)
+	n, _, next, ended = r.copyOut(b[:5], head, avail, off, true)
 	require.Equal(t, 5, n)
 	require.Equal(t, 5, next)
 	require.False(t, ended)
@@ -172,7 +171,7 @@ func TestRecvRingDiscard(t *testing.T) {
 // The receive side places messages as the sender does (ringPlace) and
 // fails what a sender that honours the credits never sends.
 func TestRecvRingArrivedPlacesAndChecks(t *testing.T) {
-	r := newRecvRing(8, 0)
+	r := newRecvRing(8, nil)
 	r.open(1024, 300) // span 1024, messages of at most 300 bytes
 
 	m, err := r.arrived(300, false)
@@ -209,7 +208,7 @@ func TestRecvRingArrivedPlacesAndChecks(t *testing.T) {
 }
 
 func TestRecvRingConsumeFreesRing(t *testing.T) {
-	r := newRecvRing(4, 0)
+	r := newRecvRing(4, nil)
 	r.open(1024, 512)
 	for _, n := range []uint32{100, 200} {
 		m, err := r.arrived(n, false)

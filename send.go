@@ -93,6 +93,7 @@ func (c *Conn) waitSendRoomDroppingLock(noCredit bool, waited *bool) {
 // came back meanwhile. It returns how much of b is accepted.
 func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
 	ring := &c.tx.ring
+	buf := c.tx.buf
 	pend, _ := c.tx.pending()
 	t, acked := ring.tail, ring.acked
 	c.tx.filling = true
@@ -101,13 +102,13 @@ func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
 	for i := 0; i < slots && off < len(b); i++ {
 		start, room := ring.at(t, acked)
 		chunk := min(len(b)-off, room-pend)
-		if chunk <= 0 || (i > 0 && room < min(len(b)-off, c.maxMsg)) {
+		if chunk <= 0 || (i > 0 && room < min(len(b)-off, ring.maxMsg)) {
 			// No room, or (past the first, which write checked)
 			// not enough for a whole message: see write.
 			break
 		}
-		dst := c.tx.memOff + ring.offset(start) + pend
-		copy(c.mem[dst:dst+chunk], b[off:off+chunk])
+		dst := ring.offset(start) + pend
+		copy(buf[dst:dst+chunk], b[off:off+chunk])
 		off += chunk
 		t = ringEnd(start, pend+chunk)
 		pend = 0
@@ -199,9 +200,10 @@ func (c *Conn) readFrom(r io.Reader) (int64, error) {
 			continue
 		}
 		start := c.tx.pendOff()
+		dst := c.tx.buf[start : start+c.tx.ring.maxMsg]
 		c.tx.filling = true
 		c.mu.Unlock()
-		n, rerr := r.Read(c.mem[start : start+c.maxMsg])
+		n, rerr := r.Read(dst)
 		c.mu.Lock()
 		c.tx.filling = false
 		if err := c.life.writeEnded(); err != nil {
@@ -287,6 +289,9 @@ func (c *Conn) flushDroppingLock() {
 		if c.pendingGoes() {
 			c.queuePending()
 		}
+		if c.ringDue() {
+			c.ringTurn()
+		}
 		if pend, _ := c.tx.pending(); c.tx.finQueued && pend == 0 && !c.tx.filling {
 			c.tx.finQueued = false
 			c.queueSend(msgFin, 0)
@@ -323,6 +328,7 @@ func (c *Conn) lockAndFlush() {
 
 func (c *Conn) sendDone(wc ibv.WC) {
 	c.tx.completed(wc.WRID)
+	c.retireSent()
 	if wc.Status != ibv.WCSuccess {
 		c.countFailed(wc.Status)
 	}

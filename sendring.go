@@ -22,6 +22,7 @@ type ringTx struct {
 	ends   []uint64
 	head   int
 	n      int
+	oldOut int // messages sent into the ring before this one, not yet given a credit back for
 }
 
 // open sets the geometry agreed with the peer; window is the peer's
@@ -65,11 +66,26 @@ func (r *ringTx) sent(n int) int {
 	return r.offset(start)
 }
 
+// restart moves to another ring of the peer's, of span bytes with
+// messages of at most maxMsg: the running counts start at 0 there. The
+// messages outstanding in the old ring come back first (the peer consumes
+// in order); their credits free nothing in the new one.
+func (r *ringTx) restart(span, maxMsg, window int) {
+	r.oldOut += r.n
+	r.tail, r.acked, r.head, r.n = 0, 0, 0, 0
+	r.span, r.maxMsg = span, maxMsg
+	if k := min(window, span/ringAlign); k != len(r.ends) {
+		r.ends = make([]uint64, k)
+	}
+}
+
 // ack takes k data credits back: the peer has consumed the k oldest
 // messages outstanding. The ledger has checked that k is no more than were
 // sent (ledger.received).
 func (r *ringTx) ack(k int) {
-	for ; k > 0 && r.n > 0; k-- {
+	d := min(k, r.oldOut)
+	r.oldOut -= d
+	for k -= d; k > 0 && r.n > 0; k-- {
 		r.acked = r.ends[r.head]
 		r.head = (r.head + 1) % len(r.ends)
 		r.n--
@@ -94,8 +110,8 @@ func (r *ringTx) ack(k int) {
 type sendRing struct {
 	ring      ringTx
 	depth     int    // data messages in flight in the send queue
-	memOff    int    // arena offset of the send ring
-	base      uint64 // the send ring's address for the NIC
+	buf       []byte // the send ring
+	base      uint64 // its address for the NIC
 	lkey      uint32
 	raddr     uint64 // the peer's receive ring, for RDMA WRITE
 	rkey      uint32
@@ -120,10 +136,9 @@ type sendRing struct {
 }
 
 // newSendRing returns the send side of depth data messages in flight, with
-// the send ring at arena offset memOff and NIC address base; ctrl is how
-// many control messages may be in flight besides (and a keepalive probe:
-// see QPSendDepth).
-func newSendRing(depth, ctrl, memOff int, base uint64, lkey uint32, maxInline int, headers bool) sendRing {
+// the send ring buf at NIC address base; ctrl is how many control messages
+// may be in flight besides (and a keepalive probe: see QPSendDepth).
+func newSendRing(depth, ctrl int, buf []byte, base uint64, lkey uint32, maxInline int, headers bool) sendRing {
 	// Room for everything that can be queued at once, so appending never
 	// allocates: with headers as SENDs a data message is two work
 	// requests.
@@ -132,7 +147,7 @@ func newSendRing(depth, ctrl, memOff int, base uint64, lkey uint32, maxInline in
 		n += depth
 	}
 	return sendRing{
-		depth: depth, memOff: memOff, base: base, lkey: lkey, maxInline: maxInline,
+		depth: depth, buf: buf, base: base, lkey: lkey, maxInline: maxInline,
 		sends: make([]ibv.SendWR, 0, n),
 		spare: make([]ibv.SendWR, 0, n),
 	}
@@ -145,13 +160,21 @@ func (r *sendRing) open(raddr uint64, rkey uint32, span, maxMsg, window int, hea
 	r.ring.open(span, maxMsg, window)
 }
 
+// switchTo sends from m into the peer's ring d from the next message on,
+// at a message boundary (nothing pending, no Write filling).
+func (r *sendRing) switchTo(m *ringMem, d ringDesc, maxMsg, window int) {
+	r.buf, r.base, r.lkey = m.buf[:d.size], m.base, m.lkey
+	r.raddr, r.rkey = d.addr, d.rkey
+	r.ring.restart(int(d.size), maxMsg, window)
+}
+
 // free is how many more data messages the send queue takes.
 func (r *sendRing) free() int { return r.depth - int(r.dataSeq-r.dataDone) }
 
-// pendOff is the arena offset of the message at the tail (pending or
+// pendOff is the send ring's offset of the message at the tail (pending or
 // about to be).
 func (r *sendRing) pendOff() int {
-	return r.memOff + r.ring.offset(ringPlace(r.ring.tail, r.ring.span, r.ring.maxMsg))
+	return r.ring.offset(ringPlace(r.ring.tail, r.ring.span, r.ring.maxMsg))
 }
 
 // ctrlInFlight is how many control messages are posted and not known
@@ -172,7 +195,7 @@ func (r *sendRing) queue(h header, n int, finSent bool) {
 	// rest are in flight) and whenever the queue's data share becomes full
 	// (so a waiting writer is always woken).
 	flags := 0
-	if h.typ == msgData || h.typ == msgDataMore {
+	if isData(h.typ) {
 		off := r.ring.sent(n)
 		addr, raddr, rkey = r.base+uint64(off), r.raddr+uint64(off), r.rkey
 		flags |= ibv.SendWriteImm
@@ -182,7 +205,9 @@ func (r *sendRing) queue(h header, n int, finSent bool) {
 		}
 	} else {
 		r.ctrlSeq++
-		if h.typ == msgFin || finSent || r.ctrlInFlight() >= ctrlDepth/2 {
+		// A switch is signaled: its completion says the NIC is done with
+		// the send ring before it.
+		if h.typ == msgFin || h.typ == msgSwitched || finSent || r.ctrlInFlight() >= ctrlDepth/2 {
 			flags |= ibv.SendSignaled
 		}
 	}

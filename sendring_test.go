@@ -81,7 +81,7 @@ const (
 // (of span bytes, messages of at most maxMsg) is at testBase, opened to a
 // peer that granted window data credits.
 func testSendRing(depth, span, maxMsg, window, maxInline int) sendRing {
-	r := newSendRing(depth, ctrlDepth+finSlots, 0, testBase, testLKey, maxInline, false)
+	r := newSendRing(depth, ctrlDepth+finSlots, make([]byte, span), testBase, testLKey, maxInline, false)
 	r.open(testRAddr, testRKey, span, maxMsg, window, false)
 	return r
 }

@@ -35,6 +35,10 @@ type ConnStats struct {
 	// KeepAliveProbes counts the keepalive probes sent (see
 	// SetKeepAliveConfig): one per quiet spell of the peer.
 	KeepAliveProbes uint64
+	// RingGrowths and RingShrinks count the moves of the connection's
+	// receive ring to a big one, while the peer streamed to it, and back to
+	// the small one once it was idle (see Options.RegisteredMemory).
+	RingGrowths, RingShrinks uint64
 	// Spins and Parks count the waits of Reads and Writes that ended while
 	// the waiter was polling the completion queue itself, and those that
 	// parked first (see PollMode).
@@ -50,7 +54,7 @@ func (c *Conn) Stats() ConnStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.st
-	s.RegisteredBytes += len(c.mem) // the rings; c.st counts the regions
+	s.RegisteredBytes += len(c.mem) + c.ownedBytes() // the rings; c.st counts the regions
 	return s
 }
 

@@ -15,7 +15,8 @@
 // capability it reports are its own process's.
 //
 // Each connection end (a dialed connection, or one accepted by a listener)
-// registers Options.RegisteredMemory bytes, counted against RLIMIT_MEMLOCK
+// registers Options.RegisteredMemory bytes when idle (more while it streams:
+// Options.GrownRegisteredMemory), counted against RLIMIT_MEMLOCK
 // unless the process has CAP_IPC_LOCK; and it reserves RecvDepth +
 // SendDepth + 11 entries of a completion queue of its device (receives with
 // 5 reserved for credits and the fin, sends, 5 control sends, 1 spare):
@@ -71,12 +72,13 @@
 //	    "soft": 8388608,              // bytes, or "unlimited"
 //	    "hard": 8388608,              // bytes, or "unlimited"
 //	    "cap_ipc_lock": false,        // CAP_IPC_LOCK in the effective set: the limit does not apply
-//	    "connections": 3              // connection ends that fit in the soft limit, or "unlimited"
+//	    "connections": 256            // idle connection ends that fit in the soft limit, or "unlimited"
 //	  },
 //	  "options": {                    // the Options asked about, defaults filled in
-//	    "buffer_size": 65536, "send_depth": 16, "recv_depth": 16,
-//	    "registered_bytes": 2424832,  // per connection end: Options.RegisteredMemory
-//	    "cq_entries": 43              // per connection end: RecvDepth + SendDepth + 11
+//	    "buffer_size": 65536, "send_depth": 16, "recv_depth": 64,
+//	    "registered_bytes": 32768,    // per idle connection end: Options.RegisteredMemory
+//	    "grown_registered_bytes": 294912, // per connection end streaming both ways: Options.GrownRegisteredMemory
+//	    "cq_entries": 107             // per connection end: RecvDepth + SendDepth + 27
 //	  }
 //	}
 package main

@@ -124,7 +124,7 @@ func TestDeviceJSON(t *testing.T) {
 	require.Positive(t, d.MaxMR)
 
 	// Two rings of two 4 KiB messages; the depths cost no memory.
-	require.Equal(t, OptionsInfo{BufferSize: 4096, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 4 * 4096, CQEntries: 67}, r.Options)
+	require.Equal(t, OptionsInfo{BufferSize: 4096, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 4 * 4096, GrownBytes: 4 * 4096, CQEntries: 67}, r.Options)
 	mem, err := testOpts.RegisteredMemory()
 	require.NoError(t, err)
 	require.Equal(t, mem, r.Options.RegisteredBytes)
@@ -212,14 +212,14 @@ func TestDeviceUnprivileged(t *testing.T) {
 	r := decode(t, doc)
 	_, p, _ := testPort(t, r)
 	require.Equal(t, "ACTIVE", p.State)
-	require.Equal(t, Memlock{Soft: Limit{N: limit}, Hard: Limit{N: limit}, Connections: Limit{N: 32}}, r.Memlock)
+	require.Equal(t, Memlock{Soft: Limit{N: limit}, Hard: Limit{N: limit}, Connections: Limit{N: 256}}, r.Memlock)
 
 	text := string(child("RDMAINFO_TEST_MAIN=1"))
 	t.Logf("rdmainfo as nobody:\n%s", text)
 	require.Contains(t, text, "soft 8 MiB, hard 8 MiB; CAP_IPC_LOCK no")
-	require.Contains(t, text, "32 within memlock")
+	require.Contains(t, text, "256 within memlock")
 	require.Contains(t, text, "raise the memlock limit: ulimit -l unlimited, or LimitMEMLOCK=infinity for a systemd service; "+
-		"each connection registers 256 KiB with these Options")
+		"each connection registers 32 KiB with these Options (288 KiB while it streams)")
 
 	// What the figure promises holds: 3 connections, then ENOMEM.
 	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))

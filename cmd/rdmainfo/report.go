@@ -85,7 +85,8 @@ type OptionsInfo struct {
 	BufferSize      int `json:"buffer_size"`
 	SendDepth       int `json:"send_depth"`
 	RecvDepth       int `json:"recv_depth"`
-	RegisteredBytes int `json:"registered_bytes"`
+	RegisteredBytes int `json:"registered_bytes"`       // idle
+	GrownBytes      int `json:"grown_registered_bytes"` // while it streams both ways
 	CQEntries       int `json:"cq_entries"`
 }
 
@@ -144,6 +145,9 @@ func perConnection(o rdma.Options) (OptionsInfo, error) {
 	}
 	if info.RecvDepth == 0 {
 		info.RecvDepth = rdma.DefaultRecvDepth
+	}
+	if info.GrownBytes, err = o.GrownRegisteredMemory(); err != nil {
+		return OptionsInfo{}, err
 	}
 	if info.CQEntries, err = o.CompletionQueueEntries(); err != nil {
 		return OptionsInfo{}, err
@@ -332,8 +336,8 @@ func (r *Report) writeText(w io.Writer) error {
 		capNote = "yes (the limit does not apply)"
 	}
 	fmt.Fprintf(tw, "memlock\tsoft %s, hard %s; CAP_IPC_LOCK %s\n", limitIEC(m.Soft), limitIEC(m.Hard), capNote)
-	fmt.Fprintf(tw, "options\tbuffer %s, send depth %d, recv depth %d: %s registered and %d CQ entries per connection end\n",
-		bytesIEC(uint64(o.BufferSize)), o.SendDepth, o.RecvDepth, bytesIEC(uint64(o.RegisteredBytes)), o.CQEntries)
+	fmt.Fprintf(tw, "options\tbuffer %s, send depth %d, recv depth %d: %s registered (%s while it streams) and %d CQ entries per connection end\n",
+		bytesIEC(uint64(o.BufferSize)), o.SendDepth, o.RecvDepth, bytesIEC(uint64(o.RegisteredBytes)), bytesIEC(uint64(o.GrownBytes)), o.CQEntries)
 	fits := []string{m.Connections.String() + " within memlock"}
 	for _, d := range r.Devices {
 		if d.Error == "" {
@@ -344,7 +348,7 @@ func (r *Report) writeText(w io.Writer) error {
 	fmt.Fprintf(tw, "fit\tconnection ends per process: %s\n", strings.Join(fits, ", "))
 	if r.memlockBinds() {
 		fmt.Fprintf(tw, "advice\traise the memlock limit: ulimit -l unlimited, or LimitMEMLOCK=infinity for a systemd service; "+
-			"each connection registers %d KiB with these Options\n", o.RegisteredBytes>>10)
+			"each connection registers %d KiB with these Options (%d KiB while it streams)\n", o.RegisteredBytes>>10, o.GrownBytes>>10)
 	}
 	return tw.Flush()
 }

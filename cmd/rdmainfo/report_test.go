@@ -23,13 +23,13 @@ func TestPerConnection(t *testing.T) {
 		want OptionsInfo
 	}{
 		{"defaults", rdma.Options{},
-			OptionsInfo{BufferSize: 64 << 10, SendDepth: 16, RecvDepth: 64, RegisteredBytes: 256 << 10, CQEntries: 107}},
+			OptionsInfo{BufferSize: 64 << 10, SendDepth: 16, RecvDepth: 64, RegisteredBytes: 32 << 10, GrownBytes: 288 << 10, CQEntries: 107}},
 		// Two rings of two messages each; the depths cost no memory.
 		{"small", rdma.Options{BufferSize: 4096, SendDepth: 8, RecvDepth: 32},
-			OptionsInfo{BufferSize: 4096, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 4 * 4096, CQEntries: 67}},
+			OptionsInfo{BufferSize: 4096, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 4 * 4096, GrownBytes: 4 * 4096, CQEntries: 67}},
 		// Rings of 2 × 1000 bytes, rounded up to whole pages.
 		{"odd size", rdma.Options{BufferSize: 1000, SendDepth: 8, RecvDepth: 32},
-			OptionsInfo{BufferSize: 1000, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 2 * 4096, CQEntries: 67}},
+			OptionsInfo{BufferSize: 1000, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 2 * 4096, GrownBytes: 2 * 4096, CQEntries: 67}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := perConnection(tc.opts)
@@ -159,10 +159,10 @@ func TestText(t *testing.T) {
 		advised bool
 	}{
 		{"root", unlimited, true, "unlimited within memlock, 131072 within rxe0's max_mr", false},
-		{"8 MiB", Limit{N: 8 << 20}, false, "32 within memlock, 131072 within rxe0's max_mr", true},
+		{"8 MiB", Limit{N: 8 << 20}, false, "256 within memlock, 131072 within rxe0's max_mr", true},
 		{"8 MiB with CAP_IPC_LOCK", Limit{N: 8 << 20}, true, "unlimited within memlock", false},
-		{"enough", Limit{N: 1 << 40}, false, "4194304 within memlock", false},
-		{"less than the device holds", Limit{N: 16 << 30}, false, "65536 within memlock", true},
+		{"enough", Limit{N: 1 << 40}, false, "33554432 within memlock", false},
+		{"less than the device holds", Limit{N: 2 << 30}, false, "65536 within memlock", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var b bytes.Buffer
@@ -172,7 +172,7 @@ func TestText(t *testing.T) {
 			require.Contains(t, out, "  port 1: ACTIVE (LINK_UP), Ethernet, MTU 1024 (max 4096), 1X 2.5 Gbps\n")
 			require.Contains(t, out, tc.fit)
 			advice := "raise the memlock limit: ulimit -l unlimited, or LimitMEMLOCK=infinity for a systemd service; " +
-				"each connection registers 256 KiB with these Options"
+				"each connection registers 32 KiB with these Options (288 KiB while it streams)"
 			require.Equal(t, tc.advised, strings.Contains(out, advice))
 			// The GID columns line up.
 			var cols []int
