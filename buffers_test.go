@@ -16,11 +16,12 @@ func TestLayout(t *testing.T) {
 		name string
 		o    Options
 		ring int
+		big  int
 	}{
-		{"small", Options{BufferSize: 4096, RecvDepth: 8, SendDepth: 4}, 8192},
-		{"defaults", defaults, 128 << 10}, // grown; it starts at initRing
-		{"minimum", Options{BufferSize: minBufferSize, RecvDepth: 2, SendDepth: 2}, 4096},
-		{"uneven", Options{BufferSize: 3000, RecvDepth: 3, SendDepth: 5}, 8192},
+		{"small", Options{BufferSize: 4096, RecvDepth: 8, SendDepth: 4}, 8192, 64 << 10},
+		{"defaults", defaults, 128 << 10, 1 << 20},
+		{"minimum", Options{BufferSize: minBufferSize, RecvDepth: 2, SendDepth: 2}, 4096, 4096},
+		{"uneven", Options{BufferSize: 3000, RecvDepth: 3, SendDepth: 5}, 8192, 48 << 10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := newLayout(tc.o)
@@ -28,9 +29,9 @@ func TestLayout(t *testing.T) {
 			require.Equal(t, tc.o.RecvDepth+ctrlDepth+finSlots, l.recvSlots)
 			require.Equal(t, tc.o.SendDepth, l.sendSlots)
 			require.Equal(t, ctrlDepth+finSlots, l.ctrlSlots)
-			require.Equal(t, tc.ring, l.bigRing, "two of the largest messages, in whole pages")
+			require.Equal(t, min(tc.ring, initRing), l.ring, "a connection starts small: two of the largest messages, in whole pages, or 16 KiB")
 			require.GreaterOrEqual(t, l.bigRing, 2*tc.o.BufferSize)
-			require.Equal(t, min(tc.ring, initRing), l.ring, "a connection starts small")
+			require.Equal(t, tc.big, l.bigRing, "and grows to 16 of them, at most 1 MiB (at least two)")
 			require.Zero(t, l.recvOff())
 			require.Equal(t, l.ring, l.sendOff(), "the send ring follows the receive ring")
 			require.Equal(t, 2*l.ring, l.size(), "the depths cost no memory")

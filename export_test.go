@@ -52,3 +52,11 @@ func HoldLock(c *Conn) (release func()) {
 	c.mu.Lock()
 	return c.mu.Unlock
 }
+
+// SetShrinkIdle changes how long a grown connection stays idle before it
+// gives its big rings back, for a test, and returns what restores it.
+func SetShrinkIdle(d time.Duration) (restore func()) {
+	old := shrinkIdle
+	shrinkIdle = d
+	return func() { shrinkIdle = old }
+}

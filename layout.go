@@ -7,11 +7,13 @@ import "github.com/goverbs/rdma/internal/ibv"
 //	[ receive ring: ring bytes ]  registered for remote write: the peer's RDMA WRITEs land here
 //	[ send ring:    ring bytes ]  local access only: messages are written from here
 //
-// A connection starts with rings of initRing bytes (less for a small
-// BufferSize) and moves to rings of bigRing bytes, twice BufferSize (the
-// largest message) rounded up to whole pages, while the peer streams to it
-// (see resize.go): so that a message of any size up to BufferSize fits an
-// empty ring wherever the last one ended (see ringPlace). The big rings
+// A ring holds at least two of the largest messages (twice BufferSize,
+// rounded up to whole pages), so that a message of any size up to
+// BufferSize fits an empty ring wherever the last one ended (see
+// ringPlace). A connection starts with rings of initRing bytes (less for a
+// small BufferSize, whose messages are then smaller) and moves to rings of
+// bigRing bytes (bigRingFor) while the peer streams to it (see
+// resize.go). The big rings
 // are registered apart, and given back when the connection is idle; the
 // arena keeps the small ones. Receives are zero-length:
 // a data message's payload goes where the sender put it in the ring, and
@@ -48,11 +50,28 @@ const initRing = 16 << 10
 // ringFor is the ring of a side whose largest message is bufSize bytes.
 func ringFor(bufSize int) int { return (2*bufSize + page - 1) &^ (page - 1) }
 
+// A connection grows its rings, while it streams, to hold grownMsgs of the
+// largest messages, up to grownRing bytes (but always two): what a writer
+// has in flight is bounded by the peer's ring, and streaming 64 KiB Writes
+// reached perftest's rate on the test bed only with about 1 MiB of it. A
+// stream has at most SendDepth (default 16) messages in flight, so a
+// bigger ring than that many buys nothing.
+const (
+	grownMsgs = 16
+	grownRing = 1 << 20
+)
+
+// bigRingFor is the ring a side whose largest message is bufSize bytes
+// grows to.
+func bigRingFor(bufSize int) int {
+	return max(ringFor(bufSize), min(grownRing, ringFor(grownMsgs*bufSize/2)))
+}
+
 func newLayout(o Options) layout {
 	return layout{
 		bufSize:   o.BufferSize, // payload only: the header travels as immediate data
 		ring:      min(ringFor(o.BufferSize), initRing),
-		bigRing:   ringFor(o.BufferSize),
+		bigRing:   bigRingFor(o.BufferSize),
 		recvSlots: o.RecvDepth + ctrlDepth + finSlots,
 		sendSlots: o.SendDepth,
 		ctrlSlots: ctrlDepth + finSlots,

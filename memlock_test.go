@@ -20,10 +20,10 @@ import (
 
 // The locked-memory limit, as an unprivileged service meets it: the test
 // runs one side as user nobody (no CAP_IPC_LOCK) with RLIMIT_MEMLOCK at
-// 192 KiB, less than one connection registers with the default Options
-// (256 KiB: its receive ring fits, its send ring does not).
+// 24 KiB, less than one idle connection registers with the default
+// Options (32 KiB: its receive ring fits, its send ring does not).
 
-const memlockLimit = 192 << 10
+const memlockLimit = 24 << 10
 
 // lowMemlock returns a command that runs this test binary as a child in
 // role, unprivileged and with the low limit.
@@ -103,7 +103,7 @@ func TestMemlockServer(t *testing.T) {
 	require.True(t, lines.Scan(), "the server's hook reports the refusal")
 	hook := lines.Text()
 	t.Logf("the server's hook: %s", hook)
-	for _, want := range []string{"refused true:", "RLIMIT_MEMLOCK 192 KiB", registering(), "ulimit -l", "LimitMEMLOCK", "Options.BufferSize"} {
+	for _, want := range []string{"refused true:", "RLIMIT_MEMLOCK 24 KiB", registering(), "ulimit -l", "LimitMEMLOCK", "Options.BufferSize"} {
 		require.Contains(t, hook, want)
 	}
 }
@@ -120,7 +120,7 @@ func TestMemlockClient(t *testing.T) {
 	msg := string(out)
 	t.Logf("the dialer's error: %s", msg)
 	require.True(t, strings.HasPrefix(msg, "enomem=true\n"), msg)
-	for _, want := range []string{"dial rdma", "ibv_reg_mr", "RLIMIT_MEMLOCK 192 KiB", registering(), "ulimit -l", "LimitMEMLOCK", "Options.BufferSize"} {
+	for _, want := range []string{"dial rdma", "ibv_reg_mr", "RLIMIT_MEMLOCK 24 KiB", registering(), "ulimit -l", "LimitMEMLOCK", "Options.BufferSize"} {
 		require.Contains(t, msg, want)
 	}
 }
@@ -163,7 +163,7 @@ func TestMoreCompletionQueues(t *testing.T) {
 // registers: its two rings, and on iWARP its header slots.
 func registering() string {
 	if siw() {
-		return "registering 264 KiB"
+		return "registering 40 KiB"
 	}
-	return "registering 256 KiB"
+	return "registering 32 KiB"
 }

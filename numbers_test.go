@@ -19,12 +19,12 @@ func TestDocumentedNumbers(t *testing.T) {
 	require.Equal(t, 16, opts.SendDepth)
 	require.Equal(t, 64, opts.RecvDepth)
 
-	// README: 32 KiB registered by an idle connection end, 288 KiB by
+	// README: 32 KiB registered by an idle connection end, 2,080 KiB by
 	// one grown, and 107 CQ entries per connection end; resources.go's
 	// message: RecvDepth + SendDepth + 27.
 	lay := newLayout(opts)
 	require.Equal(t, 32<<10, lay.size())
-	require.Equal(t, 288<<10, lay.size()+2*lay.bigRing)
+	require.Equal(t, 2080<<10, lay.size()+2*lay.bigRing)
 	mem, err := Options{}.RegisteredMemory()
 	require.NoError(t, err)
 	require.Equal(t, 32<<10, mem)

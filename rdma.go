@@ -189,9 +189,9 @@ type Options struct {
 	// BufferSize is the largest message: on a connection, the smaller of
 	// the two sides' BufferSize (headers travel apart, as immediate data);
 	// bigger Writes are split. A connection starts with send and receive
-	// rings of 16 KiB (messages of up to 8 KiB), and moves to rings that
-	// hold two of the largest messages while the peer streams to it, back
-	// once it is idle (see RegisteredMemory); a message takes only its own
+	// rings of 16 KiB (messages of up to 8 KiB), and moves to rings of 16
+	// of the largest messages (at most 1 MiB, at least two of them) while
+	// the peer streams to it, back once it is idle (see RegisteredMemory); a message takes only its own
 	// length in the peer's ring (rounded up to 64 bytes), so many small
 	// messages fit where one large one does. Default 64 KiB.
 	BufferSize int
@@ -235,9 +235,10 @@ type Options struct {
 // with these options registers with the device: a receive ring and a send
 // ring of 16 KiB each (2 × BufferSize, in whole pages, if that is less):
 // 32 KiB with the defaults; SendDepth and RecvDepth cost none. While the
-// peer streams to it, a connection registers a receive ring of 2 ×
-// BufferSize (in whole pages, and no more than the peer's BufferSize
-// gives) besides, and the peer a send ring to match; a connection that
+// peer streams to it, a connection registers a receive ring of 16 ×
+// BufferSize (at most 1 MiB, at least 2 × BufferSize, in whole pages, and
+// no more than the peer's BufferSize gives) besides, and the peer a send
+// ring to match; a connection that
 // streams both ways registers both (GrownRegisteredMemory). They go again
 // once no data has come for two seconds. It returns an error for options
 // Dial and Listen would refuse. On an iWARP device, which has no immediate
@@ -261,8 +262,8 @@ func (o Options) RegisteredMemory() (int, error) {
 
 // GrownRegisteredMemory returns the most memory a connection with these
 // options registers while it streams both ways: RegisteredMemory and a big
-// receive ring and send ring of 2 × BufferSize each, in whole pages
-// (288 KiB with the defaults).
+// receive ring and send ring of 16 × BufferSize each (at most 1 MiB, at
+// least 2 × BufferSize, in whole pages): 2,080 KiB with the defaults.
 func (o Options) GrownRegisteredMemory() (int, error) {
 	o, err := o.normalized()
 	if err != nil {

@@ -111,7 +111,7 @@ func (c *Conn) openRings(span int, peer hello) {
 	rs.peerBuf = int(peer.bufSize)
 	rs.peerWindow = int(peer.recvDepth)
 	// The peer sends from a ring no bigger than its own BufferSize gives.
-	rs.bigSpan = min(rs.bigSpan, ringFor(rs.peerBuf))
+	rs.bigSpan = min(rs.bigSpan, bigRingFor(rs.peerBuf))
 }
 
 // ringMaxMsg is the largest message in a ring of span bytes.

@@ -255,8 +255,8 @@ func TestRingGrowsWhileStreamingAndShrinksWhenIdle(t *testing.T) {
 	stream(t, a.c, b.c, 4<<20, 64<<10)
 	sb := b.c.Stats()
 	require.Equal(t, uint64(1), sb.RingGrowths, "the receiver grew its ring while the stream came")
-	require.Equal(t, idle+128<<10, sb.RegisteredBytes, "the arena and the big receive ring")
-	require.Equal(t, idle+128<<10, registered(a.c), "the arena and the big send ring")
+	require.Equal(t, idle+1<<20, sb.RegisteredBytes, "the arena and the big receive ring")
+	require.Equal(t, idle+1<<20, registered(a.c), "the arena and the big send ring")
 	a.c.mu.Lock()
 	require.Equal(t, 64<<10, a.c.tx.ring.maxMsg, "messages of BufferSize in the big ring")
 	a.c.mu.Unlock()
@@ -325,13 +325,16 @@ func TestRingOfferDeclined(t *testing.T) {
 // Sides with different BufferSize agree on the rings: the big ring is the
 // smaller side's.
 func TestRingGrowthUnevenBuffers(t *testing.T) {
-	a, b := newWire(t, Options{BufferSize: 16 << 10}, Options{BufferSize: 256 << 10})
+	a, b := newWire(t, Options{BufferSize: 16 << 10}, Options{BufferSize: 1 << 20})
 	stream(t, a.c, b.c, 4<<20, 64<<10)
 	require.Equal(t, uint64(1), b.c.Stats().RingGrowths)
-	require.Equal(t, 32<<10+32<<10, registered(b.c), "a big ring of 2 × 16 KiB")
+	require.Equal(t, 32<<10+256<<10, registered(b.c), "a big ring of 16 × 16 KiB, the smaller BufferSize")
 	stream(t, b.c, a.c, 4<<20, 64<<10)
 	require.Equal(t, uint64(1), a.c.Stats().RingGrowths)
-	require.Equal(t, 32<<10+32<<10+32<<10, registered(a.c), "its receive ring and its send ring, 32 KiB each")
+	require.Equal(t, 32<<10+2*(256<<10), registered(a.c), "its receive ring and its send ring, 256 KiB each")
+	a.c.mu.Lock()
+	require.Equal(t, 16<<10, a.c.tx.ring.maxMsg, "messages of the smaller BufferSize")
+	a.c.mu.Unlock()
 }
 
 // A peer that lies about rings fails its own connection.
@@ -355,7 +358,7 @@ func TestRingProtocolViolations(t *testing.T) {
 		{"offer of odd length", func(p *fakePeer) { p.deliver(header{typ: msgRing}, []byte("short")) }, "ring offer of 5 bytes"},
 		{"second offer unanswered", func(p *fakePeer) {
 			p.c.mu.Lock()
-			p.c.tx.pendLen = 1 // a message pending: the answer waits
+			p.c.cr.ctrlCredits = 0 // no control credit: the answer waits
 			p.c.mu.Unlock()
 			p.deliver(header{typ: msgRing}, offer(ringDesc{addr: 0x1000, rkey: 1, size: 4096}))
 			p.deliver(header{typ: msgRing}, offer(ringDesc{addr: 0x2000, rkey: 1, size: 4096}))

@@ -124,7 +124,7 @@ func TestDeviceJSON(t *testing.T) {
 	require.Positive(t, d.MaxMR)
 
 	// Two rings of two 4 KiB messages; the depths cost no memory.
-	require.Equal(t, OptionsInfo{BufferSize: 4096, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 4 * 4096, GrownBytes: 4 * 4096, CQEntries: 67}, r.Options)
+	require.Equal(t, OptionsInfo{BufferSize: 4096, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 4 * 4096, GrownBytes: 4*4096 + 2*(64<<10), CQEntries: 67}, r.Options)
 	mem, err := testOpts.RegisteredMemory()
 	require.NoError(t, err)
 	require.Equal(t, mem, r.Options.RegisteredBytes)
@@ -167,7 +167,7 @@ func dialUntilRefused(addr string) {
 			c.Close()
 		}
 	}()
-	for len(conns) < 64 {
+	for len(conns) < 1024 {
 		c, err := (&rdma.Dialer{Timeout: 30 * time.Second}).Dial("rdma", addr)
 		if err != nil {
 			fmt.Printf("%d %v\n%v\n", len(conns), errors.Is(err, syscall.ENOMEM), err)
@@ -180,9 +180,9 @@ func dialUntilRefused(addr string) {
 
 // TestDeviceUnprivileged: as user nobody with an 8 MiB limit (as a service
 // without LimitMEMLOCK meets it), the limit is finite, the capability
-// absent, 32 connection ends of 256 KiB fit, and the text advises raising
-// it; and a process under that limit does dial 3 connections, the 4th
-// failing for locked memory.
+// absent, 256 idle connection ends of 32 KiB fit, and the text advises
+// raising it; and a process under that limit does dial 256 connections, the
+// 257th failing for locked memory.
 func TestDeviceUnprivileged(t *testing.T) {
 	needDevice(t)
 	if os.Geteuid() != 0 {
@@ -219,9 +219,9 @@ func TestDeviceUnprivileged(t *testing.T) {
 	require.Contains(t, text, "soft 8 MiB, hard 8 MiB; CAP_IPC_LOCK no")
 	require.Contains(t, text, "256 within memlock")
 	require.Contains(t, text, "raise the memlock limit: ulimit -l unlimited, or LimitMEMLOCK=infinity for a systemd service; "+
-		"each connection registers 32 KiB with these Options (288 KiB while it streams)")
+		"each connection registers 32 KiB with these Options (2080 KiB while it streams)")
 
-	// What the figure promises holds: 3 connections, then ENOMEM.
+	// What the figure promises holds: 256 connections, then ENOMEM.
 	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
 	require.NoError(t, err)
 	accepted := make(chan []net.Conn)

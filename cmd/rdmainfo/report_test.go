@@ -23,13 +23,13 @@ func TestPerConnection(t *testing.T) {
 		want OptionsInfo
 	}{
 		{"defaults", rdma.Options{},
-			OptionsInfo{BufferSize: 64 << 10, SendDepth: 16, RecvDepth: 64, RegisteredBytes: 32 << 10, GrownBytes: 288 << 10, CQEntries: 107}},
+			OptionsInfo{BufferSize: 64 << 10, SendDepth: 16, RecvDepth: 64, RegisteredBytes: 32 << 10, GrownBytes: 2080 << 10, CQEntries: 107}},
 		// Two rings of two messages each; the depths cost no memory.
 		{"small", rdma.Options{BufferSize: 4096, SendDepth: 8, RecvDepth: 32},
-			OptionsInfo{BufferSize: 4096, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 4 * 4096, GrownBytes: 4 * 4096, CQEntries: 67}},
+			OptionsInfo{BufferSize: 4096, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 4 * 4096, GrownBytes: 4*4096 + 2*(64<<10), CQEntries: 67}},
 		// Rings of 2 × 1000 bytes, rounded up to whole pages.
 		{"odd size", rdma.Options{BufferSize: 1000, SendDepth: 8, RecvDepth: 32},
-			OptionsInfo{BufferSize: 1000, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 2 * 4096, GrownBytes: 2 * 4096, CQEntries: 67}},
+			OptionsInfo{BufferSize: 1000, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 2 * 4096, GrownBytes: 2*4096 + 2*(16<<10), CQEntries: 67}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := perConnection(tc.opts)
@@ -172,7 +172,7 @@ func TestText(t *testing.T) {
 			require.Contains(t, out, "  port 1: ACTIVE (LINK_UP), Ethernet, MTU 1024 (max 4096), 1X 2.5 Gbps\n")
 			require.Contains(t, out, tc.fit)
 			advice := "raise the memlock limit: ulimit -l unlimited, or LimitMEMLOCK=infinity for a systemd service; " +
-				"each connection registers 32 KiB with these Options (288 KiB while it streams)"
+				"each connection registers 32 KiB with these Options (2080 KiB while it streams)"
 			require.Equal(t, tc.advised, strings.Contains(out, advice))
 			// The GID columns line up.
 			var cols []int

@@ -1,0 +1,69 @@
+package rdma_test
+
+import (
+	"bytes"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goverbs/rdma"
+)
+
+// On the device: a stream grows the receiver's ring (and the sender's send
+// ring to match), the data arrives intact across the switch, and once idle
+// both give the big rings back, in the connections' counters and in the
+// device's.
+func TestRingGrowthOnDevice(t *testing.T) {
+	defer rdma.SetShrinkIdle(200 * time.Millisecond)()
+	d, a := pair(t, nil, nil)
+	ac := a.(*rdma.Conn)
+	idle, err := rdma.Options{}.RegisteredMemory()
+	require.NoError(t, err)
+	grown, err := rdma.Options{}.GrownRegisteredMemory()
+	require.NoError(t, err)
+	require.Equal(t, idle, d.Stats().RegisteredBytes)
+	require.Equal(t, idle, ac.Stats().RegisteredBytes)
+	before, _ := deviceStat()
+
+	const total, size = 8 << 20, 64 << 10
+	src := make([]byte, total)
+	for i := range src {
+		src[i] = byte(i * 7 / 5)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		for off := 0; off < total; off += size {
+			if _, err := d.Write(src[off : off+size]); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	got := make([]byte, total)
+	_, err = io.ReadFull(a, got)
+	require.NoError(t, err)
+	require.NoError(t, <-errc)
+	require.True(t, bytes.Equal(src, got), "the stream arrives intact across the ring switch")
+
+	sa := ac.Stats()
+	require.Equal(t, uint64(1), sa.RingGrowths, "the receiver grew its ring")
+	half := (grown - idle) / 2
+	require.Equal(t, idle+half, sa.RegisteredBytes, "the receiver: its arena and a big receive ring")
+	require.Equal(t, idle+half, d.Stats().RegisteredBytes, "the sender: its arena and a big send ring")
+	if ds, ok := deviceStat(); ok {
+		require.Equal(t, before.RegisteredBytes+2*half, ds.RegisteredBytes, "the device counts both")
+	}
+
+	require.Eventually(t, func() bool {
+		return ac.Stats().RingShrinks == 1 && ac.Stats().RegisteredBytes == idle && d.Stats().RegisteredBytes == idle
+	}, 10*time.Second, 10*time.Millisecond, "idle, both give the big rings back")
+	if ds, ok := deviceStat(); ok {
+		require.Equal(t, before.RegisteredBytes, ds.RegisteredBytes)
+	}
+	// The connection works on in the small rings, and grows again.
+	transfer(t, d, a, "after the shrink")
+	transfer(t, a, d, "and back")
+}
