@@ -57,7 +57,7 @@ endif
 FUZZTIME        ?=
 FUZZ_EXECS      ?= 150000x
 FUZZ_SLOW_EXECS ?= 50000x
-FUZZ_TARGETS     = FuzzParseHello FuzzParseReject FuzzConnCompletions FuzzConnHeaders FuzzRemoteKey
+FUZZ_TARGETS     = FuzzParseHello FuzzParseReject FuzzParseRingDesc FuzzConnCompletions FuzzConnHeaders FuzzRemoteKey
 fuzz:
 	@for f in $(FUZZ_TARGETS); do \
 		t="$(FUZZTIME)"; \

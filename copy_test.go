@@ -41,8 +41,10 @@ func (w *lenWriter) Write(p []byte) (int, error) {
 
 // TestCopyPaths checks that io.Copy in both directions goes through
 // ReadFrom and WriteTo: with a buffer size of 12,345 bytes, the source's
-// Reads get exactly a registered buffer's room (io.Copy's own buffer would
-// be 32 KiB) and the sink's Writes get one message each.
+// Reads get exactly a message's room in the registered ring (io.Copy's own
+// buffer would be 32 KiB): 8 KiB in the small ring a connection starts
+// with, BufferSize once the stream grew it; and the sink's Writes get one
+// message each.
 func TestCopyPaths(t *testing.T) {
 	opts := rdma.Options{BufferSize: 12345}
 	client, server := pair(t, &rdma.ListenConfig{Options: opts}, &rdma.Dialer{Options: opts})
@@ -66,10 +68,11 @@ func TestCopyPaths(t *testing.T) {
 	require.Equal(t, int64(total), n)
 	require.Equal(t, src.h.Sum(nil), sink.h.Sum(nil))
 
-	require.Equal(t, 12345, src.rooms[0], "the first Read of the source fills a registered buffer")
+	require.Equal(t, 8192, src.rooms[0], "the first Read of the source fills a message of the small ring (half its 16 KiB)")
 	for _, r := range src.rooms {
 		require.LessOrEqual(t, r, 12345)
 	}
+	require.Equal(t, 12345, src.rooms[len(src.rooms)-1], "once the ring grew, a whole BufferSize")
 	for _, l := range sink.lens {
 		require.LessOrEqual(t, l, 12345, "each Write of the sink is one message")
 	}
