@@ -60,6 +60,7 @@ func (c *Conn) CloseRead() error {
 		return c.opErr("close", net.ErrClosed)
 	}
 	c.rx.discard()
+	c.ringDrained() // an old receive ring emptied by the discard goes now
 	c.rx.discarding = true
 	c.returnCredits(true)
 	c.flushDroppingLock()
