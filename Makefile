@@ -88,8 +88,8 @@ vmtest: deps
 	@echo "=== the device suite again on soft-iWARP (siw0 instead of rxe0: testbed/vm.sh --provider siw)"
 	$(VM) --provider siw --timeout $(VMTIMEOUT) -- sh -c '$(OUT)/rdma.test -test.v -test.count=1 -test.timeout 20m && \
 		$(OUT)/rdma.test -test.count=1 -test.run "^$$" -test.bench . -test.benchtime 20x -test.timeout 5m'
-	@echo "=== scale: 5,000 connection pairs at once (or as many as the VM's memory holds) in a VM of 8 GiB"
-	$(VM) --mem 8192 --timeout $(VMTIMEOUT) -- env RDMA_TEST_SCALE_PAIRS=5000 $(OUT)/rdma.test -test.v -test.count=1 -test.run '^TestScale$$' -test.timeout 15m
+	@echo "=== scale: 10,000 connection pairs (20,000 ends) at once (or as many as the VM's memory holds) in a VM of 8 GiB"
+	$(VM) --mem 8192 --timeout $(VMTIMEOUT) -- env RDMA_TEST_SCALE_PAIRS=10000 $(OUT)/rdma.test -test.v -test.count=1 -test.run '^TestScale$$' -test.timeout 15m
 	@echo "=== two hosts: the same binary on a pair of VMs (testbed/vm.sh --pair), the peer killed last"
 	$(VM) --pair --timeout $(VMTIMEOUT) -- sh -c '$(OUT)/rdma.test -test.v -test.count=1 -test.run TwoHost -test.skip PeerKilled -test.timeout 15m && \
 		$(OUT)/rdma.test -test.v -test.count=1 -test.run TwoHostPeerKilled -test.timeout 5m'

@@ -20,7 +20,7 @@ import (
 
 // TestScale opens RDMA_TEST_SCALE_PAIRS connections at once, both ends in
 // this process (make test runs it in a VM of its own with more memory, for
-// 5,000 pairs: 10,000 connection ends), or as many as the machine's
+// 10,000 pairs: 20,000 connection ends), or as many as the machine's
 // available memory allows with the default Options, which it states. Every
 // connection carries a round trip; the test reports the registered memory,
 // the completion queues and the verbs objects in use, and checks that
