@@ -60,3 +60,7 @@ func SetShrinkIdle(d time.Duration) (restore func()) {
 	shrinkIdle = d
 	return func() { shrinkIdle = old }
 }
+
+// TickRingIdle runs a connection's idle tick now (see shrinkIdle): with
+// data since the last tick it arms the next one, shrinkIdle from now.
+func TickRingIdle(c *Conn) { c.ringIdle() }

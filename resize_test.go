@@ -244,9 +244,17 @@ func stream(t *testing.T, w, r *Conn, total, size int) {
 
 func registered(c *Conn) int { return c.Stats().RegisteredBytes }
 
+// noShrink keeps grown rings for the test (until it says otherwise): a
+// test slowed down, by the race detector say, must not find a connection
+// idle and shrunk between two of its streams.
+func noShrink(t *testing.T) {
+	old := shrinkIdle
+	shrinkIdle = time.Hour
+	t.Cleanup(func() { shrinkIdle = old })
+}
+
 func TestRingGrowsWhileStreamingAndShrinksWhenIdle(t *testing.T) {
-	defer func(d time.Duration) { shrinkIdle = d }(shrinkIdle)
-	shrinkIdle = time.Hour // no shrink until the test says
+	noShrink(t) // until the test says
 	a, b := newWire(t, Options{}, Options{})
 	idle := 32 << 10
 	require.Equal(t, idle, registered(a.c), "a connection starts with the arena's small rings")
@@ -286,6 +294,7 @@ func TestRingGrowsWhileStreamingAndShrinksWhenIdle(t *testing.T) {
 // Message boundaries survive a ring switch between and inside messages
 // (fragments in the old ring, the rest in the new).
 func TestRingSwitchKeepsMessages(t *testing.T) {
+	noShrink(t)
 	a, b := newWire(t, Options{}, Options{Messages: true})
 	sizes := []int{1, 70 << 10, 5000, 200 << 10, 64 << 10, 8 << 10, 3, 1 << 20, 100}
 	errc := make(chan error, 1)
@@ -312,6 +321,7 @@ func TestRingSwitchKeepsMessages(t *testing.T) {
 // A sender that cannot register a send ring declines the offer: the
 // receiver gives its big ring back, stays small, and the data flows.
 func TestRingOfferDeclined(t *testing.T) {
+	noShrink(t)
 	a, b := newWire(t, Options{}, Options{})
 	a.failRegs = true
 	stream(t, a.c, b.c, 2<<20, 64<<10)
@@ -325,6 +335,7 @@ func TestRingOfferDeclined(t *testing.T) {
 // Sides with different BufferSize agree on the rings: the big ring is the
 // smaller side's.
 func TestRingGrowthUnevenBuffers(t *testing.T) {
+	noShrink(t)
 	a, b := newWire(t, Options{BufferSize: 16 << 10}, Options{BufferSize: 1 << 20})
 	stream(t, a.c, b.c, 4<<20, 64<<10)
 	require.Equal(t, uint64(1), b.c.Stats().RingGrowths)
