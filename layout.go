@@ -12,10 +12,9 @@ import "github.com/goverbs/rdma/internal/ibv"
 // BufferSize fits an empty ring wherever the last one ended (see
 // ringPlace). A connection starts with rings of initRing bytes (less for a
 // small BufferSize, whose messages are then smaller) and moves to rings of
-// bigRing bytes (bigRingFor) while the peer streams to it (see
-// resize.go). The big rings
-// are registered apart, and given back when the connection is idle; the
-// arena keeps the small ones. Receives are zero-length:
+// bigRing bytes (bigRingFor) while the peer streams to it (see resize.go).
+// The big rings are registered apart, and given back when the connection
+// is idle; the arena keeps the small ones. Receives are zero-length:
 // a data message's payload goes where the sender put it in the ring, and
 // control messages (credits, the fin) carry none, only their header in
 // the immediate data. So the receives (RecvDepth for data, the control

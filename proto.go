@@ -76,7 +76,7 @@ import (
 // hello announces and may move its receive ring to another (bigger while
 // the peer streams to it, the small one again once it is idle; see
 // resize.go). The receiver offers the new ring in a data message of its
-// own (msgRing, whose RingDescLen bytes of payload are the ring's address,
+// own (msgRing, whose ringDescLen bytes of payload are the ring's address,
 // rkey and size), placed and credited like any data message but never
 // given to Read. The sender answers at a message boundary of its own: it
 // sends msgSwitched, a control message, and from then on places its
@@ -86,9 +86,10 @@ import (
 // ring that size) answers msgDecline instead, and the receiver keeps the
 // ring it had. One offer is outstanding at a time, and the receiver makes
 // the next only once the old ring is drained. A ring's size is at most
-// what the sender's BufferSize gives (twice it, in pages), at least
-// minRing; the largest message in it is the smaller BufferSize and at most
-// half the ring, as at the handshake.
+// what the sender's BufferSize gives (bigRingFor: 16 of its largest
+// messages up to 1 MiB, at least two), at least minRing; the largest
+// message in it is the smaller BufferSize and at most half the ring, as at
+// the handshake.
 
 const (
 	helloMagic   = 0x47565244 // "GVRD"

@@ -191,9 +191,10 @@ type Options struct {
 	// bigger Writes are split. A connection starts with send and receive
 	// rings of 16 KiB (messages of up to 8 KiB), and moves to rings of 16
 	// of the largest messages (at most 1 MiB, at least two of them) while
-	// the peer streams to it, back once it is idle (see RegisteredMemory); a message takes only its own
-	// length in the peer's ring (rounded up to 64 bytes), so many small
-	// messages fit where one large one does. Default 64 KiB.
+	// the peer streams to it, back once it is idle (see RegisteredMemory);
+	// a message takes only its own length in the peer's ring (rounded up
+	// to 64 bytes), so many small messages fit where one large one does.
+	// Default 64 KiB.
 	BufferSize int
 	// SendDepth is the most data messages in flight from this side in the
 	// send queue. It costs no memory. Default 16.

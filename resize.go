@@ -58,7 +58,6 @@ type resizer struct {
 	initSpan         int     // the ring bytes agreed at the handshake: a shrink goes back to them
 	bigSpan          int     // the ring bytes a grown connection uses
 	ownBig           int     // the biggest ring this side registers (layout.bigRing)
-	peerWindow       int
 
 	// The receive side.
 	rxCur     *ringMem // the ring the peer writes into
@@ -109,7 +108,6 @@ func (c *Conn) openRings(span int, peer hello) {
 	rs := &c.rs
 	rs.initSpan = span
 	rs.peerBuf = int(peer.bufSize)
-	rs.peerWindow = int(peer.recvDepth)
 	// The peer sends from a ring no bigger than its own BufferSize gives.
 	rs.bigSpan = min(rs.bigSpan, bigRingFor(rs.peerBuf))
 }
@@ -171,7 +169,7 @@ func (c *Conn) ringTurn() {
 	c.queueSend(msgSwitched, 0)
 	rs.retired = append(rs.retired, retiredRing{rs.txCur, c.tx.ctrlSeq})
 	d := rs.peerOffer
-	c.tx.switchTo(rs.txNext, d, c.ringMaxMsg(int(d.size)), rs.peerWindow)
+	c.tx.switchTo(rs.txNext, d, c.ringMaxMsg(int(d.size)), c.cr.peerWindow)
 	rs.txCur, rs.txNext = rs.txNext, nil
 	// A Write waiting for room in the old ring finds the new one empty.
 	signal(c.txReady)

@@ -77,7 +77,7 @@
 //	  "options": {                    // the Options asked about, defaults filled in
 //	    "buffer_size": 65536, "send_depth": 16, "recv_depth": 64,
 //	    "registered_bytes": 32768,    // per idle connection end: Options.RegisteredMemory
-//	    "grown_registered_bytes": 294912, // per connection end streaming both ways: Options.GrownRegisteredMemory
+//	    "grown_registered_bytes": 2129920, // per connection end streaming both ways: Options.GrownRegisteredMemory
 //	    "cq_entries": 107             // per connection end: RecvDepth + SendDepth + 27
 //	  }
 //	}
