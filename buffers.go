@@ -5,8 +5,8 @@ package rdma
 import (
 	"errors"
 	"os"
-	"sync"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -29,10 +29,25 @@ import (
 type arena struct {
 	pd     *ibv.PD
 	mem    []byte
-	recvMR *ibv.MR // mem[:ring]: local and remote write
+	recv   []byte  // the receive ring, in mem
+	recvMR *ibv.MR // recv's: local and remote write
 	sendMR *ibv.MR // mem[ring:]: local only (the send ring and any header slots)
 	base   uint64
 	ring   int
+	key    poolKey // the layout it was made for, and its QP's queues
+
+	// While pooled: the QP of its last connection, reset, in its PD and
+	// on the device's CQ qpShard; inline is the inline data the QP took
+	// when created. Nil while a connection holds the QP (the id does),
+	// and for an arena whose QP could not be kept.
+	qp      *ibv.QP
+	qpShard *cqShard
+	inline  int
+}
+
+// arenaKey is what an arena laid out as lay is kept for.
+func arenaKey(lay layout) poolKey {
+	return poolKey{size: lay.size(), ring: lay.ring, sendWR: lay.sendQueue(), recvWR: lay.recvSlots}
 }
 
 func newArena(ctx *ibv.Context, lay layout) (*arena, error) {
@@ -40,7 +55,7 @@ func newArena(ctx *ibv.Context, lay layout) (*arena, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &arena{pd: pd, ring: lay.ring}
+	a := &arena{pd: pd, ring: lay.ring, key: arenaKey(lay)}
 	if err := a.register(lay); err != nil {
 		a.free()
 		return nil, err
@@ -56,7 +71,8 @@ func (a *arena) register(lay layout) error {
 		return &mmapError{need: size, err: os.NewSyscallError("mmap", err)}
 	}
 	a.mem, a.base = mem, addrOf(mem)
-	if a.recvMR, err = a.pd.RegMRRemoteWrite(mem[lay.recvOff() : lay.recvOff()+lay.ring]); err == nil {
+	a.recv = mem[lay.recvOff() : lay.recvOff()+lay.ring]
+	if a.recvMR, err = a.pd.RegMRRemoteWrite(a.recv); err == nil {
 		// The header slots, if any, follow the send ring: one key for both.
 		a.sendMR, err = a.pd.RegMR(mem[lay.sendOff():size])
 	}
@@ -70,9 +86,10 @@ func (a *arena) register(lay layout) error {
 	return nil
 }
 
-// free deregisters, unmaps and deallocates whatever a has; no QP may
-// still be in its PD.
+// free destroys a's QP, if it holds one, and deregisters, unmaps and
+// deallocates whatever a has; no other QP may still be in its PD.
 func (a *arena) free() {
+	a.destroyQP()
 	if a.recvMR != nil {
 		a.recvMR.Dereg()
 	}
@@ -83,6 +100,37 @@ func (a *arena) free() {
 		unix.Munmap(a.mem)
 	}
 	a.pd.Dealloc()
+}
+
+// destroyQP destroys the pooled QP a holds, if any.
+func (a *arena) destroyQP() {
+	if a.qp != nil {
+		destroyQP(a.qp)
+		a.qp, a.qpShard = nil, nil
+	}
+}
+
+// destroyQP destroys a QP no id holds. The kernel refuses (EBUSY) to
+// destroy a QP another verb is using at that moment; nothing of ours
+// should be, but a bounded retry beats leaking the QP and, with it, the
+// device.
+func destroyQP(qp *ibv.QP) {
+	for i := 0; qp.Destroy() != nil && i < 100; i++ {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// rekey registers the receive ring again, for a new rkey: the pooled QP
+// keeps its number, so a past peer that still sent to it (with a packet
+// sequence number it guessed) would otherwise find the ring's key the
+// same as when the ring was its own.
+func (a *arena) rekey() error {
+	if err := a.recvMR.Dereg(); err != nil {
+		return err
+	}
+	mr, err := a.pd.RegMRRemoteWrite(a.recv)
+	a.recvMR = mr
+	return err
 }
 
 // verbsRings registers a connection's big rings (see resize.go) in its
@@ -121,76 +169,50 @@ func (v verbsRings) freeRing(m *ringMem) {
 // addrOf is the address the NIC uses for the first byte of b.
 func addrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))) }
 
-// arenaPool keeps the arenas of closed connections for the next ones on
-// the same device: mmap'ing, faulting in and registering a connection's
-// memory is most of what setting one up costs (about 10 ms for the
-// default 2.3 MiB of the rings' predecessors under Soft-RoCE in the test
-// bed). A reused arena still holds what its last connection sent and
-// received; that is never exposed: no memory grants remote read, the peer
-// of the last connection has no QP left in the arena's PD (its rkey is
-// honoured for the new connection's QP only), and only the bytes a
-// connection itself wrote are ever sent from it.
-type arenaPool struct {
-	mu    sync.Mutex
-	free  []*arena
-	bytes int
-}
+// The device's pool (see pool.go) keeps the arenas of closed connections,
+// with their reset QPs, for the next ones on the same device: creating a
+// QP and mmap'ing, faulting in and registering a connection's memory are
+// most of what setting one up costs under Soft-RoCE. A reused arena still
+// holds what its last connection sent and received; that is never exposed:
+// no memory grants remote read, its receive ring has a new rkey (see
+// rekey), and only the bytes a connection itself wrote are ever sent from
+// it.
 
-// maxPooled bounds the registered memory a device keeps unused.
-const maxPooled = 32 << 20
-
-// get returns an arena laid out as lay, pooled or new. When a new one cannot
-// be had (the locked-memory limit, say), the pool lets its arenas go and
-// the registration is tried once more.
-func (p *arenaPool) get(ctx *ibv.Context, lay layout) (*arena, error) {
-	size := lay.size()
-	p.mu.Lock()
-	for i, a := range p.free {
-		if len(a.mem) == size && a.ring == lay.ring {
-			last := len(p.free) - 1
-			p.free[i], p.free[last] = p.free[last], nil
-			p.free = p.free[:last]
-			p.bytes -= size
-			p.mu.Unlock()
-			return a, nil
-		}
-	}
-	p.mu.Unlock()
-	a, err := newArena(ctx, lay)
-	if err != nil && p.drop() > 0 {
-		a, err = newArena(ctx, lay)
+// newArena makes an arena laid out as lay. When one cannot be had (the
+// locked-memory limit, say), the pool lets its arenas go and the
+// registration is tried once more.
+func (d *device) newArena(lay layout) (*arena, error) {
+	a, err := newArena(d.ctx, lay)
+	if err != nil && d.dropPool() > 0 {
+		a, err = newArena(d.ctx, lay)
 	}
 	return a, err
 }
 
-// put keeps a for the next connection, or frees it if the pool is full.
-// No QP may reference it any more.
-func (p *arenaPool) put(a *arena) {
-	p.mu.Lock()
-	if p.bytes+len(a.mem) <= maxPooled {
-		p.free = append(p.free, a)
-		p.bytes += len(a.mem)
-		p.mu.Unlock()
+// keepArena gives a closed connection's arena to the pool: with its QP if
+// it kept one and the pool takes it, else without, else a is freed.
+func (d *device) keepArena(a *arena) {
+	if a.recvMR == nil {
+		a.free() // its receive ring lost its registration (see rekey)
 		return
 	}
-	p.mu.Unlock()
-	a.free()
-}
-
-// drop frees every pooled arena and returns how many there were.
-func (p *arenaPool) drop() int {
-	p.mu.Lock()
-	free := p.free
-	p.free, p.bytes = nil, 0
-	p.mu.Unlock()
-	for _, a := range free {
+	if a.qp != nil {
+		if d.pool.put(a, a.key, true) {
+			return
+		}
+		a.destroyQP()
+	}
+	if !d.pool.put(a, a.key, false) {
 		a.free()
 	}
-	return len(free)
 }
 
-func (p *arenaPool) size() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.bytes
+// dropPool frees everything the pool keeps and returns how many arenas
+// it held.
+func (d *device) dropPool() int {
+	as := d.pool.drop()
+	for _, a := range as {
+		a.free()
+	}
+	return len(as)
 }

@@ -51,7 +51,3 @@ func TestCompletionQueueEntries(t *testing.T) {
 	_, err = Options{SendDepth: -1}.CompletionQueueEntries()
 	require.Error(t, err)
 }
-
-// README: a device keeps the registered memory of closed connections up to
-// 32 MiB (see TestDocumentedNumbers for the rest).
-func TestPooledBound(t *testing.T) { require.Equal(t, 32<<20, maxPooled) }

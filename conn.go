@@ -109,8 +109,16 @@ type Conn struct {
 	rs                      resizer // rings that follow the traffic (resize.go)
 	heard                   uint64  // successful completions: the peer or its NIC answered
 	qpBroken                bool    // a failed completion disconnected the QP
-	ka                      keepalive
-	kaTimer                 *time.Timer // ticks the keepalive while it is on
+	// qpDrained: the release saw every work request complete, so the QP
+	// holds none and may serve another connection (see keepQP).
+	qpDrained bool
+	// cmUp: the connection manager connected the id; cmDown: it has since
+	// completed the disconnect exchange (the DREQ answered by a DREP, in
+	// either direction), after which the peer's connection manager no
+	// longer holds the QP's number as a connection's (see keepQP).
+	cmUp, cmDown bool
+	ka           keepalive
+	kaTimer      *time.Timer // ticks the keepalive while it is on
 }
 
 // queuePair posts work requests: the connection's *ibv.QP, or a fake.

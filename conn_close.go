@@ -183,7 +183,8 @@ func (c *Conn) lingerDroppingLock() error {
 // the error state (disconnected): it waits for a post in progress (on the
 // poller, returning credits; a post always returns, and the QP must not be
 // destroyed under it), posts nothing more from then on, and waits until
-// every posted work request has completed (flushed), up to drainTimeout.
+// every posted work request has completed (flushed), up to drainTimeout;
+// qpDrained records whether they all did.
 func (c *Conn) drainDroppingLock() {
 	for c.tx.posting || c.os.posting > 0 {
 		c.waitDroppingLock(drainTimeout, func() bool { return !c.tx.posting && c.os.posting == 0 })
@@ -196,7 +197,9 @@ func (c *Conn) drainDroppingLock() {
 	}
 	// One-sided operations are all signaled: each one's flushed
 	// completion comes by itself.
-	c.waitDroppingLock(drainTimeout, func() bool { return c.rx.posted == 0 && c.tx.idle() && c.os.idle() })
+	drained := func() bool { return c.rx.posted == 0 && c.tx.idle() && c.os.idle() }
+	c.waitDroppingLock(drainTimeout, drained)
+	c.qpDrained = drained()
 }
 
 // waitDroppingLock waits, with mu held on entry and exit, until cond holds
@@ -244,16 +247,22 @@ func (c *Conn) fail(err error) {
 	signal(c.txReady)
 }
 
-// peerDisconnected handles the peer's disconnect: acknowledge it (which
-// moves our QP to the error state and flushes our receives) and fail
-// further writes. Reads still return what already arrived.
-func (c *Conn) peerDisconnected() {
+// peerDisconnected handles the connection manager's disconnect event,
+// the peer's disconnect or its answer to ours: acknowledge it (which
+// moves our QP to the error state, flushes our receives and, when the
+// peer asked, answers it) and fail further writes. Reads still return
+// what already arrived. answered is false when the event reports that
+// the peer never answered our disconnect.
+func (c *Conn) peerDisconnected(answered bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.life.set(shutPeerGone)
 	if !c.life.has(shutQPGone) {
 		c.disconnect()
 	}
+	// Answered, or (the release's disconnect having gone first, see
+	// releaseAll) crossed with ours: either way the exchange is over.
+	c.cmDown = answered
 	c.life.failWrite(syscall.ECONNRESET)
 	// Reads learn of it from the flushed receives, or, with none posted,
 	// from shutPeerGone itself.

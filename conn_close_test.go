@@ -101,7 +101,7 @@ func TestConnCloseReportsUndelivered(t *testing.T) {
 func TestConnPeerDisconnected(t *testing.T) {
 	p := newFakeConn(t, 4, 64)
 	p.deliver(header{typ: msgData}, []byte("before"))
-	p.c.peerDisconnected()
+	p.c.peerDisconnected(true)
 	b := make([]byte, 16)
 	n, err := p.c.Read(b)
 	require.NoError(t, err)

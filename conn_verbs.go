@@ -36,7 +36,10 @@ type connSys struct {
 	// (see connect), and the call's goroutine tears the connection down
 	// when it returns. Only the dialing goroutine touches it.
 	abandoned bool
-	inbox     inbox[rdmacm.Event] // see inbox.go
+	// freshQP: the dial creates its QP (an earlier try's pooled one was
+	// refused as stale).
+	freshQP bool
+	inbox   inbox[rdmacm.Event] // see inbox.go
 	// qpMu is held across a librdmacm call made off the CM goroutine that
 	// moves the QP through its states (rdma_accept on the listener's
 	// setup goroutine) and across the QP's destruction, which must not
@@ -96,21 +99,39 @@ func (c *Conn) setup(opts Options) error {
 		c.lay = c.lay.withHeaders()
 	}
 	c.cqe = c.lay.cqEntries()
-	dev, cqs, err := acquireDevice(verbs, c.cqe)
+	dev, cqs, ar, err := acquireDevice(verbs, c.cqe, c.lay)
 	if err != nil {
 		return err
 	}
 	c.dev, c.cqs = dev, cqs
-	if c.ar, err = dev.pool.get(dev.ctx, c.lay); err != nil {
-		return err
+	if ar == nil {
+		if ar, err = dev.newArena(c.lay); err != nil {
+			return err
+		}
 	}
+	c.ar = ar
 	dev.addRegistered(len(c.ar.mem))
-	// In the arena's PD: its receive ring's rkey works for this QP only.
-	qp, inline, err := c.id.CreateQP(c.ar.pd.Ptr(), cqs.cq.Ptr(), c.lay.sendQueue(), c.lay.recvSlots, 256)
-	if err != nil {
-		return err
+	if ar.qp != nil {
+		// A pooled QP, on cqs: the id takes it as it would a new one.
+		qp := ar.qp
+		ar.qp, ar.qpShard = nil, nil
+		if c.freshQP {
+			destroyQP(qp)
+		} else if err := c.id.AdoptQP(qp.Ptr()); err != nil {
+			destroyQP(qp)
+		} else {
+			c.vqp = qp
+		}
 	}
-	c.vqp = ibv.QPFrom(qp)
+	if c.vqp == nil {
+		// In the arena's PD: its receive ring's rkey works for this QP only.
+		qp, inline, err := c.id.CreateQP(c.ar.pd.Ptr(), cqs.cq.Ptr(), c.lay.sendQueue(), c.lay.recvSlots, 256)
+		if err != nil {
+			return err
+		}
+		c.vqp, ar.inline = ibv.QPFrom(qp), inline
+	}
+	inline := ar.inline
 	cqs.add(c.vqp.Num, c)
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -146,16 +167,21 @@ func (c *Conn) hello() hello {
 
 // dial runs the active side of the handshake.
 func dial(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options) (*Conn, error) {
+	fresh := false
 	for attempt := 1; ; attempt++ {
-		c, err := dialOnce(ctx, src, dst, opts)
-		if err == nil || attempt == dialAttempts || ctx.Err() != nil || !portTaken(err) {
+		c, err := dialOnce(ctx, src, dst, opts, fresh)
+		if err == nil || attempt == dialAttempts || ctx.Err() != nil {
+			return c, err
+		}
+		if fresh = errors.As(err, new(staleConnError)); !fresh && !portTaken(err) {
 			return c, err
 		}
 	}
 }
 
 // dialAttempts bounds the tries of a dial whose port TCP still held (see
-// portTaken).
+// portTaken), or whose pooled QP was refused as stale (the next try
+// creates its QP).
 const dialAttempts = 3
 
 // portTaken reports whether rdma_connect failed for want of its local
@@ -169,13 +195,14 @@ func portTaken(err error) bool {
 	return errors.As(err, &se) && se.Syscall == "rdma_connect" && errors.Is(se.Err, syscall.EADDRNOTAVAIL)
 }
 
-func dialOnce(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options) (*Conn, error) {
+func dialOnce(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options, freshQP bool) (*Conn, error) {
 	cm, err := acquireCM()
 	if err != nil {
 		return nil, err
 	}
 	c := newVerbsConn(cm, phaseDialing)
 	c.dialing = true
+	c.freshQP = freshQP
 	c.handle = cm.register(c)
 	if c.id, err = rdmacm.NewID(cm.ch, c.handle); err != nil {
 		cm.unregister(c.handle)
@@ -259,6 +286,9 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 		reason := parseReject(ev.PrivateData)
 		if reason == RefusedUnknown {
 			switch ev.Status {
+			case ibRejStaleConn:
+				// See reusableQP: a new QP takes another try.
+				return os.NewSyscallError("rdma_connect", staleConnError{})
 			case ibRejInvalidServiceID, -int(syscall.ECONNREFUSED):
 				// IB's reject of an unknown service; on iWARP, where
 				// the connection is TCP's, a reset of its SYN.
@@ -294,6 +324,19 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 	c.start(peer)
 	return nil
 }
+
+// ibRejStaleConn is the reject reason of a connection request from a QP
+// whose number the peer's connection manager still holds as a live
+// connection's (IB_CM_REJ_STALE_CONN).
+const ibRejStaleConn = 10
+
+// staleConnError is the error of a connect refused as stale.
+type staleConnError struct{}
+
+func (staleConnError) Error() string {
+	return "connection refused as stale: the peer still holds the QP's number as a live connection's"
+}
+func (staleConnError) Unwrap() error { return syscall.ECONNREFUSED }
 
 // ibRejInvalidServiceID is the reject reason of a connection request
 // that no listener took (IB_CM_REJ_INVALID_SERVICE_ID: rdma_cm found no
@@ -401,6 +444,7 @@ func (c *Conn) handleCM(ev rdmacm.Event) {
 		// From here on a disconnect must reach peerDisconnected even
 		// before the dialing goroutine has looked at this event.
 		c.life.phase = phaseEstablished
+		c.cmUp = true
 	}
 	c.mu.Unlock()
 	switch ph {
@@ -425,6 +469,7 @@ func (c *Conn) handleCM(ev rdmacm.Event) {
 			ok := c.life.phase == phaseAccepting
 			if ok {
 				c.life.phase = phaseEstablished
+				c.cmUp = true
 			}
 			c.mu.Unlock()
 			if ok {
@@ -442,7 +487,8 @@ func (c *Conn) handleCM(ev rdmacm.Event) {
 		// acknowledgement.
 		switch ev.Type {
 		case rdmacm.EventDisconnected:
-			c.peerDisconnected()
+			// A status (-ETIMEDOUT) says our disconnect went unanswered.
+			c.peerDisconnected(ev.Status == 0)
 		case rdmacm.EventDeviceRemoval:
 			c.deviceRemoved()
 		}
@@ -457,6 +503,50 @@ func (c *Conn) destroyQP() bool {
 	return err == nil
 }
 
+// disconnectWait bounds how long a release waits for the peer's
+// connection manager to answer the disconnect before it decides that the
+// QP cannot be kept (see reusableQP).
+const disconnectWait = 250 * time.Millisecond
+
+// reusableQP reports whether the QP can serve another connection: every
+// work request it had has completed (a reset drops queued ones without a
+// completion, which would leave their buffers' owners waiting); its
+// device is neither iWARP nor gone; and the connection manager completed
+// the disconnect exchange, waiting up to disconnectWait for that. Until
+// then the peer's connection manager holds the QP's number as that of a
+// live connection, and refuses a new connection from or to it as stale (a
+// REJ for the request, or the reply dropped and the dial left to time
+// out).
+func (c *Conn) reusableQP() bool {
+	if !c.qpDrained || c.ar == nil || !c.dev.keepQPs || c.dev.isRemoved() {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cmUp && !c.cmDown {
+		c.waitDroppingLock(disconnectWait, func() bool { return c.cmDown })
+	}
+	return c.cmDown
+}
+
+// keepQP takes the QP from the id, reset, for the arena to keep in the
+// pool. It reports whether the QP is dealt with (kept, or destroyed when
+// the reset failed); on false the caller destroys it.
+func (c *Conn) keepQP() bool {
+	var err error
+	c.cm.ch.Quiet(func() { _, err = c.id.ReleaseQP() })
+	if err == nil {
+		// A past peer must not find its key still valid (see rekey).
+		err = c.ar.rekey()
+	}
+	if err != nil {
+		destroyQP(c.vqp)
+		return true
+	}
+	c.ar.qp, c.ar.qpShard = c.vqp, c.cqs
+	return true
+}
+
 // freeVerbs destroys the QP and the id and gives the memory (memLen
 // bytes), the regions and the device's shared objects back, in the order
 // the device's removal needs (see release). The QP has been drained.
@@ -467,15 +557,19 @@ func (c *Conn) freeVerbs(memLen int) {
 	// Neither an rdma_accept in progress (qpMu) nor librdmacm's
 	// processing of an event of the id (Quiet) may find the QP freed, and
 	// no rdma_accept may start once it is (qpGone).
+	reusable := c.vqp != nil && c.reusableQP()
 	c.qpMu.Lock()
 	c.qpGone = true
 	if c.vqp != nil {
 		c.cqs.remove(c.vqp.Num)
-		// The kernel refuses (EBUSY) to destroy a QP another verb is
-		// using at that moment; nothing of ours should be, but a bounded
-		// retry beats leaking the QP and, with it, the device.
-		for i := 0; !c.destroyQP() && i < 100; i++ {
-			time.Sleep(time.Millisecond)
+		if !reusable || !c.keepQP() {
+			// The kernel refuses (EBUSY) to destroy a QP another verb
+			// is using at that moment; nothing of ours should be, but a
+			// bounded retry beats leaking the QP and, with it, the
+			// device.
+			for i := 0; !c.destroyQP() && i < 100; i++ {
+				time.Sleep(time.Millisecond)
+			}
 		}
 	}
 	c.qpMu.Unlock()
@@ -483,7 +577,7 @@ func (c *Conn) freeVerbs(memLen int) {
 	c.releaseRegions()
 	if c.ar != nil {
 		c.dev.addRegistered(-memLen)
-		c.dev.pool.put(c.ar)
+		c.dev.keepArena(c.ar)
 	}
 	if c.dev != nil {
 		c.dev.release(c.cqs, c.cqe)

@@ -49,7 +49,11 @@ type device struct {
 	registered int         // bytes connections registered, under devMu
 	idle       *time.Timer // while it lingers with no reference, under devMu
 
-	pool arenaPool
+	// pool keeps closed connections' arenas and QPs (see pool.go); keepQPs
+	// says whether this device's QPs may be kept (not on iWARP, see
+	// newDevice).
+	pool    readyPool[*arena]
+	keepQPs bool
 }
 
 // deviceLinger is how long a device stays set up after its last
@@ -82,35 +86,85 @@ type cqShard struct {
 const initialCQE = 8192
 
 // acquireDevice returns the device for an ibv_context with one more
-// reference, and the CQ on which cqe entries were reserved for the
-// connection, setting either up on first use.
-func acquireDevice(verbs unsafe.Pointer, cqe int) (*device, *cqShard, error) {
+// reference, the CQ on which cqe entries were reserved for the
+// connection, and, if the pool has one, an arena laid out as lay, setting
+// the device or a CQ up on first use. A pooled arena comes with its reset
+// QP when the QP was made for lay and its CQ has room: the CQ returned is
+// then the QP's.
+func acquireDevice(verbs unsafe.Pointer, cqe int, lay layout) (*device, *cqShard, *arena, error) {
 	devMu.Lock()
 	d := devices[verbs]
 	if d == nil {
 		var err error
 		if d, err = newDevice(ibv.ContextFrom(verbs)); err != nil {
 			devMu.Unlock()
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		devices[verbs] = d
 	} else if d.idle != nil {
 		d.idle.Stop()
 		d.idle = nil
 	}
-	s, err := d.reserve(cqe)
+	a, qpFits, _ := d.pool.take(arenaKey(lay))
+	var stale *ibv.QP // a pooled QP not to be used: destroyed without devMu
+	var s *cqShard
+	if a != nil && a.qp != nil {
+		if qpFits {
+			s = d.reserveOn(a.qpShard, cqe)
+		}
+		if s == nil {
+			stale = a.qp
+			a.qp, a.qpShard = nil, nil
+		}
+	}
+	var err error
+	if s == nil {
+		s, err = d.reserve(cqe)
+	}
 	if err == nil {
 		d.refs++
 		devMu.Unlock()
-		return d, s, nil
+		if stale != nil {
+			destroyQP(stale)
+		}
+		return d, s, a, nil
+	}
+	if a != nil {
+		// Back for another connection: the arena has no QP here.
+		d.keepArena(a)
 	}
 	if d.refs > 0 {
 		devMu.Unlock()
-		return nil, nil, err
+		if stale != nil {
+			destroyQP(stale)
+		}
+		return nil, nil, nil, err
 	}
 	// A device set up for this connection alone goes again.
 	d.retireUnlocking()
-	return nil, nil, err
+	if stale != nil {
+		destroyQP(stale)
+	}
+	return nil, nil, nil, err
+}
+
+// reserveOn promises cqe entries of the CQ s, growing it if it may, or
+// returns nil; devMu is held.
+func (d *device) reserveOn(s *cqShard, cqe int) *cqShard {
+	p, err := placeCQ([]cqLoad{{cap: s.cq.Cap, reserved: s.reserved}}, cqe, d.maxCQE, initialCQE, !d.noResize)
+	if err != nil || p.index != 0 {
+		return nil
+	}
+	if p.size > s.cq.Cap {
+		s.cqMu.Lock()
+		err := s.cq.Resize(p.size)
+		s.cqMu.Unlock()
+		if err != nil {
+			return nil
+		}
+	}
+	s.reserved += cqe
+	return s
 }
 
 // reserve promises cqe entries of one of the device's CQs, growing one or
@@ -173,7 +227,10 @@ func newDevice(ctx *ibv.Context) (*device, error) {
 		return nil, err
 	}
 	d := &device{ctx: ctx, ackTimeout: ackTimeoutHW, maxCQE: initialCQE, iwarp: ctx.IWARP(),
-		async: async, asyncDone: make(chan struct{})}
+		async: async, asyncDone: make(chan struct{}), pool: newReadyPool[*arena](maxPooled, maxPooledQPs)}
+	// On iWARP the connection manager binds a QP to the TCP connection it
+	// was connected over; a QP is not kept for another one there.
+	d.keepQPs = !d.iwarp
 	d.events.conns = d
 	go func() {
 		defer close(d.asyncDone)
@@ -361,6 +418,13 @@ func forgetRemovedLocked(verbs unsafe.Pointer) {
 	}
 }
 
+// isRemoved reports whether rdma_cm said the device went away.
+func (d *device) isRemoved() bool {
+	devMu.Lock()
+	defer devMu.Unlock()
+	return removed[d.ctx.Ptr()]
+}
+
 // addRegistered counts memory a connection registered (or, negative,
 // released).
 func (d *device) addRegistered(n int) {
@@ -374,8 +438,9 @@ func devicesStats() []DeviceStats {
 	defer devMu.Unlock()
 	var s []DeviceStats
 	for _, d := range devices {
-		st := DeviceStats{Name: d.ctx.Name(), Connections: d.refs, CompletionQueues: len(d.cqs), RegisteredBytes: d.registered, PooledBytes: d.pool.size(),
+		st := DeviceStats{Name: d.ctx.Name(), Connections: d.refs, CompletionQueues: len(d.cqs), RegisteredBytes: d.registered,
 			ActiveMTU: d.ctx.ActiveMTU(1)}
+		st.PooledBytes, st.PooledQPs = d.pool.counts()
 		for _, q := range d.cqs {
 			st.CQEntries += q.cq.Cap
 		}
@@ -390,10 +455,11 @@ func (d *device) destroy() {
 	d.async.Interrupt()
 	<-d.asyncDone
 	d.events.stop()
+	// The pooled QPs before the CQs they use.
+	d.dropPool()
 	for _, s := range d.cqs {
 		s.shutdown(s.ch.Interrupt)
 		s.cq.Destroy()
 		s.ch.Destroy()
 	}
-	d.pool.drop()
 }

@@ -71,6 +71,10 @@ type DeviceStats struct {
 	// PooledBytes is registered memory of closed connections, kept for
 	// the next ones while the device is in use (at most 32 MiB).
 	PooledBytes int
+	// PooledQPs is the QPs of closed connections kept with that memory,
+	// reset, for the next connections to reuse instead of creating their
+	// own (at most 256; none on iWARP).
+	PooledQPs int
 	// ActiveMTU is its first port's active MTU in bytes: the packets
 	// RDMA messages are cut into (4096 on RoCE fabrics with jumbo frames).
 	ActiveMTU int

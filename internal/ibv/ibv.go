@@ -699,6 +699,17 @@ func QPFrom(p unsafe.Pointer) *QP {
 	return &QP{qp: q, Num: uint32(q.qp_num)}
 }
 
+// Ptr is the C pointer, for rdmacm.ID.AdoptQP.
+func (qp *QP) Ptr() unsafe.Pointer { return unsafe.Pointer(qp.qp) }
+
+// Destroy destroys a QP that no id holds (ibv_destroy_qp).
+func (qp *QP) Destroy() error {
+	if r := C.ibv_destroy_qp(qp.qp); r != 0 {
+		return os.NewSyscallError("ibv_destroy_qp", syscall.Errno(r))
+	}
+	return nil
+}
+
 // PostSends posts up to MaxSendBatch SENDs (or RDMA WRITEs, see SendWR)
 // as one chain (ibv_post_send).
 func (qp *QP) PostSends(wrs []SendWR) error {

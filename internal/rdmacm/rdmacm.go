@@ -258,6 +258,48 @@ static int gv_destroy_qp(struct rdma_cm_id *id) {
 	return 0;
 }
 
+// gv_adopt_qp makes qp, a QP of the id's device in the RESET state (one
+// kept from an earlier connection, see gv_release_qp), the id's, as
+// rdma_create_qp would have made a new one: moved to INIT with the
+// attributes rdma_cm gives for the id (its port and partition), so that
+// librdmacm moves it through RTR and RTS in rdma_accept, or when the
+// connect response comes, and to the error state on rdma_disconnect.
+// Returns 0, or -1 with errno.
+static int gv_adopt_qp(struct rdma_cm_id *id, struct ibv_qp *qp) {
+	if (id->qp) {
+		errno = EINVAL;
+		return -1;
+	}
+	struct ibv_qp_attr attr;
+	int mask, r;
+	memset(&attr, 0, sizeof(attr));
+	attr.qp_state = IBV_QPS_INIT;
+	if (rdma_init_qp_attr(id, &attr, &mask))
+		return -1;
+	if ((r = ibv_modify_qp(qp, &attr, mask))) {
+		errno = r;
+		return -1;
+	}
+	id->pd = qp->pd;
+	id->qp = qp;
+	return 0;
+}
+
+// gv_release_qp takes the id's QP from it and moves it to the RESET state,
+// for another id to adopt. The QP is the caller's from here on, reset or
+// not: *out is set in either case, and the return is 0 or an errno.
+static int gv_release_qp(struct rdma_cm_id *id, struct ibv_qp **out) {
+	struct ibv_qp *qp = id->qp;
+	*out = qp;
+	if (!qp)
+		return EINVAL;
+	id->qp = NULL;
+	struct ibv_qp_attr attr;
+	memset(&attr, 0, sizeof(attr));
+	attr.qp_state = IBV_QPS_RESET;
+	return ibv_modify_qp(qp, &attr, IBV_QP_STATE);
+}
+
 static int gv_set_ack_timeout(struct rdma_cm_id *id, uint8_t t) {
 	return rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof(t));
 }
@@ -586,6 +628,28 @@ func (id *ID) DestroyQP() error {
 	return nil
 }
 
+// AdoptQP makes qp, a reset QP of the id's device that ReleaseQP gave up,
+// the id's, as CreateQP would have made a new one: in the INIT state, and
+// moved through the rest by the handshake.
+func (id *ID) AdoptQP(qp unsafe.Pointer) error {
+	if r, err := C.gv_adopt_qp(id.id, (*C.struct_ibv_qp)(qp)); r != 0 {
+		return os.NewSyscallError("ibv_modify_qp", err)
+	}
+	return nil
+}
+
+// ReleaseQP takes the id's QP from it and resets it (its work requests
+// must all have completed: a reset drops those still queued without a
+// completion). The QP is returned in either case, for AdoptQP or
+// DestroyOwnQP; the error says the reset failed.
+func (id *ID) ReleaseQP() (unsafe.Pointer, error) {
+	var qp *C.struct_ibv_qp
+	if r := C.gv_release_qp(id.id, &qp); r != 0 {
+		return unsafe.Pointer(qp), os.NewSyscallError("ibv_modify_qp", syscall.Errno(r))
+	}
+	return unsafe.Pointer(qp), nil
+}
+
 // CreateOwnQP creates an RC QP on pd and cq, in the INIT state, that is not
 // the id's: librdmacm does not move it through its states, so the caller
 // may set what the handshake would not (EstablishOwnQP). It is for tests
@@ -609,7 +673,8 @@ func (id *ID) EstablishOwnQP(qp unsafe.Pointer, maxRdAtomic int) error {
 	return nil
 }
 
-// DestroyOwnQP destroys a QP of CreateOwnQP that the id never took.
+// DestroyOwnQP destroys a QP of CreateOwnQP that the id never took, or one
+// that ReleaseQP took from an id.
 func DestroyOwnQP(qp unsafe.Pointer) error {
 	if r := C.ibv_destroy_qp((*C.struct_ibv_qp)(qp)); r != 0 {
 		return os.NewSyscallError("ibv_destroy_qp", syscall.Errno(r))

@@ -1,0 +1,125 @@
+package rdma
+
+import "sync"
+
+// The pool of a device's ready connection objects: the registered memory
+// of closed connections (an arena: a protection domain and two rings) and,
+// with it, their QP, reset and kept in the arena's PD. Creating a QP and
+// destroying it were ~2 ms of each connection end's setup and release CPU
+// under Soft-RoCE (queue memory the kernel allocates and maps, then frees);
+// resetting a drained QP and moving it back to INIT for a new peer are two
+// ibv_modify_qp calls. The pool's bookkeeping is here, apart from the
+// verbs (buffers.go), so that its rules are tested on any host.
+
+// poolKey is what a kept entry was made for: its memory (the arena's size
+// and ring) and, if it has a QP, that QP's queues. An entry serves a
+// connection whose layout has the same memory; its QP only one with the
+// same queues too.
+type poolKey struct {
+	size, ring     int // the arena's bytes and each ring's
+	sendWR, recvWR int // the QP's send and receive queues
+}
+
+// memOf is the part of a key the memory alone must match.
+func (k poolKey) memOf() poolKey { return poolKey{size: k.size, ring: k.ring} }
+
+// Bounds of what a device keeps unused. The memory bound counts the
+// arenas (32 MiB: 1,024 idle connection ends' worth with the default
+// Options); the QP bound counts the kernel's queue memory and the NIC's
+// QP contexts that nothing uses.
+const (
+	maxPooled    = 32 << 20
+	maxPooledQPs = 256
+)
+
+// readyPool keeps entries (arenas, each maybe with its reset QP) of closed
+// connections for the next ones, within maxBytes of memory and maxQPs QPs.
+// The most recently kept entry goes first: its memory and QP context are
+// the likeliest to be in the caches.
+type readyPool[T any] struct {
+	mu       sync.Mutex
+	free     []pooled[T]
+	bytes    int
+	qps      int
+	maxBytes int
+	maxQPs   int
+}
+
+type pooled[T any] struct {
+	v   T
+	key poolKey
+	qp  bool // it comes with a reset QP made for key
+}
+
+func newReadyPool[T any](maxBytes, maxQPs int) readyPool[T] {
+	return readyPool[T]{maxBytes: maxBytes, maxQPs: maxQPs}
+}
+
+// take removes and returns the entry that serves key best: the newest
+// with a QP made for key, else the newest whose memory fits. qpFits says
+// whether the entry's QP serves key; an entry kept with a QP for other
+// queues comes with qpFits false, and its QP is the caller's to destroy.
+func (p *readyPool[T]) take(key poolKey) (v T, qpFits, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	best := -1
+	for i := len(p.free) - 1; i >= 0; i-- {
+		e := p.free[i]
+		if e.qp && e.key == key {
+			best = i
+			break
+		}
+		if best < 0 && e.key.memOf() == key.memOf() {
+			best = i
+		}
+	}
+	if best < 0 {
+		return v, false, false
+	}
+	e := p.free[best]
+	p.free = append(p.free[:best], p.free[best+1:]...)
+	p.bytes -= e.key.size
+	if e.qp {
+		p.qps--
+	}
+	return e.v, e.qp && e.key == key, true
+}
+
+// put keeps v, made for key and with a reset QP if qp, unless that would
+// pass a bound; it reports whether it did. An entry refused with its QP
+// may be offered again without it.
+func (p *readyPool[T]) put(v T, key poolKey, qp bool) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.bytes+key.size > p.maxBytes || (qp && p.qps >= p.maxQPs) {
+		return false
+	}
+	if !qp {
+		key.sendWR, key.recvWR = 0, 0
+	}
+	p.free = append(p.free, pooled[T]{v: v, key: key, qp: qp})
+	p.bytes += key.size
+	if qp {
+		p.qps++
+	}
+	return true
+}
+
+// drop empties the pool and returns what it held, for the caller to free.
+func (p *readyPool[T]) drop() []T {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	vs := make([]T, len(p.free))
+	for i, e := range p.free {
+		vs[i] = e.v
+	}
+	p.free, p.bytes, p.qps = nil, 0, 0
+	return vs
+}
+
+// counts returns the memory and the QPs kept.
+func (p *readyPool[T]) counts() (bytes, qps int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.bytes, p.qps
+}

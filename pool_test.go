@@ -1,0 +1,102 @@
+package rdma
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestReadyPool(t *testing.T) {
+	small := poolKey{size: 32 << 10, ring: 16 << 10, sendWR: 60, recvWR: 69}
+	deeper := small
+	deeper.recvWR = 133 // same memory, other queues
+	big := poolKey{size: 64 << 10, ring: 32 << 10, sendWR: 60, recvWR: 69}
+
+	t.Run("empty", func(t *testing.T) {
+		p := newReadyPool[string](1<<20, 4)
+		_, _, ok := p.take(small)
+		require.False(t, ok)
+	})
+
+	t.Run("the newest entry with a QP for the key first", func(t *testing.T) {
+		p := newReadyPool[string](1<<20, 4)
+		require.True(t, p.put("memory only", small, false))
+		require.True(t, p.put("qp, old", small, true))
+		require.True(t, p.put("qp, new", small, true))
+		require.True(t, p.put("other queues", deeper, true))
+		require.True(t, p.put("other memory", big, true))
+		bytes, qps := p.counts()
+		require.Equal(t, 4*small.size+big.size, bytes)
+		require.Equal(t, 4, qps)
+
+		v, fits, ok := p.take(small)
+		require.True(t, ok)
+		require.True(t, fits)
+		require.Equal(t, "qp, new", v, "the most recently kept, whose QP serves the key, even behind newer entries that do not")
+		v, fits, _ = p.take(small)
+		require.Equal(t, "qp, old", v)
+		require.True(t, fits)
+
+		// No QP for the key left: the newest memory that fits, with a
+		// QP for other queues, which the caller destroys.
+		v, fits, _ = p.take(small)
+		require.Equal(t, "other queues", v)
+		require.False(t, fits)
+		v, fits, _ = p.take(small)
+		require.Equal(t, "memory only", v)
+		require.False(t, fits)
+		_, _, ok = p.take(small)
+		require.False(t, ok, "other memory never serves")
+
+		bytes, qps = p.counts()
+		require.Equal(t, big.size, bytes)
+		require.Equal(t, 1, qps)
+	})
+
+	t.Run("a QP made for other queues does not serve them", func(t *testing.T) {
+		p := newReadyPool[string](1<<20, 4)
+		require.True(t, p.put("memory only", deeper, false))
+		v, fits, ok := p.take(deeper)
+		require.True(t, ok)
+		require.False(t, fits, "kept without a QP: it has none to serve with, whatever its key said")
+		require.Equal(t, "memory only", v)
+	})
+
+	t.Run("bounded by memory and by QPs", func(t *testing.T) {
+		p := newReadyPool[int](3*small.size, 2)
+		require.True(t, p.put(1, small, true))
+		require.True(t, p.put(2, small, true))
+		require.False(t, p.put(3, small, true), "the QP bound")
+		require.True(t, p.put(3, small, false), "the same entry, without its QP")
+		require.False(t, p.put(4, small, false), "the memory bound")
+		bytes, qps := p.counts()
+		require.Equal(t, 3*small.size, bytes)
+		require.Equal(t, 2, qps)
+
+		_, fits, _ := p.take(small)
+		require.True(t, fits)
+		require.True(t, p.put(4, small, true), "taking one makes room for one")
+	})
+
+	t.Run("drop gives everything back", func(t *testing.T) {
+		p := newReadyPool[int](1<<20, 4)
+		for i := range 3 {
+			require.True(t, p.put(i, small, i%2 == 0))
+		}
+		require.ElementsMatch(t, []int{0, 1, 2}, p.drop())
+		bytes, qps := p.counts()
+		require.Zero(t, bytes)
+		require.Zero(t, qps)
+		_, _, ok := p.take(small)
+		require.False(t, ok)
+		require.Empty(t, p.drop())
+		require.True(t, p.put(7, small, true), "usable again")
+	})
+}
+
+// README: a device keeps the registered memory of closed connections up to
+// 32 MiB, and their QPs up to 256 (see TestDocumentedNumbers for the rest).
+func TestPooledBound(t *testing.T) {
+	require.Equal(t, 32<<20, maxPooled)
+	require.Equal(t, 256, maxPooledQPs)
+}
