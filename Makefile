@@ -115,6 +115,7 @@ clean:
 bench: deps
 	bench/bench.sh
 	BENCH_ONLY=siw bench/bench.sh
+	BENCH_ONLY=pair bench/bench.sh
 
 # The testing.B benchmarks of the data path (round trips per poll mode,
 # streaming per write size), in the VM.

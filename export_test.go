@@ -64,3 +64,6 @@ func SetShrinkIdle(d time.Duration) (restore func()) {
 // TickRingIdle runs a connection's idle tick now (see shrinkIdle): with
 // data since the last tick it arms the next one, shrinkIdle from now.
 func TickRingIdle(c *Conn) { c.ringIdle() }
+
+// QPCooling is how long a kept QP rests before it serves again.
+const QPCooling = qpCooling

@@ -1,6 +1,9 @@
 package rdma
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // The pool of a device's ready connection objects: the registered memory
 // of closed connections (an arena: a protection domain and two rings) and,
@@ -32,10 +35,26 @@ const (
 	maxPooledQPs = 256
 )
 
+// qpCooling is how long a kept QP rests before another connection takes
+// it. Its last connection is over on both sides when it is kept, but not
+// everything of it may be: a packet of that connection still in the
+// network, or the peer's connection manager still to process the
+// disconnect's last message (it processes messages concurrently, so a
+// new connection's request from the same QP number can overtake it, and
+// is then refused as stale, or makes it disconnect a connection that
+// holds that number). InfiniBand's connection manager keeps a closed
+// connection's QP number out of use for the packet lifetime for the same
+// reason (its timewait: up to seconds, sized for the largest fabrics);
+// this is shorter, sized for a data center's round trips and the
+// connection managers' queues, and long enough that only connections
+// opened at a high rate reuse QPs at all.
+const qpCooling = 100 * time.Millisecond
+
 // readyPool keeps entries (arenas, each maybe with its reset QP) of closed
 // connections for the next ones, within maxBytes of memory and maxQPs QPs.
 // The most recently kept entry goes first: its memory and QP context are
-// the likeliest to be in the caches.
+// the likeliest to be in the caches; but a QP only once it has rested
+// for cooling.
 type readyPool[T any] struct {
 	mu       sync.Mutex
 	free     []pooled[T]
@@ -43,31 +62,40 @@ type readyPool[T any] struct {
 	qps      int
 	maxBytes int
 	maxQPs   int
+	cooling  time.Duration
+	now      func() time.Time
 }
 
 type pooled[T any] struct {
-	v   T
-	key poolKey
-	qp  bool // it comes with a reset QP made for key
+	v       T
+	key     poolKey
+	qp      bool      // it comes with a reset QP made for key
+	readyAt time.Time // when the QP may serve again
 }
 
-func newReadyPool[T any](maxBytes, maxQPs int) readyPool[T] {
-	return readyPool[T]{maxBytes: maxBytes, maxQPs: maxQPs}
+func newReadyPool[T any](maxBytes, maxQPs int, cooling time.Duration) readyPool[T] {
+	return readyPool[T]{maxBytes: maxBytes, maxQPs: maxQPs, cooling: cooling, now: time.Now}
 }
 
 // take removes and returns the entry that serves key best: the newest
-// with a QP made for key, else the newest whose memory fits. qpFits says
-// whether the entry's QP serves key; an entry kept with a QP for other
-// queues comes with qpFits false, and its QP is the caller's to destroy.
+// with a rested QP made for key, else the newest whose memory fits and
+// has no QP for key (a QP still resting stays for a later connection).
+// qpFits says whether the entry's QP serves key; an entry kept with a QP
+// for other queues comes with qpFits false, and its QP is the caller's to
+// destroy.
 func (p *readyPool[T]) take(key poolKey) (v T, qpFits, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	now := p.now()
 	best := -1
 	for i := len(p.free) - 1; i >= 0; i-- {
 		e := p.free[i]
 		if e.qp && e.key == key {
-			best = i
-			break
+			if !e.readyAt.After(now) {
+				best = i
+				break
+			}
+			continue // resting
 		}
 		if best < 0 && e.key.memOf() == key.memOf() {
 			best = i
@@ -97,7 +125,11 @@ func (p *readyPool[T]) put(v T, key poolKey, qp bool) bool {
 	if !qp {
 		key.sendWR, key.recvWR = 0, 0
 	}
-	p.free = append(p.free, pooled[T]{v: v, key: key, qp: qp})
+	e := pooled[T]{v: v, key: key, qp: qp}
+	if qp {
+		e.readyAt = p.now().Add(p.cooling)
+	}
+	p.free = append(p.free, e)
 	p.bytes += key.size
 	if qp {
 		p.qps++

@@ -53,6 +53,7 @@ func TestPooledQPAfterFailure(t *testing.T) {
 	require.NoError(t, sc.Close())
 	d := waitDevice(t, "the failed connection released", func(d rdma.DeviceStats, listed bool) bool { return listed && d.Connections == 0 })
 	require.Equal(t, pooledQPs(1), d.PooledQPs, "the failed connection's QP is kept (the raw peer's is its own)")
+	time.Sleep(rdma.QPCooling) // and rests before it serves again
 
 	c, err := rdma.Dial("rdma", ln.Addr().String())
 	require.NoError(t, err)

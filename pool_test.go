@@ -2,6 +2,7 @@ package rdma
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -13,13 +14,13 @@ func TestReadyPool(t *testing.T) {
 	big := poolKey{size: 64 << 10, ring: 32 << 10, sendWR: 60, recvWR: 69}
 
 	t.Run("empty", func(t *testing.T) {
-		p := newReadyPool[string](1<<20, 4)
+		p := newReadyPool[string](1<<20, 4, 0)
 		_, _, ok := p.take(small)
 		require.False(t, ok)
 	})
 
 	t.Run("the newest entry with a QP for the key first", func(t *testing.T) {
-		p := newReadyPool[string](1<<20, 4)
+		p := newReadyPool[string](1<<20, 4, 0)
 		require.True(t, p.put("memory only", small, false))
 		require.True(t, p.put("qp, old", small, true))
 		require.True(t, p.put("qp, new", small, true))
@@ -54,7 +55,7 @@ func TestReadyPool(t *testing.T) {
 	})
 
 	t.Run("a QP made for other queues does not serve them", func(t *testing.T) {
-		p := newReadyPool[string](1<<20, 4)
+		p := newReadyPool[string](1<<20, 4, 0)
 		require.True(t, p.put("memory only", deeper, false))
 		v, fits, ok := p.take(deeper)
 		require.True(t, ok)
@@ -63,7 +64,7 @@ func TestReadyPool(t *testing.T) {
 	})
 
 	t.Run("bounded by memory and by QPs", func(t *testing.T) {
-		p := newReadyPool[int](3*small.size, 2)
+		p := newReadyPool[int](3*small.size, 2, 0)
 		require.True(t, p.put(1, small, true))
 		require.True(t, p.put(2, small, true))
 		require.False(t, p.put(3, small, true), "the QP bound")
@@ -78,8 +79,33 @@ func TestReadyPool(t *testing.T) {
 		require.True(t, p.put(4, small, true), "taking one makes room for one")
 	})
 
+	t.Run("a QP rests before it serves again", func(t *testing.T) {
+		now := time.Unix(1000, 0)
+		p := newReadyPool[string](1<<20, 4, 100*time.Millisecond)
+		p.now = func() time.Time { return now }
+		require.True(t, p.put("rested", small, true))
+		now = now.Add(60 * time.Millisecond)
+		require.True(t, p.put("resting", small, true))
+		require.True(t, p.put("memory only", small, false))
+		now = now.Add(50 * time.Millisecond) // 110 ms and 50 ms after they were kept
+
+		v, fits, ok := p.take(small)
+		require.True(t, ok)
+		require.True(t, fits)
+		require.Equal(t, "rested", v, "the resting QP is newer but not ready")
+		v, fits, _ = p.take(small)
+		require.Equal(t, "memory only", v, "memory without a QP rather than the resting QP")
+		require.False(t, fits)
+		_, _, ok = p.take(small)
+		require.False(t, ok, "a resting QP's memory is not taken without it")
+		now = now.Add(50 * time.Millisecond)
+		v, fits, _ = p.take(small)
+		require.Equal(t, "resting", v)
+		require.True(t, fits)
+	})
+
 	t.Run("drop gives everything back", func(t *testing.T) {
-		p := newReadyPool[int](1<<20, 4)
+		p := newReadyPool[int](1<<20, 4, 0)
 		for i := range 3 {
 			require.True(t, p.put(i, small, i%2 == 0))
 		}

@@ -313,7 +313,7 @@ func TestDeviceRemovalWhileIdle(t *testing.T) {
 	require.NoError(t, c.Close())
 	d := waitDevice(t, "closed", func(d rdma.DeviceStats, listed bool) bool { return listed && d.Connections == 0 })
 	require.Positive(t, d.PooledBytes)
-	require.Equal(t, pooledQPs(2), d.PooledQPs, "the removal finds the pool full of QPs too")
+	require.GreaterOrEqual(t, d.PooledQPs, pooledQPs(2), "the removal finds the pool holding QPs too")
 
 	took, err := rdmaLink(t, 30*time.Second, "delete", dev)
 	require.NoError(t, err, "rdma link delete completes while the device lingers")

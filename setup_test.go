@@ -91,6 +91,7 @@ func TestClosedConnectionsMemoryIsReused(t *testing.T) {
 	require.Equal(t, 2*arena, d.PooledBytes, "both ends' memory is kept")
 	require.Equal(t, pooledQPs(2), d.PooledQPs, "and their QPs")
 	require.Zero(t, d.RegisteredBytes)
+	time.Sleep(rdma.QPCooling) // the kept QPs rest before they serve again
 	roundTrip()
 	d = waitDevice(t, "both ends closed again", func(d rdma.DeviceStats, listed bool) bool { return listed && d.Connections == 0 })
 	require.Equal(t, 2*arena, d.PooledBytes, "the second pair reused the first pair's memory")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"sync/atomic"
 	"time"
 )
 
@@ -21,7 +22,9 @@ type PollMode int
 const (
 	// PollAdaptive spins for Options.SpinTime (longer while the
 	// connection's recent waits were short), then parks: round trips are
-	// caught without a wakeup, an idle connection costs nothing.
+	// caught without a wakeup, an idle connection costs nothing. At most
+	// GOMAXPROCS-1 waits (at least one) spin at once in the process; the
+	// others park at once, and whoever polls wakes them.
 	PollAdaptive PollMode = iota
 	// PollBusy spins until the call can go on, a deadline passes or the
 	// connection closes: the lowest latency, at the price of a CPU per
@@ -106,7 +109,10 @@ func (w *waiter) wait(ready, closing chan struct{}, dl *deadline, avg *time.Dura
 		if *avg < maxAdaptiveSpin {
 			budget = max(budget, 2**avg)
 		}
-		spun = !w.spin(ready, closing, budget)
+		if adaptiveSpins.enter() {
+			spun = !w.spin(ready, closing, budget)
+			adaptiveSpins.leave()
+		}
 	}
 	select {
 	case <-ready:
@@ -143,6 +149,34 @@ func (w *waiter) spin(ready, closing chan struct{}, budget time.Duration) bool {
 	return false
 }
 
+// spinGate bounds the goroutines that spin at once. A spinner polls the
+// CQ for everyone (tryPoll dispatches every completion it finds), so a
+// second one adds little; and each takes a CPU from the process's other
+// goroutines, which, with twenty connections waiting for their round
+// trips on one or two CPUs, are the ones that would send the next request.
+// Waits past the bound park at once and are woken by whoever polls.
+type spinGate struct {
+	n     atomic.Int32
+	limit func() int32 // the bound, read at each entry (GOMAXPROCS may change)
+}
+
+// adaptiveSpins is the gate of PollAdaptive's spins: all but one of the
+// process's Ps (at least one), so that a spinner never holds the last P.
+// PollBusy spins are not gated: that mode asks for a CPU per waiter.
+var adaptiveSpins = spinGate{limit: func() int32 { return int32(max(1, runtime.GOMAXPROCS(0)-1)) }}
+
+// enter takes a spinning slot, if one is free.
+func (g *spinGate) enter() bool {
+	if g.n.Add(1) > g.limit() {
+		g.n.Add(-1)
+		return false
+	}
+	return true
+}
+
+// leave gives a slot of enter back.
+func (g *spinGate) leave() { g.n.Add(-1) }
+
 // signal wakes the waiter of a capacity-1 channel, if it is not already
 // signaled.
 func signal(ch chan struct{}) {
@@ -166,7 +200,10 @@ func (w *waiter) waitDone(ctx context.Context, done, closing chan struct{}, avg 
 		if avg < maxAdaptiveSpin {
 			budget = max(budget, 2*avg)
 		}
-		w.spinUntil(ctx, done, closing, budget)
+		if adaptiveSpins.enter() {
+			w.spinUntil(ctx, done, closing, budget)
+			adaptiveSpins.leave()
+		}
 	}
 	select {
 	case <-done:

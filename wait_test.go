@@ -162,3 +162,22 @@ func TestWaiterWaitDone(t *testing.T) {
 	w.waitDone(ctx, never.ready, closing, 0)
 	require.Positive(t, never.polls.Load())
 }
+
+func TestSpinGate(t *testing.T) {
+	limit := int32(2)
+	g := spinGate{limit: func() int32 { return limit }}
+	require.True(t, g.enter())
+	require.True(t, g.enter())
+	require.False(t, g.enter(), "past the bound a wait parks at once")
+	g.leave()
+	require.True(t, g.enter(), "a slot given back is taken again")
+	limit = 1 // GOMAXPROCS lowered: no new spinner until one leaves
+	g.leave()
+	require.False(t, g.enter())
+	g.leave()
+	require.True(t, g.enter())
+	g.leave()
+	require.Zero(t, g.n.Load())
+
+	require.GreaterOrEqual(t, adaptiveSpins.limit(), int32(1), "a process always has a spinner")
+}

@@ -5,7 +5,8 @@
 #   bench/bench.sh
 #
 # Environment: GO (go), BENCH_ROUNDS (5), BENCH_SECONDS (2), BENCH_ONLY (all; onesided: that section
-# alone; siw: latency, streaming and one-sided on soft-iWARP, in the test bed's siw VM), BENCH_GO_MODE (pinned: two processes,
+# alone; siw: latency, streaming and one-sided on soft-iWARP, in the test bed's siw VM; pair: latency,
+# a stream, connection setup and HTTP across the test bed's two VMs), BENCH_GO_MODE (pinned: two processes,
 # as iperf users run rdmaperf and as the C peers run; local: both ends in one process): passed on
 # to run.sh.
 # The VM's whole output is kept in .testbed-out/bench.log.
@@ -24,9 +25,11 @@ mkdir -p "$out"
 # vm.sh gives the job a clean environment: settings go in through env(1).
 log=$out/bench.log
 rc=0
-provider=rxe
-[[ ${BENCH_ONLY:-all} == siw ]] && provider=siw
-testbed/vm.sh --provider "$provider" --timeout 1200 -- env BENCH_ROUNDS="${BENCH_ROUNDS:-5}" BENCH_SECONDS="${BENCH_SECONDS:-2}" BENCH_GO_MODE="${BENCH_GO_MODE:-pinned}" BENCH_ONLY="${BENCH_ONLY:-all}" \
+vmargs=(--provider rxe)
+[[ ${BENCH_ONLY:-all} == siw ]] && vmargs=(--provider siw)
+# Two hosts: run.sh runs on both VMs, the driver's output is the run's.
+[[ ${BENCH_ONLY:-all} == pair ]] && vmargs=(--pair)
+testbed/vm.sh "${vmargs[@]}" --timeout 1200 -- env BENCH_ROUNDS="${BENCH_ROUNDS:-5}" BENCH_SECONDS="${BENCH_SECONDS:-2}" BENCH_GO_MODE="${BENCH_GO_MODE:-pinned}" BENCH_ONLY="${BENCH_ONLY:-all}" \
 	bench/run.sh "" "$out/rdmaperf" | tee "$log" || rc=$?
 # run.sh reports failed measurements in the JSON and exits 0; anything else is the test bed's
 # or run.sh's own failure, but whatever JSON came out is still worth keeping.

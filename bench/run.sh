@@ -20,7 +20,9 @@
 # Environment: RDMA_TEST_ADDR (default 10.77.0.1); BENCH_ROUNDS (5): every test is repeated that
 # many times, the tools interleaved per workload so that a slow spell of the (emulated) machine
 # hits them alike; BENCH_ONLY (all): onesided runs the one-sided section alone, siw the rows
-# measured on soft-iWARP (bench.sh runs that in the test bed's siw VM);
+# measured on soft-iWARP (bench.sh runs that in the test bed's siw VM), pair the rows measured
+# across two hosts (bench.sh runs run.sh on both VMs of testbed/vm.sh --pair: the agent serves,
+# the driver measures);
 # BENCH_SECONDS (2): length of each rdmaperf test; BENCH_BUDGET (780): no new
 # round starts when it might end after this many seconds; BENCH_COPY_BYTES (256 MiB): the file
 # io.Copy sends; BENCH_ENVIRONMENT: the machine's
@@ -113,6 +115,8 @@ run_rdmaperf() {
 	if [[ $go_mode == local ]]; then
 		timeout -k 5 "$tool_timeout" "$rdmaperf" -local -addr "$addr:0" -net "$net" -json "$@" >"$log" 2>&1
 		rc=$?
+	elif [[ $go_mode == pair ]]; then
+		run_rdmaperf_remote "$net" "$@"
 	else
 		run_rdmaperf_pinned "$net" "$@"
 	fi
@@ -165,6 +169,26 @@ run_rdmaperf_pinned() {
 	wait "$spid" 2>/dev/null
 }
 
+# Two hosts (BENCH_ONLY=pair): the agent VM runs one rdmaperf server per transport for the whole
+# run, and perftest's servers one after another (pair_ports); the driver's clients reach them
+# across the virtual link, trying again while the agent is still starting.
+pair_port_rdma=18700
+pair_port_tcp=18701
+pair_port_lat=18710 # ib_send_lat -s 64 -n 2000
+pair_port_bw=18711  # ib_send_bw -s 65536 -n 300 -q 1
+run_rdmaperf_remote() {
+	local net=$1 log=$work/rdmaperf.log port try
+	shift
+	port=$pair_port_rdma
+	[[ $net == tcp ]] && port=$pair_port_tcp
+	for try in $(seq 1 60); do
+		timeout -k 5 "$tool_timeout" "$rdmaperf" -c "$RDMA_TEST_PEER_ADDR:$port" -net "$net" -json "$@" >"$log" 2>&1
+		rc=$?
+		((rc != 0)) && grep -qiE 'refused|unreachable|no route' "$log" || break
+		sleep 1
+	done
+}
+
 # ---- peer tools: a server and a client pinned to different CPUs ----------------------------
 # With two busy-polling processes on a 2-vCPU VM, unpinned, the kernel's rxe work often waits for
 # a 4 ms scheduler tick (ib_send_lat swings between ~40 µs and ~4 ms from run to run), and both
@@ -178,6 +202,10 @@ pair() {
 	while [[ $1 != -- ]]; do srv+=("$1"); shift; done
 	shift
 	cli=("$@")
+	if [[ $go_mode == pair ]]; then
+		pair_remote "${cli[@]}"
+		return
+	fi
 	taskset -c 0 timeout -k 5 "$tool_timeout" "${srv[@]}" >"$work/server.log" 2>&1 &
 	spid=$!
 	sleep 1
@@ -200,7 +228,34 @@ pair() {
 	return "$rc"
 }
 
+# pair_remote CLIENT-CMD...: with two hosts, the server is the agent's (pair_ports), always
+# listening again after each client: only the client runs here, retried like pair's.
+pair_remote() {
+	local try
+	for try in $(seq 1 30); do
+		timeout -k 5 "$tool_timeout" "$@" >"$work/client.log" 2>&1
+		rc=$?
+		((rc != 0)) || break
+		grep -qiE 'unable to (init|perform rdma_client)|connection refused|REJECTED|ADDR_ERROR|unreachable' \
+			"$work/client.log" || break
+		sleep 1
+	done
+	return "$rc"
+}
+
 next_port() { port=$((port + 1)); }
+
+# perftest_target: the port and address a perftest client uses: a fresh port here, or with two
+# hosts the agent's server for this tool (pair_ports).
+perftest_target() {
+	if [[ $go_mode == pair ]]; then
+		port=$1
+		target=$RDMA_TEST_PEER_ADDR
+	else
+		next_port
+		target=$addr
+	fi
+}
 
 # perftest_row FILE: the data row of a perftest report as KEY=VALUE lines, keys from its header
 # (#bytes, #iterations, t_typical, t_avg, p99, p999, bw_peak, bw_avg, MsgRate, ...). Works by
@@ -235,11 +290,11 @@ perftest_fields() {
 
 # perftest_lat IMPL SIZE ITERS [-e]
 perftest_lat() {
-	local impl=$1 size=$2 n=$3 rc
+	local impl=$1 size=$2 n=$3 rc target
 	shift 3
-	next_port
+	perftest_target "$pair_port_lat"
 	pair ib_send_lat -R -p "$port" -s "$size" -n "$n" "$@" -- \
-		ib_send_lat -R -p "$port" -s "$size" -n "$n" "$@" "$addr"
+		ib_send_lat -R -p "$port" -s "$size" -n "$n" "$@" "$target"
 	rc=$?
 	if ((rc)); then
 		fail "$impl" lat "$size" 1 "ib_send_lat exit $rc: $(tail_of "$work/client.log")"
@@ -251,12 +306,13 @@ perftest_lat() {
 	fi
 }
 
-# perftest_bw WORKLOAD SIZE ITERS QPS
+# perftest_bw WORKLOAD SIZE ITERS QPS [-e]
 perftest_bw() {
-	local workload=$1 size=$2 n=$3 qps=$4 mbs rc
-	next_port
-	pair ib_send_bw -R -p "$port" -s "$size" -n "$n" -q "$qps" -- \
-		ib_send_bw -R -p "$port" -s "$size" -n "$n" -q "$qps" "$addr"
+	local workload=$1 size=$2 n=$3 qps=$4 mbs rc target
+	shift 4
+	perftest_target "$pair_port_bw"
+	pair ib_send_bw -R -p "$port" -s "$size" -n "$n" -q "$qps" "$@" -- \
+		ib_send_bw -R -p "$port" -s "$size" -n "$n" -q "$qps" "$@" "$target"
 	rc=$?
 	if ((rc)); then
 		fail perftest "$workload" "$size" "$qps" "ib_send_bw exit $rc: $(tail_of "$work/client.log")"
@@ -405,8 +461,29 @@ siw_round() {
 	onesided_round
 }
 
+# pair_round: across the two VMs of the test bed (BENCH_ONLY=pair), where TCP crosses the same
+# virtual NIC as RDMA: latency and a stream beside Go TCP and perftest, connection setup and
+# HTTP/1.1 beside Go TCP.
+pair_round() {
+	local net conns
+	echo "== two hosts (round $round)"
+	for net in rdma tcp; do run_rdmaperf "$net" lat 64 1 -test lat -size 64 -duration "${secs}s" -stats; done
+	perftest_lat "perftest -e" 64 2000 -e
+	for net in rdma tcp; do run_rdmaperf "$net" bw 65536 1 -test bw -size 65536 -duration "${secs}s" -stats; done
+	perftest_bw bw 65536 300 1 -e
+	for conns in 1 20; do
+		for net in rdma tcp; do run_rdmaperf "$net" dial 0 "$conns" -test dial -conns "$conns" -duration "${secs}s"; done
+	done
+	for net in rdma tcp; do run_rdmaperf "$net" http 64 20 -test http -size 64 -conns 20 -duration "${secs}s"; done
+	for net in rdma tcp; do run_rdmaperf "$net" http-kept 64 20 -test http -keep -size 64 -conns 20 -duration "${secs}s"; done
+}
+
 one_round() {
 	local net size
+	if [[ $only == pair ]]; then
+		pair_round
+		return
+	fi
 	if [[ $only == onesided ]]; then
 		onesided_round
 		return
@@ -465,6 +542,23 @@ one_round() {
 	onesided_round
 }
 
+if [[ $only == pair ]]; then
+	go_mode=pair
+	if [[ ${RDMA_TEST_ROLE:-} == agent ]]; then
+		# The serving host: both servers until the driver's run ends (the harness then stops
+		# this VM).
+		"$rdmaperf" -s -addr "$addr:$pair_port_rdma" -net rdma &
+		"$rdmaperf" -s -addr "$addr:$pair_port_tcp" -net tcp &
+		# perftest with -e: with one vCPU a busy-polling process starves rxe's own work on it.
+		while :; do ib_send_lat -R -e -p "$pair_port_lat" -s 64 -n 2000 >/dev/null 2>&1 || sleep 0.2; done &
+		while :; do ib_send_bw -R -e -p "$pair_port_bw" -s 65536 -n 300 -q 1 >/dev/null 2>&1 || sleep 0.2; done &
+		wait
+		exit 0
+	fi
+	[[ ${RDMA_TEST_ROLE:-} == driver ]] || { echo "run.sh: BENCH_ONLY=pair runs on testbed/vm.sh --pair" >&2; exit 2; }
+	environment=${BENCH_ENVIRONMENT:-"$provider across two 1-vCPU TCG VMs joined by a virtual NIC (frames as UDP datagrams over the host's loopback), RDMA link MTU ${link_mtu:-unknown}; only ratios within one run mean anything"}
+fi
+
 echo "rdma bench: $(uname -r), $(nproc) CPUs, rdmaperf $rdmaperf, rounds: $rounds, ${secs} s per rdmaperf test"
 date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 # Bring every binary and its libraries in once: the first exec over 9p is slow.
@@ -495,7 +589,7 @@ echo "== done in $((SECONDS - start)) s"
 
 notes=(
 	"the tools are interleaved per workload; rounds: $done_rounds; each figure is the median of its rounds"
-	"this library and Go TCP: rdmaperf, mode $go_mode (local: both ends in one Go process, unpinned; pinned: -s and -c as two processes on CPUs 0 and 1 like the C peers); latency is half the round trip, as perftest's; MB = 10^6 bytes; ${secs} s per test, after 100 unmeasured round trips for latency; default poll mode (adaptive: spin, then park) except the busy column (-poll busy, spinning like busy perftest); registered KiB per connection with the default options"
+	"this library and Go TCP: rdmaperf, mode $go_mode (local: both ends in one Go process, unpinned; pinned: -s and -c as two processes on CPUs 0 and 1 like the C peers; pair: -s on one VM, serving the whole run, and -c on the other); latency is half the round trip, as perftest's; MB = 10^6 bytes; ${secs} s per test, after 100 unmeasured round trips for latency; default poll mode (adaptive: spin, then park) except the busy column (-poll busy, spinning like busy perftest); registered KiB per connection with the default options"
 	"perftest: ib_send_lat / ib_send_bw -R (rdma_cm), server pinned to CPU 0 and client to CPU 1 (unpinned, two busy-polling processes on 2 vCPUs often wait for 4 ms scheduler ticks); p50 is t_typical; MB/s converted from perftest's MiB/s; msg/s from MsgRate; 8 conns is -q 8 (8 QPs)"
 	"io.Copy: rdmaperf -test copy writes a file (in the VM's RAM-backed /tmp), then times io.Copy(conn, file) and, at the server, io.Copy(io.Discard, conn) until the server has counted every byte; this library goes through Conn.ReadFrom and Conn.WriteTo (the file is read straight into registered send buffers, received messages go to io.Discard straight from the receive buffers: one user-space copy per byte); plain hides them (io.Copy's 32 KiB buffer at the sender, io.Discard's 8 KiB buffer at the receiver: three copies per byte); Go TCP uses its own ReadFrom (sendfile)"
 	"one-sided: rdmaperf -test write-lat is a ping-pong of RDMA WRITEs between registered regions, each side polling the last 8 bytes of its block (as ib_write_lat), reported as half the round trip; read-lat times each RDMA READ to its completion (as ib_read_lat, not halved); write-bw and read-bw keep 16 operations in flight on one connection, all on the same bytes (perftest keeps 128); perftest's tools run with -R, pinned like the other peers, their MiB/s converted to MB/s"
