@@ -175,7 +175,6 @@ run_rdmaperf_pinned() {
 pair_port_rdma=18700
 pair_port_tcp=18701
 pair_port_lat=18710 # ib_send_lat -s 64 -n 2000
-pair_port_bw=18711  # ib_send_bw -s 65536 -n 300 -q 1
 run_rdmaperf_remote() {
 	local net=$1 log=$work/rdmaperf.log port try
 	shift
@@ -306,13 +305,12 @@ perftest_lat() {
 	fi
 }
 
-# perftest_bw WORKLOAD SIZE ITERS QPS [-e]
+# perftest_bw WORKLOAD SIZE ITERS QPS
 perftest_bw() {
-	local workload=$1 size=$2 n=$3 qps=$4 mbs rc target
-	shift 4
-	perftest_target "$pair_port_bw"
-	pair ib_send_bw -R -p "$port" -s "$size" -n "$n" -q "$qps" "$@" -- \
-		ib_send_bw -R -p "$port" -s "$size" -n "$n" -q "$qps" "$@" "$target"
+	local workload=$1 size=$2 n=$3 qps=$4 mbs rc
+	next_port
+	pair ib_send_bw -R -p "$port" -s "$size" -n "$n" -q "$qps" -- \
+		ib_send_bw -R -p "$port" -s "$size" -n "$n" -q "$qps" "$addr"
 	rc=$?
 	if ((rc)); then
 		fail perftest "$workload" "$size" "$qps" "ib_send_bw exit $rc: $(tail_of "$work/client.log")"
@@ -462,15 +460,16 @@ siw_round() {
 }
 
 # pair_round: across the two VMs of the test bed (BENCH_ONLY=pair), where TCP crosses the same
-# virtual NIC as RDMA: latency and a stream beside Go TCP and perftest, connection setup and
-# HTTP/1.1 beside Go TCP.
+# virtual NIC as RDMA: latency beside Go TCP and perftest, a stream, connection setup and HTTP/1.1
+# beside Go TCP.
 pair_round() {
 	local net conns
 	echo "== two hosts (round $round)"
 	for net in rdma tcp; do run_rdmaperf "$net" lat 64 1 -test lat -size 64 -duration "${secs}s" -stats; done
 	perftest_lat "perftest -e" 64 2000 -e
+	# No perftest beside the stream: ib_send_bw, busy or -e, moved 0.8-2 MB/s across these 1-vCPU
+	# VMs (its receives reposted too late, the sender waiting on RNR retries), no reference.
 	for net in rdma tcp; do run_rdmaperf "$net" bw 65536 1 -test bw -size 65536 -duration "${secs}s" -stats; done
-	perftest_bw bw 65536 300 1 -e
 	for conns in 1 20; do
 		for net in rdma tcp; do run_rdmaperf "$net" dial 0 "$conns" -test dial -conns "$conns" -duration "${secs}s"; done
 	done
@@ -551,7 +550,6 @@ if [[ $only == pair ]]; then
 		"$rdmaperf" -s -addr "$addr:$pair_port_tcp" -net tcp &
 		# perftest with -e: with one vCPU a busy-polling process starves rxe's own work on it.
 		while :; do ib_send_lat -R -e -p "$pair_port_lat" -s 64 -n 2000 >/dev/null 2>&1 || sleep 0.2; done &
-		while :; do ib_send_bw -R -e -p "$pair_port_bw" -s 65536 -n 300 -q 1 >/dev/null 2>&1 || sleep 0.2; done &
 		wait
 		exit 0
 	fi
