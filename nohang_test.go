@@ -331,7 +331,8 @@ func envInt(t *testing.T, name string, def int) int {
 
 // Dials racing Listener.Close fail with the package's own errors that say
 // what happened (refused: the listener is closing, or there is none any
-// more; the handshake aborted), never a bare errno such as EPERM.
+// more; the handshake aborted; on iWARP also timed out), never a bare errno
+// such as EPERM.
 func TestDialsRacingListenerClose(t *testing.T) {
 	needDevice(t)
 	r := rand.New(rand.NewSource(time.Now().UnixNano()))
@@ -366,6 +367,13 @@ func TestDialsRacingListenerClose(t *testing.T) {
 				kinds[refused.Error()]++
 			case errors.Is(err, syscall.ECONNABORTED):
 				kinds["handshake aborted"]++
+			case siw() && errors.Is(err, syscall.ETIMEDOUT):
+				// iWARP: the closing listener dropped the connection's
+				// TCP stream during the MPA exchange without a reset
+				// (about one run in four on siw, before and after the
+				// QP pool), and the dial learns it only when the
+				// exchange times out.
+				kinds["timed out (iWARP)"]++
 			default:
 				t.Errorf("a Dial racing Listener.Close: %v", err)
 			}
