@@ -227,7 +227,7 @@ func newDevice(ctx *ibv.Context) (*device, error) {
 		return nil, err
 	}
 	d := &device{ctx: ctx, ackTimeout: ackTimeoutHW, maxCQE: initialCQE, iwarp: ctx.IWARP(),
-		async: async, asyncDone: make(chan struct{}), pool: newReadyPool[*arena](maxPooled, maxPooledQPs, qpCooling)}
+		async: async, asyncDone: make(chan struct{}), pool: newReadyPool[*arena](poolLimits, qpCooling)}
 	// On iWARP the connection manager binds a QP to the TCP connection it
 	// was connected over; a QP is not kept for another one there.
 	d.keepQPs = !d.iwarp

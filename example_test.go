@@ -13,7 +13,7 @@ import (
 	"github.com/goverbs/rdma"
 )
 
-// The examples but the last two need an RDMA device at 10.0.0.1, so they
+// The examples but the last three need an RDMA device at 10.0.0.1, so they
 // have no Output comments: go test compiles them but does not run them.
 
 // Exporting a connection's counters and the devices' totals with expvar,
@@ -152,4 +152,14 @@ func ExampleDialer_fallbackTCP() {
 	io.ReadFull(c, b)
 	fmt.Printf("over %s (RDMA: %v): %s\n", c.LocalAddr().Network(), rdma.IsRDMA(c), b)
 	// Output: over tcp (RDMA: false): hello
+}
+
+// A server that many short-lived clients dial keeps more ready QPs per
+// device than the default 256, so that their connections take one instead
+// of creating their own; the memory bound stays.
+func ExampleSetDevicePool() {
+	oldBytes, oldQPs := rdma.SetDevicePool(-1, 4096)
+	defer rdma.SetDevicePool(oldBytes, oldQPs)
+	fmt.Printf("up to %d MiB and 4096 QPs of closed connections kept per device (were %d QPs)\n", oldBytes>>20, oldQPs)
+	// Output: up to 32 MiB and 4096 QPs of closed connections kept per device (were 256 QPs)
 }

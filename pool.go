@@ -2,6 +2,7 @@ package rdma
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -26,14 +27,45 @@ type poolKey struct {
 // memOf is the part of a key the memory alone must match.
 func (k poolKey) memOf() poolKey { return poolKey{size: k.size, ring: k.ring} }
 
-// Bounds of what a device keeps unused. The memory bound counts the
-// arenas (32 MiB: 1,024 idle connection ends' worth with the default
-// Options); the QP bound counts the kernel's queue memory and the NIC's
-// QP contexts that nothing uses.
+// Default bounds of what a device keeps unused (see SetDevicePool). The
+// memory bound counts the arenas (32 MiB: 1,024 idle connection ends'
+// worth with the default Options); the QP bound counts the kernel's queue
+// memory and the NIC's QP contexts that nothing uses.
 const (
 	maxPooled    = 32 << 20
 	maxPooledQPs = 256
 )
+
+// poolBytes and poolQPs are the bounds in force (SetDevicePool).
+var poolBytes, poolQPs atomic.Int64
+
+func init() {
+	poolBytes.Store(maxPooled)
+	poolQPs.Store(maxPooledQPs)
+}
+
+// SetDevicePool bounds what each RDMA device keeps of closed connections
+// for the next ones on it: at most bytes of their registered memory, and
+// of their QPs (reset, ready for a new peer) at most qps. The defaults are
+// 32 MiB and 256; a bound of 0 keeps nothing of that kind, and a negative
+// one leaves the bound as it is. Devices() shows what each keeps
+// (PooledBytes, PooledQPs). The bounds hold for what is kept from the
+// call on; a device gives back everything it keeps half a second after its
+// last connection closes, and at once when it is removed. It returns the
+// bounds that were in force.
+func SetDevicePool(bytes, qps int) (oldBytes, oldQPs int) {
+	oldBytes, oldQPs = int(poolBytes.Load()), int(poolQPs.Load())
+	if bytes >= 0 {
+		poolBytes.Store(int64(bytes))
+	}
+	if qps >= 0 {
+		poolQPs.Store(int64(qps))
+	}
+	return oldBytes, oldQPs
+}
+
+// poolLimits returns the bounds in force.
+func poolLimits() (bytes, qps int) { return int(poolBytes.Load()), int(poolQPs.Load()) }
 
 // qpCooling is how long a kept QP rests before another connection takes
 // it. Its last connection is over on both sides when it is kept, but not
@@ -51,19 +83,19 @@ const (
 const qpCooling = 100 * time.Millisecond
 
 // readyPool keeps entries (arenas, each maybe with its reset QP) of closed
-// connections for the next ones, within maxBytes of memory and maxQPs QPs.
+// connections for the next ones, within the bounds limits returns (read
+// at each put) of memory and QPs.
 // The most recently kept entry goes first: its memory and QP context are
 // the likeliest to be in the caches; but a QP only once it has rested
 // for cooling.
 type readyPool[T any] struct {
-	mu       sync.Mutex
-	free     []pooled[T]
-	bytes    int
-	qps      int
-	maxBytes int
-	maxQPs   int
-	cooling  time.Duration
-	now      func() time.Time
+	mu      sync.Mutex
+	free    []pooled[T]
+	bytes   int
+	qps     int
+	limits  func() (bytes, qps int)
+	cooling time.Duration
+	now     func() time.Time
 }
 
 type pooled[T any] struct {
@@ -73,8 +105,8 @@ type pooled[T any] struct {
 	readyAt time.Time // when the QP may serve again
 }
 
-func newReadyPool[T any](maxBytes, maxQPs int, cooling time.Duration) readyPool[T] {
-	return readyPool[T]{maxBytes: maxBytes, maxQPs: maxQPs, cooling: cooling, now: time.Now}
+func newReadyPool[T any](limits func() (bytes, qps int), cooling time.Duration) readyPool[T] {
+	return readyPool[T]{limits: limits, cooling: cooling, now: time.Now}
 }
 
 // take removes and returns the entry that serves key best: the newest
@@ -119,7 +151,8 @@ func (p *readyPool[T]) take(key poolKey) (v T, qpFits, ok bool) {
 func (p *readyPool[T]) put(v T, key poolKey, qp bool) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.bytes+key.size > p.maxBytes || (qp && p.qps >= p.maxQPs) {
+	maxBytes, maxQPs := p.limits()
+	if p.bytes+key.size > maxBytes || (qp && p.qps >= maxQPs) {
 		return false
 	}
 	if !qp {

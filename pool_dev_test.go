@@ -86,3 +86,33 @@ func TestPooledQPAfterFailure(t *testing.T) {
 	d = waitDevice(t, "both ends closed", func(d rdma.DeviceStats, listed bool) bool { return listed && d.Connections == 0 })
 	require.Equal(t, pooledQPs(2), d.PooledQPs, "both ends' QPs are kept")
 }
+
+// TestDevicePoolBounds: with SetDevicePool(0, 0) a device keeps nothing
+// of closed connections, and with the defaults back it keeps both ends'
+// memory and QPs again.
+func TestDevicePoolBounds(t *testing.T) {
+	needDevice(t)
+	defer rdma.SetDevicePool(rdma.SetDevicePool(0, 0))
+	rdma.ReleaseIdleDevices()
+	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	defer ln.Close()
+	wg := serveEcho(ln)
+	defer wg.Wait()
+	defer ln.Close()
+	pair := func(what string) rdma.DeviceStats {
+		c, err := rdma.Dial("rdma", ln.Addr().String())
+		require.NoError(t, err)
+		transfer(t, c, c, what)
+		require.NoError(t, c.Close())
+		return waitDevice(t, what, func(d rdma.DeviceStats, listed bool) bool { return listed && d.Connections == 0 })
+	}
+	d := pair("nothing kept")
+	require.Zero(t, d.PooledBytes)
+	require.Zero(t, d.PooledQPs)
+
+	rdma.SetDevicePool(32<<20, 256)
+	d = pair("the defaults again")
+	require.Positive(t, d.PooledBytes)
+	require.Equal(t, pooledQPs(2), d.PooledQPs)
+}

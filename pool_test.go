@@ -7,6 +7,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// fixed is a pool's bounds that never change.
+func fixed(bytes, qps int) func() (int, int) { return func() (int, int) { return bytes, qps } }
+
 func TestReadyPool(t *testing.T) {
 	small := poolKey{size: 32 << 10, ring: 16 << 10, sendWR: 60, recvWR: 69}
 	deeper := small
@@ -14,13 +17,13 @@ func TestReadyPool(t *testing.T) {
 	big := poolKey{size: 64 << 10, ring: 32 << 10, sendWR: 60, recvWR: 69}
 
 	t.Run("empty", func(t *testing.T) {
-		p := newReadyPool[string](1<<20, 4, 0)
+		p := newReadyPool[string](fixed(1<<20, 4), 0)
 		_, _, ok := p.take(small)
 		require.False(t, ok)
 	})
 
 	t.Run("the newest entry with a QP for the key first", func(t *testing.T) {
-		p := newReadyPool[string](1<<20, 4, 0)
+		p := newReadyPool[string](fixed(1<<20, 4), 0)
 		require.True(t, p.put("memory only", small, false))
 		require.True(t, p.put("qp, old", small, true))
 		require.True(t, p.put("qp, new", small, true))
@@ -55,7 +58,7 @@ func TestReadyPool(t *testing.T) {
 	})
 
 	t.Run("a QP made for other queues does not serve them", func(t *testing.T) {
-		p := newReadyPool[string](1<<20, 4, 0)
+		p := newReadyPool[string](fixed(1<<20, 4), 0)
 		require.True(t, p.put("memory only", deeper, false))
 		v, fits, ok := p.take(deeper)
 		require.True(t, ok)
@@ -64,7 +67,7 @@ func TestReadyPool(t *testing.T) {
 	})
 
 	t.Run("bounded by memory and by QPs", func(t *testing.T) {
-		p := newReadyPool[int](3*small.size, 2, 0)
+		p := newReadyPool[int](fixed(3*small.size, 2), 0)
 		require.True(t, p.put(1, small, true))
 		require.True(t, p.put(2, small, true))
 		require.False(t, p.put(3, small, true), "the QP bound")
@@ -81,7 +84,7 @@ func TestReadyPool(t *testing.T) {
 
 	t.Run("a QP rests before it serves again", func(t *testing.T) {
 		now := time.Unix(1000, 0)
-		p := newReadyPool[string](1<<20, 4, 100*time.Millisecond)
+		p := newReadyPool[string](fixed(1<<20, 4), 100*time.Millisecond)
 		p.now = func() time.Time { return now }
 		require.True(t, p.put("rested", small, true))
 		now = now.Add(60 * time.Millisecond)
@@ -105,7 +108,7 @@ func TestReadyPool(t *testing.T) {
 	})
 
 	t.Run("drop gives everything back", func(t *testing.T) {
-		p := newReadyPool[int](1<<20, 4, 0)
+		p := newReadyPool[int](fixed(1<<20, 4), 0)
 		for i := range 3 {
 			require.True(t, p.put(i, small, i%2 == 0))
 		}
@@ -125,4 +128,30 @@ func TestReadyPool(t *testing.T) {
 func TestPooledBound(t *testing.T) {
 	require.Equal(t, 32<<20, maxPooled)
 	require.Equal(t, 256, maxPooledQPs)
+	b, q := poolLimits()
+	require.Equal(t, maxPooled, b, "the defaults are in force")
+	require.Equal(t, maxPooledQPs, q)
+}
+
+func TestSetDevicePool(t *testing.T) {
+	defer SetDevicePool(poolLimits())
+	ob, oq := SetDevicePool(64<<10, 1)
+	require.Equal(t, maxPooled, ob)
+	require.Equal(t, maxPooledQPs, oq)
+	p := newReadyPool[int](poolLimits, 0)
+	key := poolKey{size: 32 << 10, ring: 16 << 10}
+	require.True(t, p.put(1, key, true))
+	require.False(t, p.put(2, key, true), "one QP")
+	require.True(t, p.put(2, key, false))
+	require.False(t, p.put(3, key, false), "64 KiB")
+
+	b, q := SetDevicePool(-1, 0) // keep the memory bound, no QPs
+	require.Equal(t, 64<<10, b)
+	require.Equal(t, 1, q)
+	p.take(key)
+	require.False(t, p.put(4, key, true), "a bound read at each put")
+	require.True(t, p.put(4, key, false))
+	b, q = poolLimits()
+	require.Equal(t, 64<<10, b)
+	require.Zero(t, q)
 }

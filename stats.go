@@ -69,11 +69,13 @@ type DeviceStats struct {
 	CompletionQueues int
 	RegisteredBytes  int // memory registered by those connections
 	// PooledBytes is registered memory of closed connections, kept for
-	// the next ones while the device is in use (at most 32 MiB).
+	// the next ones while the device is in use (at most 32 MiB unless
+	// SetDevicePool says otherwise).
 	PooledBytes int
 	// PooledQPs is the QPs of closed connections kept with that memory,
 	// reset, for the next connections to reuse instead of creating their
-	// own (at most 256; none on iWARP).
+	// own (at most 256 unless SetDevicePool says otherwise; none on
+	// iWARP).
 	PooledQPs int
 	// ActiveMTU is its first port's active MTU in bytes: the packets
 	// RDMA messages are cut into (4096 on RoCE fabrics with jumbo frames).
