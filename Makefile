@@ -111,7 +111,8 @@ clean:
 	rm -rf $(OUT)
 
 # The table on Soft-RoCE, then its latency, streaming and one-sided rows on
-# soft-iWARP (bench/results-siw.*).
+# soft-iWARP (bench/results-siw.*), then the latency, stream, setup and HTTP
+# rows across the test bed's two VMs (bench/results-pair.*).
 bench: deps
 	bench/bench.sh
 	BENCH_ONLY=siw bench/bench.sh
