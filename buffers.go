@@ -110,12 +110,15 @@ func (a *arena) destroyQP() {
 	}
 }
 
-// destroyQP destroys a QP no id holds. The kernel refuses (EBUSY) to
-// destroy a QP another verb is using at that moment; nothing of ours
-// should be, but a bounded retry beats leaking the QP and, with it, the
-// device.
-func destroyQP(qp *ibv.QP) {
-	for i := 0; qp.Destroy() != nil && i < 100; i++ {
+// destroyQP destroys a QP no id holds.
+func destroyQP(qp *ibv.QP) { retryDestroy(qp.Destroy) }
+
+// retryDestroy calls destroy until it succeeds, 100 times at most. The
+// kernel refuses (EBUSY) to destroy a QP another verb is using at that
+// moment; nothing of ours should be, but a bounded retry beats leaking the
+// QP and, with it, the device.
+func retryDestroy(destroy func() error) {
+	for i := 0; destroy() != nil && i < 100; i++ {
 		time.Sleep(time.Millisecond)
 	}
 }

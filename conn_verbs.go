@@ -495,12 +495,11 @@ func (c *Conn) handleCM(ev rdmacm.Event) {
 	}
 }
 
-// destroyQP destroys the QP while no CM event is being processed, and
-// reports whether it is gone.
-func (c *Conn) destroyQP() bool {
+// destroyQP destroys the id's QP while no CM event is being processed.
+func (c *Conn) destroyQP() error {
 	var err error
 	c.cm.ch.Quiet(func() { err = c.id.DestroyQP() })
-	return err == nil
+	return err
 }
 
 // disconnectWait bounds how long a release waits for the peer's
@@ -530,21 +529,19 @@ func (c *Conn) reusableQP() bool {
 }
 
 // keepQP takes the QP from the id, reset, for the arena to keep in the
-// pool. It reports whether the QP is dealt with (kept, or destroyed when
-// the reset failed); on false the caller destroys it.
-func (c *Conn) keepQP() bool {
+// pool, or destroys it when the reset (or the rekey) fails.
+func (c *Conn) keepQP() {
 	var err error
-	c.cm.ch.Quiet(func() { _, err = c.id.ReleaseQP() })
+	c.cm.ch.Quiet(func() { err = c.id.ReleaseQP() })
 	if err == nil {
 		// A past peer must not find its key still valid (see rekey).
 		err = c.ar.rekey()
 	}
 	if err != nil {
 		destroyQP(c.vqp)
-		return true
+		return
 	}
 	c.ar.qp, c.ar.qpShard = c.vqp, c.cqs
-	return true
 }
 
 // freeVerbs destroys the QP and the id and gives the memory (memLen
@@ -562,14 +559,10 @@ func (c *Conn) freeVerbs(memLen int) {
 	c.qpGone = true
 	if c.vqp != nil {
 		c.cqs.remove(c.vqp.Num)
-		if !reusable || !c.keepQP() {
-			// The kernel refuses (EBUSY) to destroy a QP another verb
-			// is using at that moment; nothing of ours should be, but a
-			// bounded retry beats leaking the QP and, with it, the
-			// device.
-			for i := 0; !c.destroyQP() && i < 100; i++ {
-				time.Sleep(time.Millisecond)
-			}
+		if reusable {
+			c.keepQP()
+		} else {
+			retryDestroy(c.destroyQP)
 		}
 	}
 	c.qpMu.Unlock()

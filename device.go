@@ -121,12 +121,15 @@ func acquireDevice(verbs unsafe.Pointer, cqe int, lay layout) (*device, *cqShard
 	if s == nil {
 		s, err = d.reserve(cqe)
 	}
-	if err == nil {
-		d.refs++
-		devMu.Unlock()
+	dropStale := func() {
 		if stale != nil {
 			destroyQP(stale)
 		}
+	}
+	if err == nil {
+		d.refs++
+		devMu.Unlock()
+		dropStale()
 		return d, s, a, nil
 	}
 	if a != nil {
@@ -135,16 +138,13 @@ func acquireDevice(verbs unsafe.Pointer, cqe int, lay layout) (*device, *cqShard
 	}
 	if d.refs > 0 {
 		devMu.Unlock()
-		if stale != nil {
-			destroyQP(stale)
-		}
+		dropStale()
 		return nil, nil, nil, err
 	}
-	// A device set up for this connection alone goes again.
+	// A device set up for this connection alone goes again; the stale QP
+	// first, since it uses one of the device's CQs.
+	dropStale()
 	d.retireUnlocking()
-	if stale != nil {
-		destroyQP(stale)
-	}
 	return nil, nil, nil, err
 }
 

@@ -24,16 +24,7 @@ func TestPooledQPAfterFailure(t *testing.T) {
 	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
 	require.NoError(t, err)
 	defer ln.Close()
-	accepted := make(chan net.Conn, 2)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			accepted <- c
-		}
-	}()
+	accepted := acceptAll(ln)
 	next := func() net.Conn {
 		select {
 		case c := <-accepted:

@@ -214,6 +214,22 @@ static struct ibv_qp *gv_create_own_qp(struct rdma_cm_id *id, void *pd, void *cq
 	return qp;
 }
 
+// gv_move_qp moves qp to state with the attributes rdma_cm gives for the
+// id. Returns 0, or -1 with errno.
+static int gv_move_qp(struct rdma_cm_id *id, struct ibv_qp *qp, enum ibv_qp_state state) {
+	struct ibv_qp_attr attr;
+	int mask, r;
+	memset(&attr, 0, sizeof(attr));
+	attr.qp_state = state;
+	if (rdma_init_qp_attr(id, &attr, &mask))
+		return -1;
+	if ((r = ibv_modify_qp(qp, &attr, mask))) {
+		errno = r;
+		return -1;
+	}
+	return 0;
+}
+
 // gv_establish_own_qp moves a QP of gv_create_own_qp to RTR and RTS as the
 // connect response says, but with max_rd_atomic RDMA READs and atomics
 // outstanding whatever the peer granted, completes the handshake
@@ -222,14 +238,8 @@ static struct ibv_qp *gv_create_own_qp(struct rdma_cm_id *id, void *pd, void *cq
 static int gv_establish_own_qp(struct rdma_cm_id *id, struct ibv_qp *qp, int max_rd_atomic) {
 	struct ibv_qp_attr attr;
 	int mask, r;
-	memset(&attr, 0, sizeof(attr));
-	attr.qp_state = IBV_QPS_RTR;
-	if (rdma_init_qp_attr(id, &attr, &mask))
+	if (gv_move_qp(id, qp, IBV_QPS_RTR))
 		return -1;
-	if ((r = ibv_modify_qp(qp, &attr, mask))) {
-		errno = r;
-		return -1;
-	}
 	memset(&attr, 0, sizeof(attr));
 	attr.qp_state = IBV_QPS_RTS;
 	if (rdma_init_qp_attr(id, &attr, &mask))
@@ -270,16 +280,8 @@ static int gv_adopt_qp(struct rdma_cm_id *id, struct ibv_qp *qp) {
 		errno = EINVAL;
 		return -1;
 	}
-	struct ibv_qp_attr attr;
-	int mask, r;
-	memset(&attr, 0, sizeof(attr));
-	attr.qp_state = IBV_QPS_INIT;
-	if (rdma_init_qp_attr(id, &attr, &mask))
+	if (gv_move_qp(id, qp, IBV_QPS_INIT))
 		return -1;
-	if ((r = ibv_modify_qp(qp, &attr, mask))) {
-		errno = r;
-		return -1;
-	}
 	id->pd = qp->pd;
 	id->qp = qp;
 	return 0;
@@ -287,10 +289,9 @@ static int gv_adopt_qp(struct rdma_cm_id *id, struct ibv_qp *qp) {
 
 // gv_release_qp takes the id's QP from it and moves it to the RESET state,
 // for another id to adopt. The QP is the caller's from here on, reset or
-// not: *out is set in either case, and the return is 0 or an errno.
-static int gv_release_qp(struct rdma_cm_id *id, struct ibv_qp **out) {
+// not; the return is 0 or an errno.
+static int gv_release_qp(struct rdma_cm_id *id) {
 	struct ibv_qp *qp = id->qp;
-	*out = qp;
 	if (!qp)
 		return EINVAL;
 	id->qp = NULL;
@@ -640,14 +641,13 @@ func (id *ID) AdoptQP(qp unsafe.Pointer) error {
 
 // ReleaseQP takes the id's QP from it and resets it (its work requests
 // must all have completed: a reset drops those still queued without a
-// completion). The QP is returned in either case, for AdoptQP or
-// DestroyOwnQP; the error says the reset failed.
-func (id *ID) ReleaseQP() (unsafe.Pointer, error) {
-	var qp *C.struct_ibv_qp
-	if r := C.gv_release_qp(id.id, &qp); r != 0 {
-		return unsafe.Pointer(qp), os.NewSyscallError("ibv_modify_qp", syscall.Errno(r))
+// completion). The QP is the caller's in either case, for AdoptQP or its
+// destruction; the error says the reset failed.
+func (id *ID) ReleaseQP() error {
+	if r := C.gv_release_qp(id.id); r != 0 {
+		return os.NewSyscallError("ibv_modify_qp", syscall.Errno(r))
 	}
-	return unsafe.Pointer(qp), nil
+	return nil
 }
 
 // CreateOwnQP creates an RC QP on pd and cq, in the INIT state, that is not
