@@ -124,10 +124,12 @@ func TestReadyPool(t *testing.T) {
 }
 
 // README: a device keeps the registered memory of closed connections up to
-// 32 MiB, and their QPs up to 256 (see TestDocumentedNumbers for the rest).
+// 32 MiB, and their QPs up to 256, each resting 100 ms before reuse (see
+// TestDocumentedNumbers for the rest).
 func TestPooledBound(t *testing.T) {
 	require.Equal(t, 32<<20, maxPooled)
 	require.Equal(t, 256, maxPooledQPs)
+	require.Equal(t, 100*time.Millisecond, qpCooling, "README: a kept QP rests 100 ms")
 	b, q := poolLimits()
 	require.Equal(t, maxPooled, b, "the defaults are in force")
 	require.Equal(t, maxPooledQPs, q)
