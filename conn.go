@@ -146,7 +146,8 @@ func newConn(ph phase) *Conn {
 func (c *Conn) initDataPath(qp queuePair, mem []byte, lay layout, sendBase uint64, sendLKey uint32, maxInline int, opts Options, sp spinner) error {
 	c.qp, c.mem = qp, mem
 	c.msgRead = opts.Messages
-	c.w = waiter{mode: opts.Poll, spinTime: opts.SpinTime, sp: sp}
+	// Headers in SEND payloads: the iWARP layout (see waiter.unbounded).
+	c.w = waiter{mode: opts.Poll, spinTime: opts.SpinTime, sp: sp, unbounded: lay.headers()}
 	c.cr = newLedger(opts.RecvDepth)
 	c.rx = newRecvRing(lay.recvSlots, mem[lay.recvOff():lay.recvOff()+lay.ring])
 	if lay.headers() {
