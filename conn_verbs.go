@@ -39,7 +39,10 @@ type connSys struct {
 	// freshQP: the dial creates its QP (an earlier try's pooled one was
 	// refused as stale).
 	freshQP bool
-	inbox   inbox[rdmacm.Event] // see inbox.go
+	// dialed: the connection is the active side; only a dial's QP is
+	// kept and only a dial adopts one (see reusableQP).
+	dialed bool
+	inbox  inbox[rdmacm.Event] // see inbox.go
 	// qpMu is held across a librdmacm call made off the CM goroutine that
 	// moves the QP through its states (rdma_accept on the listener's
 	// setup goroutine) and across the QP's destruction, which must not
@@ -99,7 +102,7 @@ func (c *Conn) setup(opts Options) error {
 		c.lay = c.lay.withHeaders()
 	}
 	c.cqe = c.lay.cqEntries()
-	dev, cqs, ar, err := acquireDevice(verbs, c.cqe, c.lay)
+	dev, cqs, ar, err := acquireDevice(verbs, c.cqe, c.lay, c.dialed)
 	if err != nil {
 		return err
 	}
@@ -202,6 +205,7 @@ func dialOnce(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Opti
 	}
 	c := newVerbsConn(cm, phaseDialing)
 	c.dialing = true
+	c.dialed = true
 	c.freshQP = freshQP
 	c.handle = cm.register(c)
 	if c.id, err = rdmacm.NewID(cm.ch, c.handle); err != nil {
@@ -507,17 +511,25 @@ func (c *Conn) destroyQP() error {
 // QP cannot be kept (see reusableQP).
 const disconnectWait = 250 * time.Millisecond
 
-// reusableQP reports whether the QP can serve another connection: every
-// work request it had has completed (a reset drops queued ones without a
-// completion, which would leave their buffers' owners waiting); its
-// device is neither iWARP nor gone; and the connection manager completed
-// the disconnect exchange, waiting up to disconnectWait for that. Until
-// then the peer's connection manager holds the QP's number as that of a
-// live connection, and refuses a new connection from or to it as stale (a
-// REJ for the request, or the reply dropped and the dial left to time
-// out).
+// reusableQP reports whether the QP can serve another connection: the
+// connection was dialed; every work request it had has completed (a
+// reset drops queued ones without a completion, which would leave their
+// buffers' owners waiting); its device is neither iWARP nor gone; and the
+// connection manager completed the disconnect exchange, waiting up to
+// disconnectWait for that.
+//
+// Only a dial adopts a kept QP, and so only a dial's QP is kept. The
+// peer's connection manager holds the QP's number as that of a live
+// connection until it has processed the disconnect's last message, and
+// a side cannot learn when that is unless its own request was answered
+// (both sides may disconnect at once). A new connection whose QP number
+// it still holds is refused: when the number comes in a dial's request,
+// with a reject that says so, and the dial tries again with a new QP
+// (staleConnError); when it comes in an accept's reply, the dialing side
+// drops the reply, and its dial hangs until its request is sent again,
+// seconds later. Accepts therefore create their QPs.
 func (c *Conn) reusableQP() bool {
-	if !c.qpDrained || c.ar == nil || !c.dev.keepQPs || c.dev.isRemoved() {
+	if !c.dialed || !c.qpDrained || c.ar == nil || !c.dev.keepQPs || c.dev.isRemoved() {
 		return false
 	}
 	c.mu.Lock()

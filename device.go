@@ -88,10 +88,10 @@ const initialCQE = 8192
 // acquireDevice returns the device for an ibv_context with one more
 // reference, the CQ on which cqe entries were reserved for the
 // connection, and, if the pool has one, an arena laid out as lay, setting
-// the device or a CQ up on first use. A pooled arena comes with its reset
-// QP when the QP was made for lay and its CQ has room: the CQ returned is
-// then the QP's.
-func acquireDevice(verbs unsafe.Pointer, cqe int, lay layout) (*device, *cqShard, *arena, error) {
+// the device or a CQ up on first use. For a dial (dialed), a pooled arena
+// comes with its reset QP when the QP was made for lay and its CQ has
+// room: the CQ returned is then the QP's. An accept gets memory only.
+func acquireDevice(verbs unsafe.Pointer, cqe int, lay layout, dialed bool) (*device, *cqShard, *arena, error) {
 	devMu.Lock()
 	d := devices[verbs]
 	if d == nil {
@@ -105,7 +105,13 @@ func acquireDevice(verbs unsafe.Pointer, cqe int, lay layout) (*device, *cqShard
 		d.idle.Stop()
 		d.idle = nil
 	}
-	a, qpFits, _ := d.pool.take(arenaKey(lay))
+	var a *arena
+	var qpFits bool
+	if dialed {
+		a, qpFits, _ = d.pool.take(arenaKey(lay))
+	} else {
+		a, _ = d.pool.takeMemory(arenaKey(lay))
+	}
 	var stale *ibv.QP // a pooled QP not to be used: destroyed without devMu
 	var s *cqShard
 	if a != nil && a.qp != nil {

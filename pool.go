@@ -8,7 +8,7 @@ import (
 
 // The pool of a device's ready connection objects: the registered memory
 // of closed connections (an arena: a protection domain and two rings) and,
-// with it, their QP, reset and kept in the arena's PD. Creating a QP and
+// with it, a dialed connection's QP, reset and kept in the arena's PD. Creating a QP and
 // destroying it were ~2 ms of each connection end's setup and release CPU
 // under Soft-RoCE (queue memory the kernel allocates and maps, then frees);
 // resetting a drained QP and moving it back to INIT for a new peer are two
@@ -46,7 +46,8 @@ func init() {
 
 // SetDevicePool bounds what each RDMA device keeps of closed connections
 // for the next ones on it: at most bytes of their registered memory, and
-// of their QPs (reset, ready for a new peer) at most qps. The defaults are
+// of their QPs (reset, ready for a new peer; only dialed connections' QPs
+// are kept, for the next dials) at most qps. The defaults are
 // 32 MiB and 256; a bound of 0 keeps nothing of that kind, and a negative
 // one leaves the bound as it is. Devices() shows what each keeps
 // (PooledBytes, PooledQPs). The bounds hold for what is kept from the
@@ -73,8 +74,7 @@ func poolLimits() (bytes, qps int) { return int(poolBytes.Load()), int(poolQPs.L
 // network, or the peer's connection manager still to process the
 // disconnect's last message (it processes messages concurrently, so a
 // new connection's request from the same QP number can overtake it, and
-// is then refused as stale, or makes it disconnect a connection that
-// holds that number). InfiniBand's connection manager keeps a closed
+// is then refused as stale: see Conn.reusableQP). InfiniBand's connection manager keeps a closed
 // connection's QP number out of use for the packet lifetime for the same
 // reason (its timewait: up to seconds, sized for the largest fabrics);
 // this is shorter, sized for a data center's round trips and the
@@ -109,19 +109,35 @@ func newReadyPool[T any](limits func() (bytes, qps int), cooling time.Duration) 
 	return readyPool[T]{limits: limits, cooling: cooling, now: time.Now}
 }
 
-// take removes and returns the entry that serves key best: the newest
-// with a rested QP made for key, else the newest whose memory fits and
-// has no QP for key (a QP still resting stays for a later connection).
+// take removes and returns the entry that serves a dial for key best: the
+// newest with a rested QP made for key, else the newest whose memory fits
+// and has no QP for key (a QP still resting stays for a later connection).
 // qpFits says whether the entry's QP serves key; an entry kept with a QP
 // for other queues comes with qpFits false, and its QP is the caller's to
 // destroy.
 func (p *readyPool[T]) take(key poolKey) (v T, qpFits, ok bool) {
+	return p.takeFor(key, true)
+}
+
+// takeMemory removes and returns the newest entry without a QP whose
+// memory fits key, for an accepted connection: an accept never adopts a
+// kept QP (see Conn.reusableQP), and leaves the entries that have one to
+// dials.
+func (p *readyPool[T]) takeMemory(key poolKey) (v T, ok bool) {
+	v, _, ok = p.takeFor(key, false)
+	return v, ok
+}
+
+func (p *readyPool[T]) takeFor(key poolKey, wantQP bool) (v T, qpFits, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now()
 	best := -1
 	for i := len(p.free) - 1; i >= 0; i-- {
 		e := p.free[i]
+		if e.qp && !wantQP {
+			continue
+		}
 		if e.qp && e.key == key {
 			if !e.readyAt.After(now) {
 				best = i

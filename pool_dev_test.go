@@ -14,43 +14,44 @@ import (
 	"github.com/goverbs/rdma"
 )
 
-// TestPooledQPAfterFailure: a connection fails (its peer breaks the
-// protocol) with work requests still posted; its QP is drained, reset and
-// kept, and the next connection on the device takes it and carries a
-// stream both ways intact, and keeps it again when closed.
+// TestPooledQPAfterFailure: a dialed connection fails (the peer's NIC
+// refuses its RDMA READ) with work requests still posted; its QP is
+// drained, reset and kept, and the next dial on the device takes it and
+// carries a stream both ways intact, and keeps it again when closed. The
+// accepted ends' QPs are never kept (see reusableQP).
 func TestPooledQPAfterFailure(t *testing.T) {
 	needDevice(t)
 	rdma.ReleaseIdleDevices() // an empty pool
+	client, server, _, remote := regionPair(t, 64<<10, rdma.RemoteRead)
+	key := remote.Key()
+	key.RKey ^= 0x5a5a5a00 // a key never registered
+	_, err := client.Remote(key).ReadAt(make([]byte, 4096), 0)
+	if !siw() { // siw's READ of a bad key may succeed; the connection fails either way
+		require.ErrorIs(t, err, rdma.ErrRemoteAccess)
+	}
+	require.NoError(t, client.SetReadDeadline(time.Now().Add(10*time.Second)))
+	_, err = client.Read(make([]byte, 1))
+	requireOpError(t, err, "read")
+	require.NoError(t, client.Close())
+	require.NoError(t, server.Close())
+	d := waitDevice(t, "the failed connection released", func(d rdma.DeviceStats, listed bool) bool { return listed && d.Connections == 0 })
+	require.Equal(t, pooledQPs(1), d.PooledQPs, "the failed dial's QP is kept, the accepted end's is not")
+	time.Sleep(rdma.QPCooling) // and rests before it serves again
+
 	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
 	require.NoError(t, err)
 	defer ln.Close()
 	accepted := acceptAll(ln)
-	next := func() net.Conn {
-		select {
-		case c := <-accepted:
-			return c
-		case <-time.After(10 * time.Second):
-			t.Fatal("the listener accepted nothing in 10s")
-			return nil
-		}
-	}
-
-	p := dialRaw(t, ln.Addr().String())
-	sc := next()
-	p.requireSent(p.send(0x7f, 0, 0, nil))
-	_, err = readAll(sc)
-	require.ErrorIs(t, err, rdma.ErrProtocol)
-	p.close()
-	require.NoError(t, sc.Close())
-	d := waitDevice(t, "the failed connection released", func(d rdma.DeviceStats, listed bool) bool { return listed && d.Connections == 0 })
-	require.Equal(t, pooledQPs(1), d.PooledQPs, "the failed connection's QP is kept (the raw peer's is its own)")
-	time.Sleep(rdma.QPCooling) // and rests before it serves again
-
 	c, err := rdma.Dial("rdma", ln.Addr().String())
 	require.NoError(t, err)
-	s := next()
+	var s net.Conn
+	select {
+	case s = <-accepted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the listener accepted nothing in 10s")
+	}
 	d, _ = deviceStat()
-	require.Zero(t, d.PooledQPs, "the new connection took the kept QP")
+	require.Zero(t, d.PooledQPs, "the new dial took the kept QP")
 	require.Equal(t, 2, d.Connections)
 
 	// A stream each way, long enough to grow the rings, checked byte for
@@ -75,12 +76,12 @@ func TestPooledQPAfterFailure(t *testing.T) {
 	require.NoError(t, c.Close())
 	require.NoError(t, s.Close())
 	d = waitDevice(t, "both ends closed", func(d rdma.DeviceStats, listed bool) bool { return listed && d.Connections == 0 })
-	require.Equal(t, pooledQPs(2), d.PooledQPs, "both ends' QPs are kept")
+	require.Equal(t, pooledQPs(1), d.PooledQPs, "the dialed end's QP is kept again")
 }
 
 // TestDevicePoolBounds: with SetDevicePool(0, 0) a device keeps nothing
 // of closed connections, and with the defaults back it keeps both ends'
-// memory and QPs again.
+// memory and the dialed end's QP again.
 func TestDevicePoolBounds(t *testing.T) {
 	needDevice(t)
 	defer rdma.SetDevicePool(rdma.SetDevicePool(0, 0))
@@ -105,5 +106,5 @@ func TestDevicePoolBounds(t *testing.T) {
 	rdma.SetDevicePool(32<<20, 256)
 	d = pair("the defaults again")
 	require.Positive(t, d.PooledBytes)
-	require.Equal(t, pooledQPs(2), d.PooledQPs)
+	require.Equal(t, pooledQPs(1), d.PooledQPs)
 }

@@ -57,6 +57,24 @@ func TestReadyPool(t *testing.T) {
 		require.Equal(t, 1, qps)
 	})
 
+	t.Run("an accept takes memory only, and leaves the QPs to dials", func(t *testing.T) {
+		p := newReadyPool[string](fixed(1<<20, 4), 0)
+		require.True(t, p.put("memory only", small, false))
+		require.True(t, p.put("qp", small, true))
+		require.True(t, p.put("other memory", big, false))
+		v, ok := p.takeMemory(small)
+		require.True(t, ok)
+		require.Equal(t, "memory only", v, "older, but without a QP")
+		_, ok = p.takeMemory(small)
+		require.False(t, ok, "the entry with a QP is not an accept's")
+		bytes, qps := p.counts()
+		require.Equal(t, small.size+big.size, bytes)
+		require.Equal(t, 1, qps)
+		v, fits, _ := p.take(small)
+		require.Equal(t, "qp", v)
+		require.True(t, fits)
+	})
+
 	t.Run("a QP made for other queues does not serve them", func(t *testing.T) {
 		p := newReadyPool[string](fixed(1<<20, 4), 0)
 		require.True(t, p.put("memory only", deeper, false))

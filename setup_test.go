@@ -89,13 +89,13 @@ func TestClosedConnectionsMemoryIsReused(t *testing.T) {
 	roundTrip()
 	d := waitDevice(t, "both ends closed", func(d rdma.DeviceStats, listed bool) bool { return listed && d.Connections == 0 })
 	require.Equal(t, 2*arena, d.PooledBytes, "both ends' memory is kept")
-	require.Equal(t, pooledQPs(2), d.PooledQPs, "and their QPs")
+	require.Equal(t, pooledQPs(1), d.PooledQPs, "and the dialed end's QP (an accept creates its own)")
 	require.Zero(t, d.RegisteredBytes)
-	time.Sleep(rdma.QPCooling) // the kept QPs rest before they serve again
+	time.Sleep(rdma.QPCooling) // the kept QP rests before it serves again
 	roundTrip()
 	d = waitDevice(t, "both ends closed again", func(d rdma.DeviceStats, listed bool) bool { return listed && d.Connections == 0 })
 	require.Equal(t, 2*arena, d.PooledBytes, "the second pair reused the first pair's memory")
-	require.Equal(t, pooledQPs(2), d.PooledQPs, "and their QPs: two more would have been kept otherwise")
+	require.Equal(t, pooledQPs(1), d.PooledQPs, "and the dial took the kept QP: two would be kept otherwise")
 	// Unused, the device (its CQ, poller goroutine and pooled memory) goes.
 	waitDevice(t, "idle device", func(_ rdma.DeviceStats, listed bool) bool { return !listed })
 }

@@ -72,10 +72,10 @@ type DeviceStats struct {
 	// the next ones while the device is in use (at most 32 MiB unless
 	// SetDevicePool says otherwise).
 	PooledBytes int
-	// PooledQPs is the QPs of closed connections kept with that memory,
-	// reset, for the next connections to reuse instead of creating their
+	// PooledQPs is the QPs of closed dialed connections kept with that
+	// memory, reset, for the next dials to reuse instead of creating their
 	// own (at most 256 unless SetDevicePool says otherwise; none on
-	// iWARP).
+	// iWARP; accepted connections create theirs).
 	PooledQPs int
 	// ActiveMTU is its first port's active MTU in bytes: the packets
 	// RDMA messages are cut into (4096 on RoCE fabrics with jumbo frames).
