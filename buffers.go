@@ -66,9 +66,9 @@ func newArena(ctx *ibv.Context, lay layout) (*arena, error) {
 // register maps the arena's memory and registers its two rings.
 func (a *arena) register(lay layout) error {
 	size := lay.size()
-	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
+	mem, err := mapMemory(size)
 	if err != nil {
-		return &mmapError{need: size, err: os.NewSyscallError("mmap", err)}
+		return err
 	}
 	a.mem, a.base = mem, addrOf(mem)
 	a.recv = mem[lay.recvOff() : lay.recvOff()+lay.ring]
@@ -76,14 +76,27 @@ func (a *arena) register(lay layout) error {
 		// The header slots, if any, follow the send ring: one key for both.
 		a.sendMR, err = a.pd.RegMR(mem[lay.sendOff():size])
 	}
+	return registerError(err, size)
+}
+
+// mapMemory maps size bytes for registration, faulted in: outside the Go
+// heap (see arena), and registering them then pins pages that exist.
+func mapMemory(size int) ([]byte, error) {
+	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
 	if err != nil {
-		var lim unix.Rlimit
-		if errors.Is(err, syscall.ENOMEM) && unix.Getrlimit(unix.RLIMIT_MEMLOCK, &lim) == nil && lim.Cur != unix.RLIM_INFINITY {
-			return &memlockError{need: size, limit: lim.Cur, err: err}
-		}
-		return err
+		return nil, &mmapError{need: size, err: os.NewSyscallError("mmap", err)}
 	}
-	return nil
+	return mem, nil
+}
+
+// registerError is the error of a registration of size bytes that failed
+// with err (nil: nil): out of locked memory, it says so with the limit.
+func registerError(err error, size int) error {
+	var lim unix.Rlimit
+	if errors.Is(err, syscall.ENOMEM) && unix.Getrlimit(unix.RLIMIT_MEMLOCK, &lim) == nil && lim.Cur != unix.RLIM_INFINITY {
+		return &memlockError{need: size, limit: lim.Cur, err: err}
+	}
+	return err
 }
 
 // free destroys a's QP, if it holds one, and deregisters, unmaps and
@@ -145,9 +158,9 @@ type verbsRings struct {
 }
 
 func (v verbsRings) allocRing(size int, remote bool) (*ringMem, error) {
-	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
+	mem, err := mapMemory(size)
 	if err != nil {
-		return nil, os.NewSyscallError("mmap", err)
+		return nil, err
 	}
 	var mr *ibv.MR
 	if remote {
@@ -157,7 +170,7 @@ func (v verbsRings) allocRing(size int, remote bool) (*ringMem, error) {
 	}
 	if err != nil {
 		unix.Munmap(mem)
-		return nil, err
+		return nil, registerError(err, size)
 	}
 	v.dev.addRegistered(size)
 	return &ringMem{buf: mem, base: addrOf(mem), lkey: mr.LKey, rkey: mr.RKey, reg: mr}, nil
