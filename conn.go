@@ -94,6 +94,14 @@ type Conn struct {
 	regMu sync.Mutex
 
 	releaseOnce sync.Once // the verbs objects go once: by Close, or when the device goes
+	// disc runs the connection's rdma_disconnect calls off the caller's
+	// goroutine (see disconnect): pending calls, and idle, closed once
+	// none is running.
+	disc struct {
+		mu      sync.Mutex
+		pending int
+		idle    chan struct{}
+	}
 
 	mu sync.Mutex
 	// dialing is set while dial has not returned the connection: the
@@ -146,8 +154,7 @@ func newConn(ph phase) *Conn {
 func (c *Conn) initDataPath(qp queuePair, mem []byte, lay layout, sendBase uint64, sendLKey uint32, maxInline int, opts Options, sp spinner) error {
 	c.qp, c.mem = qp, mem
 	c.msgRead = opts.Messages
-	// Headers in SEND payloads: the iWARP layout (see waiter.unbounded).
-	c.w = waiter{mode: opts.Poll, spinTime: opts.SpinTime, sp: sp, unbounded: lay.headers()}
+	c.w = waiter{mode: opts.Poll, spinTime: opts.SpinTime, sp: sp}
 	c.cr = newLedger(opts.RecvDepth)
 	c.rx = newRecvRing(lay.recvSlots, mem[lay.recvOff():lay.recvOff()+lay.ring])
 	if lay.headers() {

@@ -270,6 +270,49 @@ func (c *Conn) peerDisconnected(answered bool) {
 	signal(c.txReady)
 }
 
+// disconnect moves the QP to the error state and tells the peer (or
+// answers the peer's disconnect), without waiting: rdma_disconnect runs on
+// a goroutine of its own, the calls of one connection one after another.
+// Its callers hold mu, and one of them (a failed completion, see fail)
+// runs on the poller with the device's CQ held: on siw rdma_disconnect
+// can block for seconds (the iWARP connection's close), and the device's
+// every other connection, its dials included, waited behind it. The
+// release waits for the calls to return (waitDisconnects) before the QP
+// and the id go.
+func (c *Conn) disconnect() {
+	c.disc.mu.Lock()
+	defer c.disc.mu.Unlock()
+	c.disc.pending++
+	if c.disc.pending > 1 {
+		return // the running goroutine makes this call too
+	}
+	c.disc.idle = make(chan struct{})
+	go func() {
+		for {
+			c.connSys.disconnect()
+			c.disc.mu.Lock()
+			c.disc.pending--
+			if c.disc.pending == 0 {
+				close(c.disc.idle)
+				c.disc.mu.Unlock()
+				return
+			}
+			c.disc.mu.Unlock()
+		}
+	}()
+}
+
+// waitDisconnects waits until every disconnect call made so far has
+// returned. mu must not be held.
+func (c *Conn) waitDisconnects() {
+	c.disc.mu.Lock()
+	idle := c.disc.idle
+	c.disc.mu.Unlock()
+	if idle != nil {
+		<-idle
+	}
+}
+
 // deviceRemoved handles the removal of the connection's device (rdma
 // link delete, a hot-unplugged NIC): the kernel cannot finish removing it
 // while anything of it is held, and the data path would go on as if
@@ -364,6 +407,9 @@ func (c *Conn) releaseAll() {
 	c.rx.buf = [2][]byte{}
 	c.tx.buf = nil
 	c.mu.Unlock()
+	// No rdma_disconnect may still be moving the QP when it is reset or
+	// destroyed, or use the id when it goes.
+	c.waitDisconnects()
 	// The rings registered apart, before the arena goes back to the pool.
 	c.freeRings()
 	c.freeVerbs(len(mem))

@@ -313,7 +313,9 @@ func (r *RemoteRegion) ReadAtContext(ctx context.Context, dst *Region, dstOff in
 
 // WriteAtContext writes n bytes of src at srcOff into the peer's region at
 // off (one RDMA WRITE, no copy), and returns once the peer's NIC has
-// acknowledged them. src must be a region of the same connection, and its
+// acknowledged them (on iWARP, once they are on the wire: they land at the
+// peer a moment later, before anything sent after). src must be a region
+// of the same connection, and its
 // bytes must not change until then. Cancellation is as ReadAtContext's.
 func (r *RemoteRegion) WriteAtContext(ctx context.Context, src *Region, srcOff int64, n int, off int64) error {
 	return r.oneSided(ctx, opWrite, src, srcOff, n, off)

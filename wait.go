@@ -24,8 +24,7 @@ const (
 	// connection's recent waits were short), then parks: round trips are
 	// caught without a wakeup, an idle connection costs nothing. At most
 	// GOMAXPROCS-1 waits (at least one) spin at once in the process; the
-	// others park at once, and whoever polls wakes them (not on iWARP,
-	// see waiter.unbounded).
+	// others park at once, and whoever polls wakes them.
 	PollAdaptive PollMode = iota
 	// PollBusy spins until the call can go on, a deadline passes or the
 	// connection closes: the lowest latency, at the price of a CPU per
@@ -86,22 +85,13 @@ type waiter struct {
 	mode     PollMode
 	spinTime time.Duration
 	sp       spinner
-	// unbounded: its adaptive spins skip adaptiveSpins. On iWARP (siw)
-	// the bound made dials racing other connections' traffic time out in
-	// the device suite (2 of 6 targeted runs with it, none of 6 without),
-	// for a reason not yet found; there spinning stays as it was.
-	unbounded bool
 }
 
-// spinSlot takes a slot of adaptiveSpins, unless the waiter is unbounded.
-func (w *waiter) spinSlot() bool { return w.unbounded || adaptiveSpins.enter() }
+// spinSlot takes a slot of adaptiveSpins.
+func (w *waiter) spinSlot() bool { return adaptiveSpins.enter() }
 
 // spinSlotDone gives back a slot of spinSlot.
-func (w *waiter) spinSlotDone() {
-	if !w.unbounded {
-		adaptiveSpins.leave()
-	}
-}
+func (w *waiter) spinSlotDone() { adaptiveSpins.leave() }
 
 // wait blocks until ready is signaled, closing is closed or the deadline
 // passes. With PollBusy it spins (see spin) all along. With PollAdaptive it
