@@ -393,6 +393,12 @@ func (c *Conn) releaseAll() {
 	c.stopKeepAlive()
 	c.life.phase = phaseDead
 	c.disconnect()
+	// The drain's marker, a zero-length RDMA WRITE, must find the QP in
+	// the error state, to be flushed here rather than sent: wait for the
+	// disconnect (see disconnect), without mu.
+	c.mu.Unlock()
+	c.waitDisconnects()
+	c.mu.Lock()
 	if c.hasQP() {
 		c.drainDroppingLock()
 	}
