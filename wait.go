@@ -87,12 +87,6 @@ type waiter struct {
 	sp       spinner
 }
 
-// spinSlot takes a slot of adaptiveSpins.
-func (w *waiter) spinSlot() bool { return adaptiveSpins.enter() }
-
-// spinSlotDone gives back a slot of spinSlot.
-func (w *waiter) spinSlotDone() { adaptiveSpins.leave() }
-
 // wait blocks until ready is signaled, closing is closed or the deadline
 // passes. With PollBusy it spins (see spin) all along. With PollAdaptive it
 // first spins for the configured SpinTime or, when the recent waits of this
@@ -115,9 +109,9 @@ func (w *waiter) wait(ready, closing chan struct{}, dl *deadline, avg *time.Dura
 		if *avg < maxAdaptiveSpin {
 			budget = max(budget, 2**avg)
 		}
-		if w.spinSlot() {
+		if adaptiveSpins.enter() {
 			spun = !w.spin(ready, closing, budget)
-			w.spinSlotDone()
+			adaptiveSpins.leave()
 		}
 	}
 	select {
@@ -206,9 +200,9 @@ func (w *waiter) waitDone(ctx context.Context, done, closing chan struct{}, avg 
 		if avg < maxAdaptiveSpin {
 			budget = max(budget, 2*avg)
 		}
-		if w.spinSlot() {
+		if adaptiveSpins.enter() {
 			w.spinUntil(ctx, done, closing, budget)
-			w.spinSlotDone()
+			adaptiveSpins.leave()
 		}
 	}
 	select {
