@@ -154,9 +154,10 @@ func ExampleDialer_fallbackTCP() {
 	// Output: over tcp (RDMA: false): hello
 }
 
-// A server that many short-lived clients dial keeps more ready QPs per
-// device than the default 256, so that their connections take one instead
-// of creating their own; the memory bound stays.
+// A client that dials many short-lived connections keeps more ready QPs
+// per device than the default 256, so that its dials take one instead of
+// creating their own (accepted connections always create theirs); the
+// memory bound stays.
 func ExampleSetDevicePool() {
 	oldBytes, oldQPs := rdma.SetDevicePool(-1, 4096)
 	defer rdma.SetDevicePool(oldBytes, oldQPs)

@@ -8,9 +8,9 @@ import (
 
 // The pool of a device's ready connection objects: the registered memory
 // of closed connections (an arena: a protection domain and two rings) and,
-// with it, a dialed connection's QP, reset and kept in the arena's PD. Creating a QP and
-// destroying it were ~2 ms of each connection end's setup and release CPU
-// under Soft-RoCE (queue memory the kernel allocates and maps, then frees);
+// with it, a dialed connection's QP, reset and kept in the arena's PD.
+// Creating a QP and destroying it were ~2 ms of each connection end's
+// setup and release CPU under Soft-RoCE (queue memory the kernel allocates and maps, then frees);
 // resetting a drained QP and moving it back to INIT for a new peer are two
 // ibv_modify_qp calls. The pool's bookkeeping is here, apart from the
 // verbs (buffers.go), so that its rules are tested on any host.
@@ -74,9 +74,9 @@ func poolLimits() (bytes, qps int) { return int(poolBytes.Load()), int(poolQPs.L
 // network, or the peer's connection manager still to process the
 // disconnect's last message (it processes messages concurrently, so a
 // new connection's request from the same QP number can overtake it, and
-// is then refused as stale: see Conn.reusableQP). InfiniBand's connection manager keeps a closed
-// connection's QP number out of use for the packet lifetime for the same
-// reason (its timewait: up to seconds, sized for the largest fabrics);
+// is then refused as stale: see Conn.reusableQP). InfiniBand's
+// connection manager keeps a closed connection's QP number out of use for
+// the packet lifetime for the same reason (its timewait: up to seconds, sized for the largest fabrics);
 // this is shorter, sized for a data center's round trips and the
 // connection managers' queues, and long enough that only connections
 // opened at a high rate reuse QPs at all.
