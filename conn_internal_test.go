@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/goverbs/rdma/internal/ibv"
@@ -267,6 +268,45 @@ func TestConnReturnsCreditsInBatches(t *testing.T) {
 	require.Len(t, s, 1)
 	require.Equal(t, header{typ: msgCredit, credits: 2}, headerOf(s[0].Imm))
 	require.Len(t, p.q.recvs, p.lay.recvSlots+2, "the consumed buffers were posted again")
+}
+
+// A reader that has consumed everything and waits for more returns its
+// credits in a message of their own only when the peer's latest header
+// wants them: a reader goroutine parked beside request/response traffic
+// sends nothing, and the credits ride on the next reply.
+func TestConnWaitingReaderReturnsCreditsWhenWanted(t *testing.T) {
+	p := newFakeConn(t, 8, 64) // batch 2
+	b := make([]byte, 8)
+	readInBackground := func() chan string {
+		got := make(chan string, 1)
+		go func() {
+			n, err := p.c.Read(b)
+			assert.NoError(t, err)
+			got <- string(b[:n])
+		}()
+		time.Sleep(20 * time.Millisecond) // it waits for data by now
+		return got
+	}
+
+	p.deliver(header{typ: msgData}, []byte("req1"))
+	_, err := p.c.Read(b)
+	require.NoError(t, err)
+	got := readInBackground()
+	require.Empty(t, p.sent(), "the peer wants no credits: none go on their own")
+	_, err = p.c.Write([]byte("reply"))
+	require.NoError(t, err)
+	s := p.sent()
+	require.Len(t, s, 1)
+	require.Equal(t, header{typ: msgData, credits: 1}, headerOf(s[0].Imm), "the reply carries the credit")
+
+	p.deliver(header{typ: msgData, wants: true}, []byte("req2"))
+	require.Equal(t, "req2", <-got)
+	got = readInBackground()
+	s = p.sent()
+	require.Len(t, s, 1, "the peer may be waiting for the credit: it goes before the reader waits")
+	require.Equal(t, header{typ: msgCredit, credits: 1}, headerOf(s[0].Imm))
+	p.deliver(header{typ: msgData}, []byte("req3"))
+	require.Equal(t, "req3", <-got)
 }
 
 func TestConnPastReadDeadlineReturnsCredits(t *testing.T) {

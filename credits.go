@@ -28,6 +28,7 @@ type ledger struct {
 	noDelay    bool // SetNoDelay(true): hold never holds
 	noMerge    bool // the peer reads messages: hold never holds
 	streaming  bool // see hold
+	peerWants  bool // the peer's latest header had the wants flag (see header)
 }
 
 // newLedger returns the ledger of a side with recvDepth data receives,
@@ -36,7 +37,7 @@ type ledger struct {
 // a Read that consumed a request would send a credit message of its own
 // just before the reply that could carry the credit (doubling the round
 // trip of request-response traffic at RecvDepth 4 to 7). A reader that is
-// about to wait returns whatever it has anyway.
+// about to wait returns whatever it has when the peer wants it (peerWants).
 func newLedger(recvDepth int) ledger {
 	return ledger{batch: max(2, recvDepth/4), peerCredits: recvDepth, peerCtrl: ctrlDepth}
 }
@@ -75,6 +76,7 @@ func (l *ledger) open(peerRecv, peerCtrl int) {
 // a header that returns more than was ever spent: a peer that overruns
 // its own grants.
 func (l *ledger) received(h header) (bool, error) {
+	l.peerWants = h.wants
 	if h.credits == 0 && h.ctrlAck == 0 {
 		return false, nil
 	}
@@ -90,9 +92,23 @@ func (l *ledger) received(h header) (bool, error) {
 func (l *ledger) spend() { l.credits-- }
 
 // header returns the header of the next message, typ, which piggybacks
-// everything owed to the peer; the debt is then paid.
-func (l *ledger) header(typ uint8) header {
-	h := header{typ: typ, ctrlAck: uint8(l.ctrlOwed), credits: uint16(l.unreported)}
+// everything owed to the peer; the debt is then paid. The caller has
+// spent the message's credit, if it takes one; tight says the send ring,
+// once this message is in it, might not take a message of the largest
+// size.
+//
+// The header's wants flag tells the peer that this side may come to wait
+// for its credits before sending again: hold may hold (streaming, or
+// holdAt messages outstanding), cork may cork (the same count), the
+// credits are spent, or the ring is tight. Until this side sends again
+// credits only come back, so each of these can only turn false; a header
+// without the flag therefore promises that nothing will wait for the
+// peer's credits before the next message, whose header says anew. The
+// peer returns its credits before it waits for data only when the latest
+// header it received has the flag (see peerWants).
+func (l *ledger) header(typ uint8, tight bool) header {
+	h := header{typ: typ, ctrlAck: uint8(l.ctrlOwed), credits: uint16(l.unreported),
+		wants: tight || l.streaming || l.credits == 0 || l.outstanding() >= l.holdAt}
 	l.peerCredits += l.unreported
 	l.peerCtrl += l.ctrlOwed
 	l.unreported, l.ctrlOwed, l.wantCredit = 0, 0, false

@@ -63,11 +63,42 @@ func TestLedgerReceived(t *testing.T) {
 func TestLedgerHeaderPiggybacksDebt(t *testing.T) {
 	l := openLedger(16, 16, ctrlDepth)
 	l.unreported, l.ctrlOwed, l.wantCredit = 7, 2, true
-	require.Equal(t, header{typ: msgData, ctrlAck: 2, credits: 7}, l.header(msgData))
+	require.Equal(t, header{typ: msgData, ctrlAck: 2, credits: 7}, l.header(msgData, false))
 	require.Zero(t, l.unreported)
 	require.Zero(t, l.ctrlOwed)
 	require.False(t, l.wantCredit, "the debt travelled with the message")
-	require.Equal(t, header{typ: msgFin}, l.header(msgFin))
+	require.Equal(t, header{typ: msgFin}, l.header(msgFin, false))
+}
+
+// The wants flag: set whenever this side may come to wait for the
+// peer's credits before it sends again, clear otherwise (request/response
+// traffic), and what the peer's latest header said is what a reader about
+// to wait goes by.
+func TestLedgerHeaderWants(t *testing.T) {
+	l := openLedger(16, 16, ctrlDepth) // holdAt 2
+	l.spend()
+	require.False(t, l.header(msgData, false).wants, "one message outstanding: nothing to wait for")
+	require.True(t, l.header(msgData, true).wants, "the ring might not take the next message")
+	l.spend()
+	require.True(t, l.header(msgData, false).wants, "holdAt messages outstanding: hold and cork may wait")
+
+	l = openLedger(16, 16, ctrlDepth)
+	l.spend()
+	l.streaming = true // it streamed, and one message is still unconsumed
+	require.True(t, l.header(msgCredit, false).wants, "a streaming side holds small Writes")
+
+	l = openLedger(16, 1, ctrlDepth) // a window of one: holdAt 1
+	l.spend()
+	require.True(t, l.header(msgData, false).wants, "out of credits")
+
+	l = openLedger(16, 16, ctrlDepth)
+	require.False(t, l.peerWants)
+	_, err := l.received(header{typ: msgData, wants: true})
+	require.NoError(t, err)
+	require.True(t, l.peerWants)
+	_, err = l.received(header{typ: msgCredit})
+	require.NoError(t, err)
+	require.False(t, l.peerWants, "the latest header counts")
 }
 
 func TestLedgerRepostNow(t *testing.T) {
@@ -150,7 +181,7 @@ func TestLedgerArrived(t *testing.T) {
 	require.ErrorIs(t, l.arrived(msgData), ErrProtocol, "both data credits used")
 	// Reporting reposted receives grants them again.
 	l.unreported = 1
-	l.header(msgCredit)
+	l.header(msgCredit, false)
 	require.NoError(t, l.arrived(msgData))
 	require.ErrorIs(t, l.arrived(msgData), ErrProtocol)
 
@@ -159,7 +190,7 @@ func TestLedgerArrived(t *testing.T) {
 	}
 	require.ErrorIs(t, l.arrived(msgCredit), ErrProtocol)
 	l.ctrlOwed = 1
-	l.header(msgData)
+	l.header(msgData, false)
 	require.NoError(t, l.arrived(msgCredit))
 	require.NoError(t, l.arrived(msgFin), "the fin has a receive of its own")
 }

@@ -21,7 +21,8 @@ import (
 // version (the dialer sees the connection refused), and a dialer fails on a
 // reply of another version with ErrProtocol. Version 3 added the flags and
 // the fragment type; version 4 the receive ring; version 5 headers as SEND
-// payloads (below); version 6 rings that grow and shrink (below).
+// payloads (below); version 6 rings that grow and shrink (below); version
+// 7 the header's wants flag (below).
 //
 // Memory: each side has a receive ring, the only memory the peer may
 // touch (registered for remote write, never read), and a send ring of the
@@ -44,7 +45,16 @@ import (
 // all but the last are fragments (msgDataMore), so the reader knows where
 // each Write ends. A stream reader treats both types alike.
 // Every header piggybacks the credits the sender has freed since its last
-// message, so request/response traffic needs no extra messages.
+// message, so request/response traffic needs no extra messages. A reader
+// that has consumed everything and is about to wait returns its credits
+// in a message of their own only when the peer's latest header set the
+// wants flag: the peer may then come to wait for them (it holds small
+// Writes while it streams, is out of credits, or its next message might
+// not fit the ring) before it sends again. Without the flag the peer
+// cannot wait for them before its next message, which would set the flag
+// if needed, so the credits wait for a batch or ride on a reply: a reader
+// goroutine parked beside request/response traffic (net/http's, gRPC's)
+// costs no message per request.
 //
 // Transports without immediate data (iWARP) carry each header as the
 // payload of a SEND instead: its HeaderLen bytes are the 32-bit header
@@ -93,7 +103,7 @@ import (
 
 const (
 	helloMagic   = 0x47565244 // "GVRD"
-	helloVersion = 6          // 1 carried the header in an 8-byte prefix; 2 had no flags; 3 used SEND and receive buffers; 4 had no helloHeaders; 5 had fixed rings
+	helloVersion = 7          // 1 carried the header in an 8-byte prefix; 2 had no flags; 3 used SEND and receive buffers; 4 had no helloHeaders; 5 had fixed rings; 6 had no wants flag
 	helloLen     = 30
 
 	helloMessages = 1 << 0 // flags: the sender's Reads are message-oriented
@@ -265,21 +275,30 @@ func ringEnd(start uint64, n int) uint64 {
 	return start + uint64((n+ringAlign-1)&^(ringAlign-1))
 }
 
-// header is every message's immediate data: type in the top byte, then
-// ctrlAck, then credits in the low 16 bits. (The C layer moves it to and
-// from network byte order.)
+// header is every message's immediate data: the wants flag in the top
+// bit, the type in the other 7 bits of the top byte, then ctrlAck, then
+// credits in the low 16 bits. (The C layer moves it to and from network
+// byte order.)
 type header struct {
 	typ     uint8
+	wants   bool   // the sender may come to wait for credits (see ledger.header)
 	ctrlAck uint8  // control messages received and reposted since the last report
 	credits uint16 // data receives reposted since the last report
 }
 
+// hdrWants is the wants flag's bit in the immediate.
+const hdrWants = 1 << 31
+
 func (h header) imm() uint32 {
-	return uint32(h.typ)<<24 | uint32(h.ctrlAck)<<16 | uint32(h.credits)
+	imm := uint32(h.typ&0x7f)<<24 | uint32(h.ctrlAck)<<16 | uint32(h.credits)
+	if h.wants {
+		imm |= hdrWants
+	}
+	return imm
 }
 
 func headerOf(imm uint32) header {
-	return header{typ: uint8(imm >> 24), ctrlAck: uint8(imm >> 16), credits: uint16(imm)}
+	return header{typ: uint8(imm>>24) & 0x7f, wants: imm&hdrWants != 0, ctrlAck: uint8(imm >> 16), credits: uint16(imm)}
 }
 
 // Work request ids. A receive's id is recvWRID (receives are all alike:

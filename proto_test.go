@@ -66,11 +66,12 @@ func TestHelloRejected(t *testing.T) {
 		{"bad magic", mutate(func(b []byte) { b[0] ^= 0xff }), "bad magic"},
 		{"version 0", mutate(func(b []byte) { b[4] = 0 }), "protocol version 0"},
 		{"version 1 (header in the payload)", mutate(func(b []byte) { b[4] = 1 }), "protocol version 1"},
-		{"version 2 (no flags)", mutate(func(b []byte) { b[4] = 2 }), "protocol version 2, want 6"},
-		{"version 3 (receive buffers)", mutate(func(b []byte) { b[4] = 3 }), "protocol version 3, want 6"},
-		{"version 4 (immediate data only)", mutate(func(b []byte) { b[4] = 4 }), "protocol version 4, want 6"},
-		{"version 5 (fixed rings)", mutate(func(b []byte) { b[4] = 5 }), "protocol version 5, want 6"},
-		{"version 7", mutate(func(b []byte) { b[4] = helloVersion + 1 }), "protocol version 7"},
+		{"version 2 (no flags)", mutate(func(b []byte) { b[4] = 2 }), "protocol version 2, want 7"},
+		{"version 3 (receive buffers)", mutate(func(b []byte) { b[4] = 3 }), "protocol version 3, want 7"},
+		{"version 4 (immediate data only)", mutate(func(b []byte) { b[4] = 4 }), "protocol version 4, want 7"},
+		{"version 5 (fixed rings)", mutate(func(b []byte) { b[4] = 5 }), "protocol version 5, want 7"},
+		{"version 6 (no wants flag)", mutate(func(b []byte) { b[4] = 6 }), "protocol version 6, want 7"},
+		{"version 8", mutate(func(b []byte) { b[4] = helloVersion + 1 }), "protocol version 8"},
 		{"unknown flag", mutate(func(b []byte) { b[5] = 0x80 }), "unknown flags 0x80"},
 		{"zero recvDepth", with(hello{recvDepth: 0, ctrlDepth: ctrlDepth, bufSize: 4096}), "bad geometry"},
 		{"zero ctrlDepth", with(hello{recvDepth: 16, ctrlDepth: 0, bufSize: 4096}), "bad geometry"},
@@ -145,15 +146,24 @@ func TestHeaderRoundTrip(t *testing.T) {
 		{"data with credits", header{typ: msgData, ctrlAck: 1, credits: DefaultRecvDepth}},
 		{"credit", header{typ: msgCredit, credits: 7}},
 		{"fin", header{typ: msgFin, ctrlAck: ctrlDepth}},
-		{"max", header{typ: 0xff, ctrlAck: 0xff, credits: 0xffff}},
+		{"wants", header{typ: msgData, wants: true, credits: 3}},
+		{"max", header{typ: 0x7f, wants: true, ctrlAck: 0xff, credits: 0xffff}},
 		{"zero", header{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			require.Equal(t, tc.h, headerOf(tc.h.imm()))
-			// The layout is part of the wire format: type, ctrlAck, credits.
-			require.Equal(t, uint32(tc.h.typ)<<24|uint32(tc.h.ctrlAck)<<16|uint32(tc.h.credits), tc.h.imm())
+			// The layout is part of the wire format: the wants flag,
+			// type, ctrlAck, credits.
+			want := uint32(tc.h.typ)<<24 | uint32(tc.h.ctrlAck)<<16 | uint32(tc.h.credits)
+			if tc.h.wants {
+				want |= 1 << 31
+			}
+			require.Equal(t, want, tc.h.imm())
 		})
 	}
+	// Any immediate decodes to a type of 7 bits (an unknown one is the
+	// receiver's to refuse) and the flag.
+	require.Equal(t, header{typ: 0x7f, wants: true, ctrlAck: 0xff, credits: 0xffff}, headerOf(0xffffffff))
 }
 
 func TestSendWRID(t *testing.T) {

@@ -78,12 +78,13 @@ func (c *Conn) readDeadlinePassedDroppingLock() bool {
 
 // waitDataDroppingLock is what a Read or WriteTo does when nothing is
 // queued: it returns why no data will come, or gives every credit back
-// and waits for data (or the deadline, or Close).
+// (when the peer's latest header wants them: see ledger.header) and waits
+// for data (or the deadline, or Close).
 func (c *Conn) waitDataDroppingLock() error {
 	if err := c.life.readFailed(c.rx.posted); err != nil {
 		return err
 	}
-	c.returnCredits(true)
+	c.returnCredits(c.cr.peerWants)
 	c.flushDroppingLock()
 	c.mu.Unlock()
 	spun := c.w.wait(c.rxReady, c.closing, c.rdl, &c.rdWait)
@@ -336,9 +337,9 @@ func (c *Conn) postReposts() {
 
 // returnCredits posts consumed receives again and tells the peer,
 // in a credit message, once a batch of them is ready, or at once when force
-// is set (the reader is about to wait, so the writer must not be left
-// without credits). Credits still flow after our fin: the peer may go on
-// writing.
+// is set (the reader is about to wait while the writer may be waiting for
+// them, or the reader gives up the data). Credits still flow after our
+// fin: the peer may go on writing.
 func (c *Conn) returnCredits(force bool) {
 	if c.tx.draining {
 		// The teardown owns the QP: nothing is posted or owed any more.

@@ -238,7 +238,11 @@ func (c *Conn) queueSend(typ uint8, n int) {
 		c.st.CreditMessagesSent++
 	}
 	c.postReposts()
-	c.tx.queue(c.cr.header(typ), n, c.life.has(shutWrite))
+	tight := c.tx.ring.tightAfter(0)
+	if isData(typ) {
+		tight = c.tx.ring.tightAfter(n)
+	}
+	c.tx.queue(c.cr.header(typ, tight), n, c.life.has(shutWrite))
 	// Every message consumed so far has its receive posted again, and
 	// this header reports them all: the peer knows the ring is free up to
 	// here.

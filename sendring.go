@@ -53,6 +53,22 @@ func (r *ringTx) room() int {
 	return n
 }
 
+// tightAfter reports whether, once a message of n bytes is at the tail
+// (none for n = 0), the message after it might not fit: the ring's room
+// would be less than the largest message. Before the geometry is known
+// it says so too.
+func (r *ringTx) tightAfter(n int) bool {
+	if r.span == 0 {
+		return true
+	}
+	t := r.tail
+	if n > 0 {
+		t = ringEnd(ringPlace(t, r.span, r.maxMsg), n)
+	}
+	_, room := r.at(t, r.acked)
+	return room < r.maxMsg
+}
+
 // offset is a running count's offset in the ring.
 func (r *ringTx) offset(t uint64) int { return int(t % uint64(r.span)) }
 
