@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/goverbs/rdma/internal/ibv"
 )
 
 func TestConnMessagesWritesNeverMerge(t *testing.T) {
@@ -25,13 +27,17 @@ func TestConnMessagesWritesNeverMerge(t *testing.T) {
 	}
 	require.Equal(t, uint32(452), s[2].Len)
 
-	// Small Writes while the peer is behind: one message each, corked
-	// until the next completion, which posts them as one chain.
-	for _, w := range []string{"a", "b", "c"} {
+	// Small Writes while the peer is behind: one message each. The
+	// first goes at once, signaled; the others are corked until its
+	// completion, which posts them as one chain.
+	for _, w := range []string{"a", "b", "c", "d"} {
 		_, err := p.c.Write([]byte(w))
 		require.NoError(t, err)
 	}
-	require.Empty(t, p.sent(), "the peer is behind: the Writes wait for its answer")
+	s = p.sent()
+	require.Len(t, s, 1, "the peer is behind: the Writes after a signaled one wait for its completion")
+	require.Equal(t, "a", p.payload(s[0]))
+	require.NotZero(t, s[0].Flags&ibv.SendSignaled)
 	posts := p.q.postCalls()
 	p.ack()
 	s = p.sent()
@@ -40,7 +46,7 @@ func TestConnMessagesWritesNeverMerge(t *testing.T) {
 	for i, wr := range s {
 		require.Equal(t, uint8(msgData), headerOf(wr.Imm).typ)
 		require.Equal(t, uint32(1), wr.Len)
-		require.Equal(t, string("abc"[i]), p.payload(wr))
+		require.Equal(t, string("bcd"[i]), p.payload(wr))
 	}
 	_, err = p.c.Write(nil)
 	require.NoError(t, err)
@@ -191,38 +197,46 @@ func TestConnMessagesCork(t *testing.T) {
 	write("a")
 	write("b")
 	require.Len(t, p.sent(), 2)
-	// Two unconsumed at the peer: Writes are corked...
+	// Two unconsumed at the peer: the next Write goes signaled, and the
+	// Writes after it are corked...
 	write("c")
+	s := p.sent()
+	require.Len(t, s, 1)
+	require.NotZero(t, s[0].Flags&ibv.SendSignaled, "what the corked Writes wait for")
 	write("d")
+	write("e")
 	require.Empty(t, p.sent())
-	// ...until a completion: here the peer's credits for a and b.
+	// ...until a completion: here the peer's credits for a and b (its
+	// answer comes before c's completion).
 	posts := p.q.postCalls()
 	p.deliver(header{typ: msgCredit, credits: 2}, nil)
-	s := p.sent()
+	s = p.sent()
 	require.Len(t, s, 2)
 	require.Equal(t, posts+1, p.q.postCalls(), "one post for the corked Writes")
-	require.Equal(t, "c", p.payload(s[0]))
-	require.Equal(t, "d", p.payload(s[1]))
+	require.Equal(t, "d", p.payload(s[0]))
+	require.Equal(t, "e", p.payload(s[1]))
 
 	// A header that acknowledges the peer's credit message never waits:
 	// the peer may need its control credit back.
-	write("e")
+	write("f")
 	s = p.sent()
 	require.Len(t, s, 1)
 	require.Equal(t, uint8(1), headerOf(s[0].Imm).ctrlAck)
 
 	// SetNoDelay(true) posts every Write at once.
 	require.NoError(t, p.c.SetNoDelay(true))
-	write("f")
+	write("g")
 	require.Len(t, p.sent(), 1)
 	require.NoError(t, p.c.SetNoDelay(false))
 
 	// A Write that must wait posts what is corked first: the peer's
 	// answer to it is what ends the wait.
-	p.ack() // the send queue has room for all
-	for _, w := range []string{"g", "h", "i", "j"} {
-		write(w) // corked: the peer is behind
-	}
+	p.ack() // the send queue has room for all, and no signaled send is out
+	require.Equal(t, 3, p.c.cr.credits)
+	write("h") // the peer is behind: signaled, posted
+	require.Len(t, p.sent(), 1)
+	write("i") // corked
+	write("j")
 	require.Empty(t, p.sent())
 	require.Zero(t, p.c.cr.credits)
 	write("k") // no credit: pending
@@ -233,9 +247,9 @@ func TestConnMessagesCork(t *testing.T) {
 	}()
 	p.eventually(func(c *Conn) bool { return len(c.tx.sends) == 0 })
 	s = p.sent()
-	require.Len(t, s, 4)
+	require.Len(t, s, 2)
 	for i, wr := range s {
-		require.Equal(t, string("ghij"[i]), p.payload(wr))
+		require.Equal(t, string("ij"[i]), p.payload(wr))
 	}
 	p.ack()
 	p.deliver(header{typ: msgCredit, credits: 8}, nil)

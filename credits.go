@@ -98,22 +98,29 @@ func (l *ledger) spend() { l.credits-- }
 // size.
 //
 // The header's wants flag tells the peer that this side may come to wait
-// for its credits before sending again: hold may hold (streaming, or
-// holdAt messages outstanding), cork may cork (the same count), the
-// credits are spent, or the ring is tight. Until this side sends again
-// credits only come back, so each of these can only turn false; a header
-// without the flag therefore promises that nothing will wait for the
-// peer's credits before the next message, whose header says anew. The
-// peer returns its credits before it waits for data only when the latest
-// header it received has the flag (see peerWants).
+// for its credits before sending again: it is running out of them (a
+// quarter of the window or less left), the ring is tight, or hold may
+// hold small Writes (streaming, or holdAt messages outstanding), which
+// only returned credits end. (Cork needs no credits: it waits only while
+// a signaled send is posted, whose completion posts what it corked; see
+// cork.) Until this side sends again credits only come back, so each of
+// these can only turn false; a header without the flag therefore promises
+// that nothing will wait for the peer's credits before the next message,
+// whose header says anew. The peer returns its credits before it waits
+// for data only when the latest header it received has the flag (see
+// peerWants); otherwise they go in batches, or ride on its next message.
 func (l *ledger) header(typ uint8, tight bool) header {
 	h := header{typ: typ, ctrlAck: uint8(l.ctrlOwed), credits: uint16(l.unreported),
-		wants: tight || l.streaming || l.credits == 0 || l.outstanding() >= l.holdAt}
+		wants: tight || l.credits <= l.peerWindow/4 || (l.mayHold() && (l.streaming || l.outstanding() >= l.holdAt))}
 	l.peerCredits += l.unreported
 	l.peerCtrl += l.ctrlOwed
 	l.unreported, l.ctrlOwed, l.wantCredit = 0, 0, false
 	return h
 }
+
+// mayHold reports whether hold may ever hold: the peer reads a byte
+// stream and SetNoDelay is off.
+func (l *ledger) mayHold() bool { return !l.noDelay && !l.noMerge }
 
 // repostNow reports whether n consumed receives should be posted
 // again now: once a batch is ready, or at once when force is set (the
@@ -191,14 +198,22 @@ func (l *ledger) outstanding() int { return l.peerWindow - l.credits }
 // wait unposted for the next completion instead of being posted by that
 // Write. It is hold's rule for a message-oriented peer, whose Writes never
 // gather: when the Write began, at least holdAt messages were
-// outstanding at the peer, all of them posted (any completion posts what
-// is corked), so the peer is behind and its credits, and with them a
-// completion that posts the queue, will come; meanwhile back-to-back
-// Writes share one ibv_post_send (one system call on rxe), each still a
-// message of its own. carries says the queued headers return credits or
-// acknowledgements to the peer: those never wait, since the peer may need
-// them to send what would end the wait. SetNoDelay turns it off, and a
-// Write that must wait for credits or room posts everything first.
-func (l *ledger) cork(before, queued int, carries bool) bool {
+// outstanding at the peer, all of them posted, so the peer is behind;
+// meanwhile back-to-back Writes share one ibv_post_send (one system call
+// on rxe), each still a message of its own. The completion that posts the
+// queue is that of a signaled send already posted (sigOut): corking never
+// waits for the peer, so the peer need not return credits for it (see
+// header). Without one, the caller signals the send it posts now
+// (corkable says so), and the Writes after it cork. carries says the
+// queued headers return credits or acknowledgements to the peer: those
+// never wait, since the peer may need them to send what would end the
+// wait. SetNoDelay turns it off, and a Write that must wait for credits or
+// room posts everything first.
+func (l *ledger) cork(before, queued int, carries, sigOut bool) bool {
+	return l.corkable(before, queued, carries) && sigOut
+}
+
+// corkable is cork's rule but for the signaled send in flight.
+func (l *ledger) corkable(before, queued int, carries bool) bool {
 	return l.noMerge && !l.noDelay && !carries && before >= l.holdAt && queued < corkMax
 }

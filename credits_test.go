@@ -80,7 +80,21 @@ func TestLedgerHeaderWants(t *testing.T) {
 	require.False(t, l.header(msgData, false).wants, "one message outstanding: nothing to wait for")
 	require.True(t, l.header(msgData, true).wants, "the ring might not take the next message")
 	l.spend()
-	require.True(t, l.header(msgData, false).wants, "holdAt messages outstanding: hold and cork may wait")
+	require.True(t, l.header(msgData, false).wants, "holdAt messages outstanding: hold may hold")
+
+	// A message-oriented peer's writer never holds, and its cork waits
+	// for a signaled send of its own: it wants credits only when it runs
+	// low on them. So does a writer with SetNoDelay.
+	for _, set := range []func(*ledger){func(l *ledger) { l.noMerge = true }, func(l *ledger) { l.noDelay = true }} {
+		l := openLedger(16, 16, ctrlDepth)
+		set(&l)
+		for range 11 {
+			l.spend()
+		}
+		require.False(t, l.header(msgData, false).wants, "5 credits left of 16")
+		l.spend()
+		require.True(t, l.header(msgData, false).wants, "a quarter of the window left")
+	}
 
 	l = openLedger(16, 16, ctrlDepth)
 	l.spend()
@@ -193,4 +207,21 @@ func TestLedgerArrived(t *testing.T) {
 	l.header(msgData, false)
 	require.NoError(t, l.arrived(msgCredit))
 	require.NoError(t, l.arrived(msgFin), "the fin has a receive of its own")
+}
+
+// cork: only toward a message-oriented peer that is behind, never with
+// SetNoDelay, for headers that carry nothing, below corkMax, and only
+// while a signaled send is out (its completion posts what waits).
+func TestLedgerCork(t *testing.T) {
+	l := openLedger(16, 16, ctrlDepth) // holdAt 2
+	require.False(t, l.corkable(2, 1, false), "a byte-stream peer: hold gathers instead")
+	l.noMerge = true
+	require.True(t, l.corkable(2, 1, false))
+	require.True(t, l.cork(2, 1, false, true))
+	require.False(t, l.cork(2, 1, false, false), "no signaled send out: nothing would post it")
+	require.False(t, l.corkable(1, 1, false), "the peer keeps up")
+	require.False(t, l.corkable(2, 1, true), "the queue returns credits")
+	require.False(t, l.corkable(2, corkMax, false), "a full chain goes")
+	l.noDelay = true
+	require.False(t, l.corkable(2, 1, false))
 }

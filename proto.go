@@ -49,8 +49,8 @@ import (
 // that has consumed everything and is about to wait returns its credits
 // in a message of their own only when the peer's latest header set the
 // wants flag: the peer may then come to wait for them (it holds small
-// Writes while it streams, is out of credits, or its next message might
-// not fit the ring) before it sends again. Without the flag the peer
+// Writes while it streams, has a quarter of its credits or less left, or
+// its next message might not fit the ring) before it sends again. Without the flag the peer
 // cannot wait for them before its next message, which would set the flag
 // if needed, so the credits wait for a batch or ride on a reply: a reader
 // goroutine parked beside request/response traffic (net/http's, gRPC's)

@@ -144,7 +144,12 @@ func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
 		queued -= m
 	}
 	c.tx.setPending(queued, c.msgWrite && queued > 0 && off < len(b))
-	if off < len(b) || !c.cr.cork(before, len(c.tx.sends), c.tx.carries) {
+	if sigOut := c.tx.sigOut(); off < len(b) || !c.cr.cork(before, len(c.tx.sends), c.tx.carries, sigOut) {
+		if !sigOut && c.cr.corkable(before, len(c.tx.sends), c.tx.carries) {
+			// The peer is behind: what goes now is signaled, so that
+			// the Writes after it may cork until its completion.
+			c.tx.signalLast()
+		}
 		c.flushDroppingLock()
 	}
 	return off
@@ -159,9 +164,9 @@ func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
 // before each Write, never waits. With no receive free at the peer,
 // Writes gather whatever the setting. To a message-oriented peer
 // (Options.Messages) Writes never gather: by default, while it is behind,
-// they are queued unposted until its answer comes and then posted
-// together (one ibv_post_send, each Write still a message of its own);
-// with noDelay true each is posted at once.
+// one is posted signaled and those after it are queued unposted until its
+// completion, then posted together (one ibv_post_send, each Write still a
+// message of its own); with noDelay true each is posted at once.
 func (c *Conn) SetNoDelay(noDelay bool) error {
 	if !c.ok() {
 		return errInvalid("set")

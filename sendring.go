@@ -137,6 +137,7 @@ type sendRing struct {
 	dataSeq, dataDone uint32
 	ctrlSeq, ctrlDone uint32
 	lastSig           uint32 // dataSeq at the last signaled send
+	postedSig         uint32 // lastSig when the last batch was taken for posting
 	probeSeq          uint32 // ctrlSeq of the last keepalive probe
 
 	pendLen   int  // bytes of the message gathering at the tail, waiting for a credit
@@ -296,6 +297,27 @@ func (r *sendRing) completed(wrid uint64) {
 	r.ctrlDone = r.ctrlSeq - (r.ctrlSeq-ctrl)&0x7fffffff
 }
 
+// sigOut reports whether a signaled data send is posted (or being posted)
+// and its completion not yet seen: that completion will come whatever the
+// peer does. A signaled control message leaves dataSeq as it was, so one
+// whose data messages have all completed does not count: that only makes
+// cork post sooner.
+func (r *sendRing) sigOut() bool { return int32(r.postedSig-r.dataDone) > 0 }
+
+// signalLast makes the last prepared work request signaled, if it is not
+// yet: its completion retires every send before it, as any signaled
+// send's does.
+func (r *sendRing) signalLast() {
+	if len(r.sends) == 0 {
+		return
+	}
+	wr := &r.sends[len(r.sends)-1]
+	if wr.Flags&ibv.SendSignaled == 0 {
+		wr.Flags |= ibv.SendSignaled
+		r.lastSig = r.dataSeq
+	}
+}
+
 // idle reports whether everything posted has completed.
 func (r *sendRing) idle() bool { return r.dataDone == r.dataSeq && r.ctrlDone == r.ctrlSeq }
 
@@ -311,6 +333,7 @@ func (r *sendRing) marker() ibv.SendWR {
 // queue in the other half of the double buffer.
 func (r *sendRing) take() []ibv.SendWR {
 	batch := r.sends
+	r.postedSig = r.lastSig
 	r.sends, r.spare = r.spare[:0], batch
 	r.carries = false
 	return batch

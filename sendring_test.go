@@ -143,6 +143,42 @@ func TestSendRingQueueFullRingSignals(t *testing.T) {
 	require.NotZero(t, wrs[len(wrs)-1].Flags&ibv.SendSignaled, "the send that fills the queue is signaled, so a waiting writer wakes")
 }
 
+// sigOut says whether a signaled send is posted and not yet complete: the
+// completion cork waits for. signalLast signals the last prepared send.
+func TestSendRingSigOut(t *testing.T) {
+	r := testSendRing(8, 8192, 1024, 8, 128) // signals every fourth
+	require.False(t, r.sigOut())
+	r.queue(header{typ: msgData}, 1, false)
+	r.take()
+	require.False(t, r.sigOut(), "an unsignaled send completes silently")
+
+	r.queue(header{typ: msgData}, 1, false)
+	r.signalLast()
+	require.False(t, r.sigOut(), "prepared is not posted")
+	wrs := r.take()
+	require.NotZero(t, wrs[0].Flags&ibv.SendSignaled)
+	require.True(t, r.sigOut())
+	r.queue(header{typ: msgData}, 1, false)
+	r.take()
+	require.True(t, r.sigOut(), "until its completion")
+	r.completed(wrs[0].ID)
+	require.False(t, r.sigOut())
+
+	// One signaled anyway is left as it is; an empty queue has nothing to
+	// signal.
+	for r.queue(header{typ: msgData}, 1, false); r.sends[len(r.sends)-1].Flags&ibv.SendSignaled == 0; {
+		r.queue(header{typ: msgData}, 1, false) // until one is signaled: the fourth since the last
+	}
+	require.Len(t, r.sends, 3, "the fourth data message since the signaled one")
+	wr := r.sends[2]
+	r.signalLast()
+	require.Equal(t, wr, r.sends[2])
+	r.take()
+	require.True(t, r.sigOut())
+	r.signalLast()
+	require.Empty(t, r.sends)
+}
+
 func TestSendRingControl(t *testing.T) {
 	r := testSendRing(4, 1<<16, 1024, 16, 64)
 	r.queue(header{typ: msgCredit}, 0, false)
