@@ -170,10 +170,10 @@ func TestRender(t *testing.T) {
 	for _, want := range []string{
 		// Figures are medians (of 10, 20, 90 and of 5, 5, 90); ratios are the
 		// medians of the per-round ratios (2, 4, 1), not 20 / 5.
-		"| latency (one-way) 64 B | p50 µs | 20.0 | 6.00 | — | — | 5.00 | — | — | — | — | 2.00 |  |  |  | 1.20 |  |  |  |",
-		"| latency (one-way) 64 B | avg µs | 22.0 | 9.00 | — | — | 6.00 | — | — | — | — | 2.00 |  |  |  | 1.50 |  |  |  |",
+		"| latency (one-way) 64 B | p50 µs | 20.0 | 6.00 | — | — | 5.00 | — | — | — | — | — | 2.00 |  |  |  |  | 1.20 |  |  |  |",
+		"| latency (one-way) 64 B | avg µs | 22.0 | 9.00 | — | — | 6.00 | — | — | — | — | — | 2.00 |  |  |  |  | 1.50 |  |  |  |",
 		// io.Copy with the connection's ReadFrom/WriteTo beside plain io.Copy.
-		"| io.Copy file → conn → io.Discard 256 MiB | MB/s | 40.0 | — | — | 100 | — | — | — | — | 20.0 |  |  |  |  |  |  |  | 2.00 |",
+		"| io.Copy file → conn → io.Discard 256 MiB | MB/s | 40.0 | — | — | 100 | — | — | — | — | — | 20.0 |  |  |  |  |  |  |  |  | 2.00 |",
 		"rsockets, throughput 4 KiB (round 1): rstream exit 1",
 		"median of up to 3 rounds",
 	} {
@@ -681,14 +681,14 @@ func TestRenderSetup(t *testing.T) {
 		// rsockets, cmtime, plain; then ÷ perftest, ÷ perftest -e,
 		// ÷ rsockets, ÷ cmtime, busy ÷ perftest, one process ÷ perftest,
 		// one process ÷ rsockets, ÷ plain.
-		"| dial + round trip + close | p50 µs | 50000 | — | — | 88.0 | — | — | — | 40000 | — |  |  |  | 1.25 |  |  |  |  |",
-		"| dial + round trip + close | p99 µs | 90000 | — | — | 270 | — | — | — | — | — |  |  |  |  |  |  |  |  |",
-		"| dial + round trip + close | conn/s | 19.0 | — | — | 9900 | — | — | — | 25.0 | — |  |  |  | 0.76 |  |  |  |  |",
-		"| dial + round trip + close | setup p50 µs | 37000 | — | — | 34.0 | — | — | — | 30000 | — |  |  |  | 1.23 |  |  |  |  |",
-		"| dial + round trip + close, 20 conns | p50 µs | 800000 | — | — | — | — | — | — | 80000 | — |  |  |  | 10.00 |  |  |  |  |",
-		"| dial + round trip + close, 20 conns | conn/s | 26.0 | — | — | — | — | — | — | 250 | — |  |  |  | 0.10 |  |  |  |  |",
-		"| HTTP/1.1 GET, http.DefaultTransport (2 idle connections kept: most requests dial) 64 B, 20 conns | req/s | 36.0 | — | — | 15000 | — | — | — | — | — |  |  |  |  |  |  |  |  |",
-		"| HTTP/1.1 GET, http.DefaultTransport (2 idle connections kept: most requests dial) 64 B, 20 conns | p99 µs | 1200000 | — | — | 8700 | — | — | — | — | — |  |  |  |  |  |  |  |  |",
+		"| dial + round trip + close | p50 µs | 50000 | — | — | 88.0 | — | — | — | 40000 | — | — |  |  |  | 1.25 |  |  |  |  |  |",
+		"| dial + round trip + close | p99 µs | 90000 | — | — | 270 | — | — | — | — | — | — |  |  |  |  |  |  |  |  |  |",
+		"| dial + round trip + close | conn/s | 19.0 | — | — | 9900 | — | — | — | 25.0 | — | — |  |  |  | 0.76 |  |  |  |  |  |",
+		"| dial + round trip + close | setup p50 µs | 37000 | — | — | 34.0 | — | — | — | 30000 | — | — |  |  |  | 1.23 |  |  |  |  |  |",
+		"| dial + round trip + close, 20 conns | p50 µs | 800000 | — | — | — | — | — | — | 80000 | — | — |  |  |  | 10.00 |  |  |  |  |  |",
+		"| dial + round trip + close, 20 conns | conn/s | 26.0 | — | — | — | — | — | — | 250 | — | — |  |  |  | 0.10 |  |  |  |  |  |",
+		"| HTTP/1.1 GET, http.DefaultTransport (2 idle connections kept: most requests dial) 64 B, 20 conns | req/s | 36.0 | — | — | 15000 | — | — | — | — | — | — |  |  |  |  |  |  |  |  |  |",
+		"| HTTP/1.1 GET, http.DefaultTransport (2 idle connections kept: most requests dial) 64 B, 20 conns | p99 µs | 1200000 | — | — | 8700 | — | — | — | — | — | — |  |  |  |  |  |  |  |  |  |",
 		"cmtime, dial + round trip + close, 20 conns (round 2): cmtime exit 1: event: RDMA_CM_EVENT_REJECTED, error: 8",
 		"- cmtime: its steps, not a round trip",
 		"| cmtime |",

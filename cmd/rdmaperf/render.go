@@ -43,6 +43,7 @@ var (
 		{"perftest -e", "perftest -e"},
 		{"rsockets", "rsockets"},
 		{"cmtime", "cmtime"},
+		{"postrate", "its post pattern in C"},
 		{self + " plain", "this library, plain io.Copy"},
 	}
 	ratios = []struct{ mine, peer, title string }{
@@ -50,6 +51,7 @@ var (
 		{self, "perftest -e", "÷ perftest -e"},
 		{self, "rsockets", "÷ rsockets"},
 		{self, "cmtime", "÷ cmtime"},
+		{self, "postrate", "÷ its pattern in C"},
 		{busy, "perftest", "busy ÷ perftest"},
 		{oneProc, "perftest", "one process ÷ perftest"},
 		{oneProc, "rsockets", "one process ÷ rsockets"},
