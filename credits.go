@@ -183,7 +183,7 @@ func (l *ledger) hold(n, maxMsg int, finQueued bool) bool {
 	case out >= l.holdAt:
 		l.streaming = true
 	}
-	return l.streaming && n < maxMsg && !l.noDelay && !l.noMerge && !finQueued && l.ctrlOwed < ctrlDepth/2
+	return l.streaming && n < maxMsg && l.mayHold() && !finQueued && l.ctrlOwed < ctrlDepth/2
 }
 
 // corkMax bounds the messages a Write leaves queued unposted (see cork):
@@ -201,19 +201,14 @@ func (l *ledger) outstanding() int { return l.peerWindow - l.credits }
 // outstanding at the peer, all of them posted, so the peer is behind;
 // meanwhile back-to-back Writes share one ibv_post_send (one system call
 // on rxe), each still a message of its own. The completion that posts the
-// queue is that of a signaled send already posted (sigOut): corking never
-// waits for the peer, so the peer need not return credits for it (see
-// header). Without one, the caller signals the send it posts now
-// (corkable says so), and the Writes after it cork. carries says the
+// queue is that of a signaled send already posted (sendRing.sigOut), which
+// the caller checks: corking never waits for the peer, so the peer need
+// not return credits for it (see header). Without one, the caller signals
+// the send it posts now, and the Writes after it cork. carries says the
 // queued headers return credits or acknowledgements to the peer: those
 // never wait, since the peer may need them to send what would end the
 // wait. SetNoDelay turns it off, and a Write that must wait for credits or
 // room posts everything first.
-func (l *ledger) cork(before, queued int, carries, sigOut bool) bool {
-	return l.corkable(before, queued, carries) && sigOut
-}
-
-// corkable is cork's rule but for the signaled send in flight.
-func (l *ledger) corkable(before, queued int, carries bool) bool {
+func (l *ledger) cork(before, queued int, carries bool) bool {
 	return l.noMerge && !l.noDelay && !carries && before >= l.holdAt && queued < corkMax
 }

@@ -210,18 +210,17 @@ func TestLedgerArrived(t *testing.T) {
 }
 
 // cork: only toward a message-oriented peer that is behind, never with
-// SetNoDelay, for headers that carry nothing, below corkMax, and only
-// while a signaled send is out (its completion posts what waits).
+// SetNoDelay, for headers that carry nothing, and below corkMax. (The
+// signaled send whose completion posts what waits is the caller's to
+// check: TestConnMessagesCork.)
 func TestLedgerCork(t *testing.T) {
 	l := openLedger(16, 16, ctrlDepth) // holdAt 2
-	require.False(t, l.corkable(2, 1, false), "a byte-stream peer: hold gathers instead")
+	require.False(t, l.cork(2, 1, false), "a byte-stream peer: hold gathers instead")
 	l.noMerge = true
-	require.True(t, l.corkable(2, 1, false))
-	require.True(t, l.cork(2, 1, false, true))
-	require.False(t, l.cork(2, 1, false, false), "no signaled send out: nothing would post it")
-	require.False(t, l.corkable(1, 1, false), "the peer keeps up")
-	require.False(t, l.corkable(2, 1, true), "the queue returns credits")
-	require.False(t, l.corkable(2, corkMax, false), "a full chain goes")
+	require.True(t, l.cork(2, 1, false))
+	require.False(t, l.cork(1, 1, false), "the peer keeps up")
+	require.False(t, l.cork(2, 1, true), "the queue returns credits")
+	require.False(t, l.cork(2, corkMax, false), "a full chain goes")
 	l.noDelay = true
-	require.False(t, l.corkable(2, 1, false))
+	require.False(t, l.cork(2, 1, false))
 }

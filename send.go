@@ -144,8 +144,9 @@ func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
 		queued -= m
 	}
 	c.tx.setPending(queued, c.msgWrite && queued > 0 && off < len(b))
-	if sigOut := c.tx.sigOut(); off < len(b) || !c.cr.cork(before, len(c.tx.sends), c.tx.carries, sigOut) {
-		if !sigOut && c.cr.corkable(before, len(c.tx.sends), c.tx.carries) {
+	cork, sigOut := c.cr.cork(before, len(c.tx.sends), c.tx.carries), c.tx.sigOut()
+	if off < len(b) || !cork || !sigOut {
+		if cork && !sigOut {
 			// The peer is behind: what goes now is signaled, so that
 			// the Writes after it may cork until its completion.
 			c.tx.signalLast()
@@ -243,11 +244,7 @@ func (c *Conn) queueSend(typ uint8, n int) {
 		c.st.CreditMessagesSent++
 	}
 	c.postReposts()
-	tight := c.tx.ring.tightAfter(0)
-	if isData(typ) {
-		tight = c.tx.ring.tightAfter(n)
-	}
-	c.tx.queue(c.cr.header(typ, tight), n, c.life.has(shutWrite))
+	c.tx.queue(c.cr.header(typ, c.tx.ring.tightAfter(n)), n, c.life.has(shutWrite))
 	// Every message consumed so far has its receive posted again, and
 	// this header reports them all: the peer knows the ring is free up to
 	// here.
