@@ -77,11 +77,11 @@ static struct rdma_cm_id *endpoint(const char *host, const char *port, int passi
 	return id;
 }
 
-static void post_recv(struct rdma_cm_id *id, char *buf, uint32_t lkey, int i) {
+// post_recv posts receive i: zero-length when the payload goes elsewhere
+// (an RDMA WRITE's, into the ring), else into its 128-byte slot of buf.
+static void post_recv(struct rdma_cm_id *id, char *buf, uint32_t lkey, int i, int zero_length) {
 	struct ibv_sge sge = {.addr = (uintptr_t)(buf + (size_t)i * 128), .length = 128, .lkey = lkey};
-	struct ibv_recv_wr wr = {.wr_id = i, .sg_list = &sge, .num_sge = 1}, *bad;
-	if (opt_write) // zero-length receives: the payload goes to the ring
-		wr.num_sge = 0;
+	struct ibv_recv_wr wr = {.wr_id = i, .sg_list = &sge, .num_sge = zero_length ? 0 : 1}, *bad;
 	if (ibv_post_recv(id->qp, &wr, &bad))
 		die("ibv_post_recv");
 }
@@ -97,7 +97,7 @@ static int receiver(const char *port) {
 	if (!rmr || !smr || !cmr)
 		die("ibv_reg_mr");
 	for (int i = 0; i < opt_window; i++)
-		post_recv(id, slots, smr->lkey, i);
+		post_recv(id, slots, smr->lkey, i, opt_write);
 	struct peer p = {.addr = (uintptr_t)ring, .rkey = rmr->rkey};
 	struct rdma_conn_param param = {.private_data = &p, .private_data_len = sizeof p, .responder_resources = 1, .initiator_depth = 1};
 	if (rdma_accept(id, &param))
@@ -117,7 +117,7 @@ static int receiver(const char *port) {
 			if (!got)
 				t0 = now();
 			got++;
-			post_recv(id, slots, smr->lkey, wc[i].wr_id);
+			post_recv(id, slots, smr->lkey, wc[i].wr_id, opt_write);
 			owed++;
 		}
 		if (owed >= opt_credit) {
@@ -148,11 +148,8 @@ static int sender(const char *host, const char *port) {
 	struct ibv_mr *smr = ibv_reg_mr(id->pd, slots, (size_t)(opt_window + 16) * 128, IBV_ACCESS_LOCAL_WRITE);
 	if (!mr || !smr)
 		die("ibv_reg_mr");
-	int save = opt_write;
-	opt_write = 0; // the credit receives are plain SEND receives
-	for (int i = 0; i < 16; i++)
-		post_recv(id, slots, smr->lkey, i);
-	opt_write = save;
+	for (int i = 0; i < 16; i++) // for the credit SENDs
+		post_recv(id, slots, smr->lkey, i, 0);
 	struct rdma_conn_param param = {.responder_resources = 1, .initiator_depth = 1};
 	if (rdma_connect(id, &param))
 		die("rdma_connect");
@@ -212,7 +209,7 @@ static int sender(const char *host, const char *port) {
 		n = ibv_poll_cq(id->recv_cq, 32, wc);
 		for (int i = 0; i < n; i++) {
 			outstanding -= ntohl(wc[i].imm_data);
-			post_recv(id, slots, smr->lkey, i % 16);
+			post_recv(id, slots, smr->lkey, wc[i].wr_id, 0);
 		}
 	}
 	while (insq > 0) {
