@@ -120,6 +120,13 @@ type Conn struct {
 	// qpDrained: the release saw every work request complete, so the QP
 	// holds none and may serve another connection (see keepQP).
 	qpDrained bool
+	// readCut: an RDMA READ of the connection did not complete, its
+	// response perhaps cut in the middle. Soft-RoCE keeps the QP's place
+	// in a multi-packet READ response across a reset, and a QP kept from
+	// such a connection took its next peer's first acknowledgement for
+	// the rest of that response and failed (measured:
+	// TestPooledQPAfterReadCut), so such a QP is not kept.
+	readCut bool
 	// cmUp: the connection manager connected the id; cmDown: it has since
 	// completed the disconnect exchange (the DREQ answered by a DREP, in
 	// either direction), after which the peer's connection manager no

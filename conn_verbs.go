@@ -514,7 +514,8 @@ const disconnectWait = 250 * time.Millisecond
 // reusableQP reports whether the QP can serve another connection: the
 // connection was dialed; every work request it had has completed (a
 // reset drops queued ones without a completion, which would leave their
-// buffers' owners waiting); its device is neither iWARP nor gone; and the
+// buffers' owners waiting), and every RDMA READ of it successfully (see
+// readCut); its device is neither iWARP nor gone; and the
 // connection manager completed the disconnect exchange, waiting up to
 // disconnectWait for that.
 //
@@ -529,7 +530,7 @@ const disconnectWait = 250 * time.Millisecond
 // drops the reply, and its dial hangs until its request is sent again,
 // seconds later. Accepts therefore create their QPs.
 func (c *Conn) reusableQP() bool {
-	if !c.dialed || !c.qpDrained || c.ar == nil || !c.dev.keepQPs || c.dev.isRemoved() {
+	if !c.dialed || !c.qpDrained || c.readCut || c.ar == nil || !c.dev.keepQPs || c.dev.isRemoved() {
 		return false
 	}
 	c.mu.Lock()

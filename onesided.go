@@ -247,13 +247,18 @@ func (c *Conn) oneSidedDone(wc ibv.WC) {
 		return
 	}
 	t.inFlight--
+	s := &t.slots[i]
 	if wc.Status != ibv.WCSuccess {
 		c.countFailed(wc.Status)
 		if wc.Status != ibv.WCFlushErr && !c.life.has(shutPeerGone) {
 			c.fail(&oneSidedError{wc.Status})
 		}
+		// A READ the peer refused got its NAK before any of a response;
+		// any other failure may have come in the middle of one.
+		if s.wr[0].Flags&ibv.SendRead != 0 && wc.Status != ibv.WCRemAccessErr && wc.Status != ibv.WCRemInvReqErr {
+			c.readCut = true
+		}
 	}
-	s := &t.slots[i]
 	s.status = wc.Status
 	if s.abandoned {
 		t.put(i)

@@ -4,8 +4,11 @@ package rdma_test
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -107,4 +110,73 @@ func TestDevicePoolBounds(t *testing.T) {
 	d = pair("the defaults again")
 	require.Positive(t, d.PooledBytes)
 	require.Equal(t, pooledQPs(1), d.PooledQPs)
+}
+
+// TestPooledQPAfterReadCut: dialed connections close, or their peers do,
+// while large RDMA READs of theirs are still arriving, and the next dial on
+// the device carries a stream both ways intact. Soft-RoCE keeps, across a
+// QP's reset, where it was in a multi-packet READ response; a QP kept from
+// a connection whose peer went first took its new peer's first
+// acknowledgement for the rest of that response and failed the new
+// connection with a reset (every time, before such QPs were given up: see
+// Conn.readCut).
+func TestPooledQPAfterReadCut(t *testing.T) {
+	needDevice(t)
+	rdma.ReleaseIdleDevices()
+	const size, reads = 4 << 20, 4
+	for round := 0; round < 6; round++ {
+		client, server, _, remote := regionPair(t, size, rdma.RemoteRead)
+		dst, err := client.RegisterRegion(size, 0)
+		require.NoError(t, err)
+		var wg sync.WaitGroup
+		var cut atomic.Int32
+		for i := 0; i < reads; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// Cut short by the Close below, or done: either is fine.
+				if err := remote.ReadAtContext(context.Background(), dst, 0, size, 0); err != nil {
+					cut.Add(1)
+				}
+			}()
+		}
+		time.Sleep(time.Duration(round/2) * 300 * time.Microsecond)
+		if round%2 == 0 {
+			require.NoError(t, client.Close())
+			wg.Wait() // (the connection's Close closed dst too)
+			require.NoError(t, server.Close())
+		} else {
+			// The peer goes first: the READs' responses stop arriving
+			// while the dialed end's QP still runs.
+			require.NoError(t, server.Close())
+			wg.Wait()
+			require.NoError(t, client.Close())
+		}
+		d := waitDevice(t, "the connection released", func(d rdma.DeviceStats, listed bool) bool { return listed && d.Connections == 0 })
+		t.Logf("round %d: %d of %d reads cut, %d QPs kept", round, cut.Load(), reads, d.PooledQPs)
+		time.Sleep(rdma.QPCooling)
+
+		c, s := pair(t, nil, nil)
+		msg := bytes.Repeat([]byte("a QP after a cut READ. "), 64<<10/23)
+		for _, dir := range []struct {
+			name string
+			w, r net.Conn
+		}{{"dialer to server", c, s}, {"server to dialer", s, c}} {
+			done := make(chan error, 1)
+			go func() {
+				_, err := dir.w.Write(msg)
+				done <- err
+			}()
+			got := make([]byte, len(msg))
+			require.NoError(t, dir.r.SetReadDeadline(time.Now().Add(10*time.Second)))
+			_, err := io.ReadFull(dir.r, got)
+			require.NoError(t, err, "round %d, %s", round, dir.name)
+			require.NoError(t, <-done, dir.name)
+			require.True(t, bytes.Equal(msg, got), "%s: the stream arrived changed", dir.name)
+		}
+		require.NoError(t, c.Close())
+		require.NoError(t, s.Close())
+		waitDevice(t, "both ends closed", func(d rdma.DeviceStats, listed bool) bool { return listed && d.Connections == 0 })
+		time.Sleep(rdma.QPCooling)
+	}
 }

@@ -405,3 +405,44 @@ func TestOneSidedArguments(t *testing.T) {
 	require.Equal(t, key, remote.Key())
 	require.Equal(t, int64(1<<20), remote.Size())
 }
+
+// TestOneSidedReadCut: a READ the peer refused leaves the QP fit to keep;
+// a READ flushed, or failed any other way, perhaps in the middle of its
+// response, does not (see Conn.readCut); WRITEs never matter.
+func TestOneSidedReadCut(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		access Access
+		status uint32
+		cut    bool
+	}{
+		{"read done", RemoteRead, ibv.WCSuccess, false},
+		{"read refused", RemoteRead, ibv.WCRemAccessErr, false},
+		{"read invalid", RemoteRead, ibv.WCRemInvReqErr, false},
+		{"read flushed", RemoteRead, ibv.WCFlushErr, true},
+		{"read timed out", RemoteRead, ibv.WCRetryExcErr, true},
+		{"write flushed", RemoteWrite, ibv.WCFlushErr, false},
+		{"write timed out", RemoteWrite, ibv.WCRetryExcErr, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newFakeConn(t, 8, 1024)
+			local := fakeRegion(p.c, 4096)
+			remote := p.c.Remote(RemoteKey{Addr: 0x900000, Size: 4096, RKey: 5, Access: tc.access})
+			errc := make(chan error, 1)
+			go func() {
+				if tc.access == RemoteRead {
+					errc <- remote.ReadAtContext(context.Background(), local, 0, 4096, 0)
+				} else {
+					errc <- remote.WriteAtContext(context.Background(), local, 0, 4096, 0)
+				}
+			}()
+			require.Eventually(t, func() bool { return len(oneSidedPosted(p)) == 1 }, 5*time.Second, time.Millisecond)
+			p.complete(ibv.WC{WRID: oneSidedPosted(p)[0].ID, Status: tc.status})
+			err := <-errc
+			require.Equal(t, tc.status == ibv.WCSuccess, err == nil, "%v", err)
+			p.c.mu.Lock()
+			defer p.c.mu.Unlock()
+			require.Equal(t, tc.cut, p.c.readCut)
+		})
+	}
+}
