@@ -34,6 +34,9 @@ type run struct {
 	// with what moved since the previous call (-i).
 	interval time.Duration
 	report   func(Interval)
+	// tail, when set (-tail), gets the latency test's breakdown of its
+	// slowest round trips (see tailProbe).
+	tail func(string)
 }
 
 // Interval is what moved during one interval of a bw or rate test: the
@@ -111,6 +114,11 @@ func (r *run) latency() (map[string]float64, error) {
 		}
 		_, err := io.ReadFull(c, back)
 		return err
+	}
+	if r.tail != nil {
+		p := newTailProbe(c)
+		roundTrip = func() error { return p.roundTrip(msg, back) }
+		defer func() { r.tail(p.report()) }()
 	}
 	// Warm-up round trips fault the buffers in and let the transport
 	// settle (credits, TCP's window) before anything counts.

@@ -98,6 +98,7 @@ type config struct {
 	asJSON        bool
 	verbose       bool
 	stats         bool
+	tail          bool
 	messages      bool
 	bufSize       int
 	sdepth        int
@@ -163,6 +164,7 @@ func parseArgs(args []string, out io.Writer) (*config, error) {
 	fs.DurationVar(&cfg.idle, "idle", 0, "instead of -test: hold one connection idle this long and report the CPU time used")
 	fs.BoolVar(&cfg.asJSON, "json", false, "print each result as a JSON object")
 	fs.BoolVar(&cfg.verbose, "v", false, "server: log every connection and error")
+	fs.BoolVar(&cfg.tail, "tail", false, "lat: split each round trip into its Write and its Read, note parks and GC cycles, and print how the round trips above the 99th percentile differ from all of them, with the Go scheduler's latencies (to stderr)")
 	fs.BoolVar(&cfg.stats, "stats", false, "rdma client: print the connections' counters (Conn.Stats) summed, and the devices' totals")
 	fs.BoolVar(&cfg.messages, "messages", false, "rdma: message-oriented Reads at both ends (Options.Messages): every Write travels as a message of its own, never gathered with others; a rate test then reports workload rate-msg")
 	fs.IntVar(&cfg.bufSize, "buffer", 0, "rdma: per-connection buffer size in bytes (0: library default)")
@@ -336,6 +338,9 @@ func main() {
 				fmt.Println(iv)
 			}
 		},
+	}
+	if cfg.tail {
+		r.tail = func(s string) { fmt.Fprintln(os.Stderr, s) }
 	}
 	if tr.name == "rdma" && cfg.poll != rdma.PollAdaptive {
 		res.Impl += " " + cfg.poll.String()
