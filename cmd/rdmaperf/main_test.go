@@ -53,6 +53,21 @@ func TestLatency(t *testing.T) {
 	}
 }
 
+// TestLatencyTail: -tail reports the round trips it timed (the warm-up's
+// too), the slowest 1 % of them beside all, and the scheduler's latencies.
+func TestLatencyTail(t *testing.T) {
+	var report string
+	r := &run{dial: startTCP(t), size: 64, count: 200, warmup: 5, conns: 1, tail: func(s string) { report = s }}
+	if _, err := r.latency(); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"tail: 205 round trips, p99 ", "scheduler latency over the run: ", "\n  all              n=205  median Write ", "\n  at or above p99  n=", "parked 0.0%"} {
+		if !strings.Contains(report, want) {
+			t.Errorf("the tail report lacks %q:\n%s", want, report)
+		}
+	}
+}
+
 func TestStream(t *testing.T) {
 	r := &run{dial: startTCP(t), size: 1000, count: 200, conns: 3}
 	m, err := r.stream()
