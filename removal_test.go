@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -62,8 +63,25 @@ func rdmaLink(t *testing.T, timeout time.Duration, args ...string) (time.Duratio
 		// so say where it sleeps and leave it.
 		stack, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stack", cmd.Process.Pid))
 		_ = cmd.Process.Kill()
-		return time.Since(start), fmt.Errorf("rdma link %s: still running after %v; kernel stack:\n%s", strings.Join(args, " "), timeout, stack)
+		return time.Since(start), fmt.Errorf("rdma link %s: still running after %v; kernel stack:\n%s\nthis process's threads blocked in the kernel:\n%s",
+			strings.Join(args, " "), timeout, stack, blockedThreads())
 	}
+}
+
+// blockedThreads gives the kernel stacks of this process's threads that
+// sleep in a system call (a cgo call into librdmacm, say), for a removal
+// that waits on them.
+func blockedThreads() string {
+	dirs, _ := filepath.Glob("/proc/self/task/*")
+	var b strings.Builder
+	for _, d := range dirs {
+		st, _ := os.ReadFile(filepath.Join(d, "stack"))
+		if len(st) == 0 || bytes.Contains(st, []byte("futex_wait")) || bytes.Contains(st, []byte("ep_poll")) {
+			continue // idle runtime threads
+		}
+		fmt.Fprintf(&b, "%s:\n%s", filepath.Base(d), st)
+	}
+	return b.String()
 }
 
 // TestDeviceRemoval deletes the RDMA device (rdma link delete) while a
