@@ -108,15 +108,22 @@ type Conn struct {
 	// dialing goroutine still uses the id, so a device removal meanwhile
 	// leaves the release to dial (removedDialing).
 	dialing, removedDialing bool
-	st                      ConnStats
-	os                      oneSided // regions and one-sided operations (region.go)
-	life                    lifecycle
-	cr                      ledger
-	tx                      sendRing
-	rx                      recvRing
-	rs                      resizer // rings that follow the traffic (resize.go)
-	heard                   uint64  // successful completions: the peer or its NIC answered
-	qpBroken                bool    // a failed completion disconnected the QP
+	// releasedLater: a removal of the device started the release on a
+	// goroutine of its own (releaseLater), which holds readMu and writeMu
+	// until it is done. Close then does not wait for it: the release
+	// destroys the id last, and a kernel that keeps a removed device's
+	// id from being destroyed (seen once in the test bed, during the
+	// device's deletion) would otherwise hold Close forever. Under mu.
+	releasedLater bool
+	st            ConnStats
+	os            oneSided // regions and one-sided operations (region.go)
+	life          lifecycle
+	cr            ledger
+	tx            sendRing
+	rx            recvRing
+	rs            resizer // rings that follow the traffic (resize.go)
+	heard         uint64  // successful completions: the peer or its NIC answered
+	qpBroken      bool    // a failed completion disconnected the QP
 	// qpDrained: the release saw every work request complete, so the QP
 	// holds none and may serve another connection (see keepQP).
 	qpDrained bool

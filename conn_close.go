@@ -92,7 +92,16 @@ func (c *Conn) Close() error {
 	for _, r := range c.os.regions {
 		r.closed = true
 	}
+	later := c.releasedLater
 	c.mu.Unlock()
+	if later {
+		// The device's removal failed the connection and is releasing
+		// it (see releasedLater): nothing is left for Close to send or
+		// wait for.
+		c.rdl.stop()
+		c.wdl.stop()
+		return nil
+	}
 	// Wait for Reads and Writes to leave: the teardown frees their buffers.
 	c.writeMu.Lock()
 	c.readMu.Lock()
@@ -338,7 +347,13 @@ func (c *Conn) deviceRemoved() {
 // went away, on a goroutine of its own (it waits for completions and
 // destroys the id).
 func (c *Conn) releaseLater() {
+	c.mu.Lock()
+	c.releasedLater = true
+	c.mu.Unlock()
+	// Counted with Close's releases: Close does not wait for this one.
+	releasing.Add(1)
 	go func() {
+		defer releasing.Done()
 		// Reads and Writes in progress use the registered memory: they
 		// have been failed, so they leave soon.
 		c.writeMu.Lock()

@@ -141,3 +141,32 @@ func TestConnDeviceRemoved(t *testing.T) {
 	_, err := p.c.Write([]byte("x"))
 	require.ErrorIs(t, err, ErrNoDevice)
 }
+
+// TestConnCloseBesideRemovalRelease: once a device's removal has started
+// the connection's release on a goroutine of its own (releaseLater), Close
+// returns at once instead of waiting for it: the release holds readMu and
+// writeMu until it has destroyed the id, which a kernel deleting the
+// device was seen to hold forever.
+func TestConnCloseBesideRemovalRelease(t *testing.T) {
+	p := newFakeConn(t, 8, 1024)
+	c := p.c
+	c.mu.Lock()
+	c.life.set(shutPeerGone)
+	c.fail(&deviceError{syscall.ENODEV})
+	c.releasedLater = true
+	c.mu.Unlock()
+	// The release, stuck: it holds what Close would otherwise wait for.
+	c.writeMu.Lock()
+	c.readMu.Lock()
+	defer c.writeMu.Unlock()
+	defer c.readMu.Unlock()
+	done := make(chan error, 1)
+	go func() { done <- c.Close() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close waited for the removal's release")
+	}
+	require.ErrorIs(t, c.Close(), net.ErrClosed, "a second Close")
+}
