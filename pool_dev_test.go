@@ -5,6 +5,7 @@ package rdma_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -57,25 +58,8 @@ func TestPooledQPAfterFailure(t *testing.T) {
 	require.Zero(t, d.PooledQPs, "the new dial took the kept QP")
 	require.Equal(t, 2, d.Connections)
 
-	// A stream each way, long enough to grow the rings, checked byte for
-	// byte.
-	msg := bytes.Repeat([]byte("pooled QP, new peer. "), 200<<10/21)
-	for _, dir := range []struct {
-		name string
-		w, r net.Conn
-	}{{"dialer to server", c, s}, {"server to dialer", s, c}} {
-		done := make(chan error, 1)
-		go func() {
-			_, err := dir.w.Write(msg)
-			done <- err
-		}()
-		got := make([]byte, len(msg))
-		require.NoError(t, dir.r.SetReadDeadline(time.Now().Add(10*time.Second)))
-		_, err := io.ReadFull(dir.r, got)
-		require.NoError(t, err, dir.name)
-		require.NoError(t, <-done, dir.name)
-		require.True(t, bytes.Equal(msg, got), "%s: the stream arrived changed", dir.name)
-	}
+	// A stream each way, long enough to grow the rings.
+	streamBothWays(t, c, s, bytes.Repeat([]byte("pooled QP, new peer. "), 200<<10/21), "")
 	require.NoError(t, c.Close())
 	require.NoError(t, s.Close())
 	d = waitDevice(t, "both ends closed", func(d rdma.DeviceStats, listed bool) bool { return listed && d.Connections == 0 })
@@ -157,26 +141,34 @@ func TestPooledQPAfterReadCut(t *testing.T) {
 		time.Sleep(rdma.QPCooling)
 
 		c, s := pair(t, nil, nil)
-		msg := bytes.Repeat([]byte("a QP after a cut READ. "), 64<<10/23)
-		for _, dir := range []struct {
-			name string
-			w, r net.Conn
-		}{{"dialer to server", c, s}, {"server to dialer", s, c}} {
-			done := make(chan error, 1)
-			go func() {
-				_, err := dir.w.Write(msg)
-				done <- err
-			}()
-			got := make([]byte, len(msg))
-			require.NoError(t, dir.r.SetReadDeadline(time.Now().Add(10*time.Second)))
-			_, err := io.ReadFull(dir.r, got)
-			require.NoError(t, err, "round %d, %s", round, dir.name)
-			require.NoError(t, <-done, dir.name)
-			require.True(t, bytes.Equal(msg, got), "%s: the stream arrived changed", dir.name)
-		}
+		streamBothWays(t, c, s, bytes.Repeat([]byte("a QP after a cut READ. "), 64<<10/23), fmt.Sprintf("round %d, ", round))
 		require.NoError(t, c.Close())
 		require.NoError(t, s.Close())
 		waitDevice(t, "both ends closed", func(d rdma.DeviceStats, listed bool) bool { return listed && d.Connections == 0 })
 		time.Sleep(rdma.QPCooling)
+	}
+}
+
+// streamBothWays sends msg from the dialed end c to the accepted end s and
+// back, each Write beside the Read that takes it (a message larger than
+// the peer's ring waits for it), and requires it to arrive whole and
+// unchanged; label prefixes the failure messages.
+func streamBothWays(t *testing.T, c, s net.Conn, msg []byte, label string) {
+	t.Helper()
+	for _, dir := range []struct {
+		name string
+		w, r net.Conn
+	}{{"dialer to server", c, s}, {"server to dialer", s, c}} {
+		done := make(chan error, 1)
+		go func() {
+			_, err := dir.w.Write(msg)
+			done <- err
+		}()
+		got := make([]byte, len(msg))
+		require.NoError(t, dir.r.SetReadDeadline(time.Now().Add(10*time.Second)))
+		_, err := io.ReadFull(dir.r, got)
+		require.NoError(t, err, label+dir.name)
+		require.NoError(t, <-done, label+dir.name)
+		require.True(t, bytes.Equal(msg, got), "%s%s: the stream arrived changed", label, dir.name)
 	}
 }
