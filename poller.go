@@ -4,6 +4,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/goverbs/rdma/internal/ibv"
 )
@@ -61,12 +62,14 @@ type poller struct {
 	cqMu sync.Mutex               // serializes polling (and the device's resizing)
 	wcs  [ibv.MaxPollBatch]ibv.WC // the batch being dispatched, under cqMu
 
+	idle idlePhase // run's idle polls; run's own
+
 	connsMu sync.RWMutex
 	conns   map[uint32]completer // by QP number
 }
 
 func newPoller(cq completionQueue, ch eventWaiter) *poller {
-	return &poller{cq: cq, ch: ch, done: make(chan struct{}), wake: make(chan struct{}, 1), conns: map[uint32]completer{}}
+	return &poller{cq: cq, ch: ch, done: make(chan struct{}), wake: make(chan struct{}, 1), conns: map[uint32]completer{}, idle: newIdlePhase()}
 }
 
 func (p *poller) add(qpNum uint32, c completer) {
@@ -163,14 +166,15 @@ func (p *poller) poll(flush []completer) int {
 }
 
 // run is the poller goroutine: poll in batches while completions come,
-// spin a little when they stop, then arm the CQ, poll once more (a
-// completion that landed before arming raises no event) and park on the
-// completion channel. It returns once stopped, or when arming or waiting
-// fails.
+// spin a little when they stop (as long as p.idle says it pays), then arm
+// the CQ, poll once more (a completion that landed before arming raises no
+// event) and park on the completion channel. It returns once stopped, or
+// when arming or waiting fails.
 func (p *poller) run() {
 	defer close(p.done)
 	var fl [ibv.MaxPollBatch]completer
 	idle := 0
+	var idleStart time.Time
 	for {
 		if p.poll(fl[:0]) > 0 {
 			idle = 0
@@ -184,10 +188,16 @@ func (p *poller) run() {
 			idle = 0
 			continue
 		}
-		if idle < idlePolls {
+		if idle < p.idle.polls {
+			if idle == 0 {
+				idleStart = time.Now()
+			}
 			idle++
 			runtime.Gosched()
 			continue
+		}
+		if idle > 0 {
+			p.idle.spent(idle, time.Since(idleStart))
 		}
 		if err := p.cq.ReqNotify(); err != nil {
 			return
@@ -196,10 +206,50 @@ func (p *poller) run() {
 			idle = 0
 			continue
 		}
+		parked := time.Now()
 		if err := p.ch.Wait(); err != nil {
 			return
 		}
+		p.idle.parked(time.Since(parked))
 		idle = 0
+	}
+}
+
+// idlePhase sizes the poller's idle phase: how many empty polls, yielding
+// between them, it makes before it arms the CQ and parks (idlePolls at
+// most). Polling on pays when the next completion follows soon (the reply
+// of a ping-pong whose peer answers within microseconds: it is then picked
+// up without a wakeup). It does not pay when completions come further
+// apart than the phase lasts, and there it costs more than its CPU: where
+// the provider does a message's receive work on the receiving host's CPUs
+// (rxe on a host with one CPU, whose round trips across the network take a
+// millisecond or more), a poller that polls on delays the very completion
+// it waits for. A park shows which case holds: one that ended sooner than a
+// full phase lasts would have been caught by the phase, and restores it;
+// one that lasted longer halves it, down to none.
+type idlePhase struct {
+	polls   int           // empty polls of the next phase
+	perPoll time.Duration // moving average of one empty poll and its yield
+}
+
+func newIdlePhase() idlePhase { return idlePhase{polls: idlePolls} }
+
+// spent records a phase of n empty polls that took d and ended in arming.
+func (s *idlePhase) spent(n int, d time.Duration) {
+	per := d / time.Duration(n)
+	if s.perPoll == 0 {
+		s.perPoll = per
+	} else {
+		s.perPoll += (per - s.perPoll) / 8
+	}
+}
+
+// parked records a park that lasted d.
+func (s *idlePhase) parked(d time.Duration) {
+	if d < idlePolls*s.perPoll {
+		s.polls = idlePolls
+	} else {
+		s.polls /= 2
 	}
 }
 

@@ -21,6 +21,7 @@ type fakeCQ struct {
 	onArm     func()
 	pollErr   error
 	lastLimit int
+	delay     time.Duration // each poll takes this long
 }
 
 func (q *fakeCQ) Poll(wcs []ibv.WC) (int, error) {
@@ -28,6 +29,7 @@ func (q *fakeCQ) Poll(wcs []ibv.WC) (int, error) {
 	defer q.mu.Unlock()
 	q.polls++
 	q.lastLimit = len(wcs)
+	time.Sleep(q.delay)
 	if q.pollErr != nil {
 		return 0, q.pollErr
 	}
@@ -224,6 +226,65 @@ func TestPollerRunParksAndWakes(t *testing.T) {
 	default:
 		t.Fatal("shutdown returned before run")
 	}
+}
+
+// The idle phase follows the parks: a park longer than a full phase halves
+// it, down to none; one shorter than a full phase restores it.
+func TestIdlePhase(t *testing.T) {
+	s := newIdlePhase()
+	require.Equal(t, idlePolls, s.polls)
+	s.spent(idlePolls, idlePolls*10*time.Microsecond) // 10 µs a poll
+	require.Equal(t, 10*time.Microsecond, s.perPoll)
+	full := idlePolls * s.perPoll
+	for want := idlePolls / 2; want >= 0; want /= 2 {
+		s.parked(full + time.Microsecond)
+		require.Equal(t, want, s.polls)
+		if want == 0 {
+			break
+		}
+	}
+	s.parked(full + time.Microsecond)
+	require.Zero(t, s.polls, "none stays none while parks are long")
+	s.parked(full - time.Microsecond)
+	require.Equal(t, idlePolls, s.polls, "a park the phase would have caught restores it")
+
+	// The cost of a poll is a moving average: one slow phase moves it by
+	// an eighth of the difference.
+	s.spent(1, 90*time.Microsecond)
+	require.Equal(t, 20*time.Microsecond, s.perPoll)
+}
+
+// The poller goroutine adapts its idle phase: parks longer than the phase
+// leave it without idle polls, and a short one brings them back.
+func TestPollerIdlePhaseFollowsParks(t *testing.T) {
+	// A phase takes at least idlePolls × 500 µs (32 ms); a park of 150 ms
+	// is longer, one that ends at once shorter.
+	cq := &fakeCQ{delay: 500 * time.Microsecond}
+	ch := newFakeChannel()
+	p := newPoller(cq, ch)
+	go p.run()
+	polls := func() int {
+		cq.mu.Lock()
+		defer cq.mu.Unlock()
+		return cq.polls
+	}
+	<-ch.waits // parked after a full idle phase
+	for range 8 {
+		time.Sleep(150 * time.Millisecond)
+		ch.events <- struct{}{}
+		<-ch.waits
+	}
+	before := polls()
+	time.Sleep(150 * time.Millisecond)
+	ch.events <- struct{}{}
+	<-ch.waits
+	require.Equal(t, 2, polls()-before, "after long parks: a poll, no idle phase, one after arming")
+	// A park that ends at once (sooner than a phase lasts) restores it.
+	before = polls()
+	ch.events <- struct{}{}
+	<-ch.waits
+	require.Equal(t, idlePolls+2, polls()-before)
+	p.shutdown(ch.interrupt)
 }
 
 func TestPollerStepsAsideForSpinners(t *testing.T) {

@@ -108,8 +108,14 @@ func (w *waiter) wait(ready, closing chan struct{}, dl *deadline, avg *time.Dura
 		budget := w.spinTime
 		if *avg < maxAdaptiveSpin {
 			budget = max(budget, 2**avg)
+		} else if *avg > max(budget, maxAdaptiveSpin) {
+			// The recent waits outlasted any spin: this one parks at
+			// once, as a spin would only delay the peer's answer where
+			// its receive work needs this CPU (see idlePhase). A wait
+			// that ends soon pulls the average back down.
+			budget = 0
 		}
-		if adaptiveSpins.enter() {
+		if budget > 0 && adaptiveSpins.enter() {
 			spun = !w.spin(ready, closing, budget)
 			adaptiveSpins.leave()
 		}

@@ -94,15 +94,27 @@ func TestWaitAdaptive(t *testing.T) {
 		signaled.Store(true)
 		signal(ready)
 	}()
-	// The average is clipped at twice maxAdaptiveSpin, so a parked wait
+	// Recent waits far longer than any spin: it parks at once. The
+	// average is clipped at twice maxAdaptiveSpin, so a parked wait
 	// cannot drag it far above the spin limit. (No clock is compared: the
 	// test bed's vCPUs may disagree about the time.)
 	avg := 10 * time.Second
-	w.wait(ready, make(chan struct{}), dl, &avg)
+	require.False(t, w.wait(ready, make(chan struct{}), dl, &avg), "parked")
 	require.True(t, signaled.Load(), "it waited for the signal")
-	require.Positive(t, sp.polls.Load(), "it spun first")
+	require.Zero(t, sp.polls.Load(), "no spin after long waits")
 	require.Less(t, avg, 10*time.Second)
 	require.Greater(t, avg, 2*maxAdaptiveSpin)
+
+	// Waits as long, but a SpinTime longer still: it spins first.
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		signal(ready)
+	}()
+	w = waiter{mode: PollAdaptive, spinTime: time.Millisecond, sp: sp}
+	avg = maxAdaptiveSpin + time.Microsecond
+	w.spinTime = time.Hour
+	require.True(t, w.wait(ready, make(chan struct{}), dl, &avg), "caught spinning")
+	require.Positive(t, sp.polls.Load(), "it spun")
 
 	// Short recent waits stretch the spin: a reply found after spinTime
 	// but within twice the average is still caught spinning. The reply
