@@ -228,7 +228,11 @@ type Options struct {
 	// waits (a round trip) then cost no wakeup, at the price of CPU while
 	// spinning. While a connection's recent waits were shorter than a
 	// millisecond it spins up to twice their average instead, if that is
-	// longer. Default 50µs; negative is the same as PollEvent.
+	// longer; while they were longer than both a millisecond and SpinTime
+	// it parks at once (a spin would not have caught them, and where the
+	// provider does a message's receive work on this host's CPUs, as
+	// Soft-RoCE does, spinning delays it). Default 50µs; negative is the
+	// same as PollEvent.
 	SpinTime time.Duration
 }
 

@@ -21,8 +21,9 @@ type PollMode int
 
 const (
 	// PollAdaptive spins for Options.SpinTime (longer while the
-	// connection's recent waits were short), then parks: round trips are
-	// caught without a wakeup, an idle connection costs nothing. At most
+	// connection's recent waits were short, not at all while they were
+	// long), then parks: round trips are caught without a wakeup, an idle
+	// connection costs nothing. At most
 	// GOMAXPROCS-1 waits (at least one) spin at once in the process; the
 	// others park at once, and whoever polls wakes them.
 	PollAdaptive PollMode = iota
