@@ -53,11 +53,13 @@ import (
 	"log"
 	"net"
 	"os"
+	"os/signal"
 	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/goverbs/rdma"
@@ -174,7 +176,7 @@ func parseArgs(args []string, out io.Writer) (*config, error) {
 	fs.DurationVar(&cfg.spin, "spin", 0, "rdma: with -poll adaptive, how long a waiting Read/Write polls before it parks (0: library default, 50µs, longer while recent waits were short)")
 	fs.BoolVar(&cfg.keepConns, "keep", false, "http: the README's Transport, which keeps an idle connection for each of the -P clients (MaxIdleConnsPerHost), instead of http.DefaultTransport's two; reports workload http-kept")
 	fs.BoolVar(&cfg.noDelay, "nodelay", false, "rdma client: SetNoDelay(true) on every connection: a small Write goes out at once even while the peer is behind (Go's TCP connections have it on already)")
-	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write the process's CPU profile (runtime/pprof) to `file` when the client's test ends")
+	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write the process's CPU profile (runtime/pprof) to `file` when the client's test ends, or when the server is stopped by SIGINT or SIGTERM")
 	// iperf3's names for the same settings, for its users' fingers.
 	fs.Var(seconds{&cfg.duration}, "t", "alias of -duration (iperf3): `seconds`")
 	fs.IntVar(&cfg.conns, "P", cfg.conns, "alias of -conns (iperf3)")
@@ -278,6 +280,21 @@ func main() {
 		if err != nil {
 			log.Fatal(err)
 		}
+		if cfg.cpuProfile != "" {
+			stop, err := startProfile(cfg.cpuProfile)
+			if err != nil {
+				log.Fatal(err)
+			}
+			// A server runs until it is stopped: the profile is written
+			// then, and the server exits as the signal would have made it.
+			sig := make(chan os.Signal, 1)
+			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+			go func() {
+				<-sig
+				stop()
+				os.Exit(1)
+			}()
+		}
 		log.Printf("%s server listening on %s", tr.name, ln.Addr())
 		log.Fatal(serve(ln, cfg.verbose))
 	}
@@ -356,18 +373,8 @@ func main() {
 	}
 	stopProfile := func() {}
 	if cfg.cpuProfile != "" {
-		f, err := os.Create(cfg.cpuProfile)
-		if err != nil {
+		if stopProfile, err = startProfile(cfg.cpuProfile); err != nil {
 			log.Fatal(err)
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			log.Fatal(err)
-		}
-		stopProfile = func() {
-			pprof.StopCPUProfile()
-			if err := f.Close(); err != nil {
-				log.Print(err)
-			}
 		}
 	}
 	cgo0 := runtime.NumCgoCall()
@@ -567,4 +574,23 @@ func withDefaultPort(hostport string) string {
 	}
 	host := strings.TrimSuffix(strings.TrimPrefix(hostport, "["), "]")
 	return net.JoinHostPort(host, defaultPort)
+}
+
+// startProfile starts the process's CPU profile into file; stop ends it
+// and closes the file.
+func startProfile(file string) (stop func(), err error) {
+	f, err := os.Create(file)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			log.Print(err)
+		}
+	}, nil
 }

@@ -10,11 +10,13 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -712,5 +714,37 @@ func TestRenderSetup(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("rendered table lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// A server started with -cpuprofile writes the profile when it is stopped
+// by SIGTERM.
+func TestServerCPUProfile(t *testing.T) {
+	prof := filepath.Join(t.TempDir(), "srv.prof")
+	cmd := command(context.Background(), t, "-s", "-addr", "127.0.0.1:0", "-net", "tcp", "-cpuprofile", prof)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() && !strings.Contains(sc.Text(), " server listening on ") {
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	go io.Copy(io.Discard, stderr)
+	if err := cmd.Wait(); err == nil {
+		t.Error("a server stopped by SIGTERM exited with status 0")
+	}
+	b, err := os.ReadFile(prof)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(b, []byte{0x1f, 0x8b}) {
+		t.Fatalf("the profile is not gzipped protobuf: %d bytes", len(b))
 	}
 }
