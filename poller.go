@@ -173,10 +173,13 @@ func (p *poller) poll(flush []completer) int {
 func (p *poller) run() {
 	defer close(p.done)
 	var fl [ibv.MaxPollBatch]completer
-	idle := 0
+	idle, limit := 0, 0
 	var idleStart time.Time
 	for {
 		if p.poll(fl[:0]) > 0 {
+			if idle > 0 {
+				p.idle.caught()
+			}
 			idle = 0
 			continue
 		}
@@ -188,10 +191,12 @@ func (p *poller) run() {
 			idle = 0
 			continue
 		}
-		if idle < p.idle.polls {
-			if idle == 0 {
+		if idle == 0 {
+			if limit = p.idle.next(); limit > 0 {
 				idleStart = time.Now()
 			}
+		}
+		if idle < limit {
 			idle++
 			runtime.Gosched()
 			continue
@@ -215,6 +220,15 @@ func (p *poller) run() {
 	}
 }
 
+// shutdown makes run return: the caller has made the event channel's Wait
+// fail (interrupted it) or will; shutdown waits for run to finish.
+func (p *poller) shutdown(interrupt func()) {
+	p.stop.Store(true)
+	signal(p.wake)
+	interrupt()
+	<-p.done
+}
+
 // idlePhase sizes the poller's idle phase: how many empty polls, yielding
 // between them, it makes before it arms the CQ and parks (idlePolls at
 // most). Polling on pays when the next completion follows soon (the reply
@@ -224,15 +238,38 @@ func (p *poller) run() {
 // the provider does a message's receive work on the receiving host's CPUs
 // (rxe on a host with one CPU, whose round trips across the network take a
 // millisecond or more), a poller that polls on delays the very completion
-// it waits for. A park shows which case holds: one that ended sooner than a
-// full phase lasts would have been caught by the phase, and restores it;
-// one that lasted longer halves it, down to none.
+// it waits for. A phase that finds a completion, or a park that ended
+// sooner than a full phase lasts (which the phase would have caught),
+// restores the full phase; a park that lasted longer halves it, down to
+// none. Without one, every probeEvery-th phase is a full one all the same,
+// so that traffic whose completions come close again is noticed even where
+// a park's wakeup takes longer than a phase.
 type idlePhase struct {
-	polls   int           // empty polls of the next phase
+	polls   int           // empty polls of a phase
 	perPoll time.Duration // moving average of one empty poll and its yield
+	skipped int           // phases skipped in a row, polls being 0
 }
 
+// probeEvery is how often a poller whose idle phase has shrunk to nothing
+// makes a full one: often enough to notice a change of traffic within a
+// few dozen round trips, rarely enough to cost a sixteenth of the phase.
+const probeEvery = 16
+
 func newIdlePhase() idlePhase { return idlePhase{polls: idlePolls} }
+
+// next returns the empty polls of the phase starting now.
+func (s *idlePhase) next() int {
+	if s.polls > 0 {
+		return s.polls
+	}
+	if s.skipped++; s.skipped%probeEvery == 0 {
+		return idlePolls
+	}
+	return 0
+}
+
+// caught records a phase that found a completion.
+func (s *idlePhase) caught() { s.polls, s.skipped = idlePolls, 0 }
 
 // spent records a phase of n empty polls that took d and ended in arming.
 func (s *idlePhase) spent(n int, d time.Duration) {
@@ -247,17 +284,8 @@ func (s *idlePhase) spent(n int, d time.Duration) {
 // parked records a park that lasted d.
 func (s *idlePhase) parked(d time.Duration) {
 	if d < idlePolls*s.perPoll {
-		s.polls = idlePolls
+		s.caught()
 	} else {
 		s.polls /= 2
 	}
-}
-
-// shutdown makes run return: the caller has made the event channel's Wait
-// fail (interrupted it) or will; shutdown waits for run to finish.
-func (p *poller) shutdown(interrupt func()) {
-	p.stop.Store(true)
-	signal(p.wake)
-	interrupt()
-	<-p.done
 }

@@ -229,10 +229,11 @@ func TestPollerRunParksAndWakes(t *testing.T) {
 }
 
 // The idle phase follows the parks: a park longer than a full phase halves
-// it, down to none; one shorter than a full phase restores it.
+// it, down to none; one shorter than a full phase, or a phase that finds a
+// completion, restores it; without one, every probeEvery-th phase is full.
 func TestIdlePhase(t *testing.T) {
 	s := newIdlePhase()
-	require.Equal(t, idlePolls, s.polls)
+	require.Equal(t, idlePolls, s.next())
 	s.spent(idlePolls, idlePolls*10*time.Microsecond) // 10 µs a poll
 	require.Equal(t, 10*time.Microsecond, s.perPoll)
 	full := idlePolls * s.perPoll
@@ -242,11 +243,23 @@ func TestIdlePhase(t *testing.T) {
 		if want == 0 {
 			break
 		}
+		require.Equal(t, want, s.next())
 	}
 	s.parked(full + time.Microsecond)
 	require.Zero(t, s.polls, "none stays none while parks are long")
+	for i := 1; i < 2*probeEvery; i++ {
+		want := 0
+		if i%probeEvery == 0 {
+			want = idlePolls
+		}
+		require.Equal(t, want, s.next(), "phase %d", i)
+	}
 	s.parked(full - time.Microsecond)
-	require.Equal(t, idlePolls, s.polls, "a park the phase would have caught restores it")
+	require.Equal(t, idlePolls, s.next(), "a park the phase would have caught restores it")
+
+	s.polls = 0
+	s.caught()
+	require.Equal(t, idlePolls, s.next(), "a phase that found a completion restores it")
 
 	// The cost of a poll is a moving average: one slow phase moves it by
 	// an eighth of the difference.
