@@ -135,6 +135,7 @@ func (c *Conn) setup(opts Options) error {
 		c.vqp, ar.inline = ibv.QPFrom(qp), inline
 	}
 	inline := ar.inline
+	c.vqp.SerialPosts = dev.serialPosts
 	cqs.add(c.vqp.Num, c)
 	c.mu.Lock()
 	defer c.mu.Unlock()

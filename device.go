@@ -44,6 +44,8 @@ type device struct {
 	// noResize: the device cannot resize a CQ (known for siw, else
 	// found on the first try); under devMu.
 	noResize bool
+	// serialPosts: its QPs' posts take turns (see ibv.QP.SerialPosts).
+	serialPosts bool
 
 	refs       int         // under devMu
 	registered int         // bytes connections registered, under devMu
@@ -251,6 +253,7 @@ func newDevice(ctx *ibv.Context) (*device, error) {
 			// that CQ fixedCQE entries, which keeps libsiw's bad
 			// mmap key away (see fixedCQE).
 			d.noResize = true
+			d.serialPosts = true
 		}
 		d.maxCQE = a.MaxCQE
 		d.initDepth, d.respDepth = readDepth(a.MaxQPInitRdAtom), readDepth(a.MaxQPRdAtom)

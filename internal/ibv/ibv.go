@@ -692,15 +692,20 @@ type QP struct {
 	qp *C.struct_ibv_qp
 	// Num is the QP number completions carry.
 	Num uint32
-	// postMu serializes this QP's ibv_post_send calls. Providers guard
-	// the send queue with a spin lock, and siw holds it across the system
-	// call that transmits the data: a second goroutine posting meanwhile
-	// spun in C for as long as the first was in the kernel, and, its CPU
-	// shared with the holder, for whole time slices (85 % of a process's
-	// CPU in pthread_spin_lock, and 9 ms per 64 KiB one-sided WRITE, with
-	// a few of them in flight on soft-iWARP). A goroutine waiting here
-	// parks instead. Uncontended, it costs a lock and an unlock per post.
-	postMu sync.Mutex
+	// SerialPosts, set before the QP's first post, makes its posts take
+	// turns in Go. Providers guard the send queue with a spin lock, and
+	// siw holds it across the system call that transmits the data: a
+	// second goroutine posting meanwhile spun in C for as long as the
+	// first was in the kernel and, its CPU shared with the holder, for
+	// whole time slices (85 % of a process's CPU in pthread_spin_lock, and
+	// 9 ms per 64 KiB one-sided WRITE, with a few in flight on
+	// soft-iWARP). A goroutine waiting for postMu parks instead. Where the
+	// lock is not held across the system call (rxe, where posts in turn
+	// cost a stream of 4 KiB messages 5 % in an interleaved run) or the
+	// post is a few stores (a hardware NIC), posts are left to the
+	// provider.
+	SerialPosts bool
+	postMu      sync.Mutex
 }
 
 // QPFrom wraps an ibv_qp pointer from rdmacm.ID.CreateQP.
@@ -726,8 +731,10 @@ func (qp *QP) PostSends(wrs []SendWR) error {
 	if len(wrs) == 0 {
 		return nil
 	}
-	qp.postMu.Lock()
-	defer qp.postMu.Unlock()
+	if qp.SerialPosts {
+		qp.postMu.Lock()
+		defer qp.postMu.Unlock()
+	}
 	r := C.gv_post_sends(C.uintptr_t(uintptr(unsafe.Pointer(qp.qp))), C.int(len(wrs)), (*C.struct_gv_send)(unsafe.Pointer(unsafe.SliceData(wrs))))
 	if r != 0 {
 		return os.NewSyscallError("ibv_post_send", errno(r))
@@ -754,8 +761,10 @@ func (qp *QP) PostFetchAdd(wr WriteWR, add uint64) error {
 }
 
 func (qp *QP) postRDMA(op C.int, wr WriteWR, add uint64) error {
-	qp.postMu.Lock()
-	defer qp.postMu.Unlock()
+	if qp.SerialPosts {
+		qp.postMu.Lock()
+		defer qp.postMu.Unlock()
+	}
 	r := C.gv_post_rdma(C.uintptr_t(uintptr(unsafe.Pointer(qp.qp))), op, C.uint64_t(wr.ID), C.uint64_t(wr.Addr),
 		C.uint32_t(wr.Len), C.uint32_t(wr.LKey), C.uint64_t(wr.RemoteAddr), C.uint32_t(wr.RKey), C.int(wr.Flags), C.uint64_t(add))
 	if r != 0 {
