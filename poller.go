@@ -62,14 +62,15 @@ type poller struct {
 	cqMu sync.Mutex               // serializes polling (and the device's resizing)
 	wcs  [ibv.MaxPollBatch]ibv.WC // the batch being dispatched, under cqMu
 
-	idle idlePhase // run's idle polls; run's own
+	idle idlePhase        // run's idle polls; run's own
+	now  func() time.Time // the clock that times them (a fake in tests)
 
 	connsMu sync.RWMutex
 	conns   map[uint32]completer // by QP number
 }
 
 func newPoller(cq completionQueue, ch eventWaiter) *poller {
-	return &poller{cq: cq, ch: ch, done: make(chan struct{}), wake: make(chan struct{}, 1), conns: map[uint32]completer{}, idle: newIdlePhase()}
+	return &poller{cq: cq, ch: ch, done: make(chan struct{}), wake: make(chan struct{}, 1), conns: map[uint32]completer{}, idle: newIdlePhase(), now: time.Now}
 }
 
 func (p *poller) add(qpNum uint32, c completer) {
@@ -193,7 +194,7 @@ func (p *poller) run() {
 		}
 		if idle == 0 {
 			if limit = p.idle.next(); limit > 0 {
-				idleStart = time.Now()
+				idleStart = p.now()
 			}
 		}
 		if idle < limit {
@@ -202,20 +203,23 @@ func (p *poller) run() {
 			continue
 		}
 		if idle > 0 {
-			p.idle.spent(idle, time.Since(idleStart))
+			p.idle.spent(idle, p.now().Sub(idleStart))
 		}
 		if err := p.cq.ReqNotify(); err != nil {
 			return
 		}
 		if p.poll(fl[:0]) > 0 {
+			// It came just after the phase: polling on would have
+			// caught it.
+			p.idle.caught()
 			idle = 0
 			continue
 		}
-		parked := time.Now()
+		parked := p.now()
 		if err := p.ch.Wait(); err != nil {
 			return
 		}
-		p.idle.parked(time.Since(parked))
+		p.idle.parked(p.now().Sub(parked))
 		idle = 0
 	}
 }
@@ -227,65 +231,4 @@ func (p *poller) shutdown(interrupt func()) {
 	signal(p.wake)
 	interrupt()
 	<-p.done
-}
-
-// idlePhase sizes the poller's idle phase: how many empty polls, yielding
-// between them, it makes before it arms the CQ and parks (idlePolls at
-// most). Polling on pays when the next completion follows soon (the reply
-// of a ping-pong whose peer answers within microseconds: it is then picked
-// up without a wakeup). It does not pay when completions come further
-// apart than the phase lasts, and there it costs more than its CPU: where
-// the provider does a message's receive work on the receiving host's CPUs
-// (rxe on a host with one CPU, whose round trips across the network take a
-// millisecond or more), a poller that polls on delays the very completion
-// it waits for. A phase that finds a completion, or a park that ended
-// sooner than a full phase lasts (which the phase would have caught),
-// restores the full phase; a park that lasted longer halves it, down to
-// none. Without one, every probeEvery-th phase is a full one all the same,
-// so that traffic whose completions come close again is noticed even where
-// a park's wakeup takes longer than a phase.
-type idlePhase struct {
-	polls   int           // empty polls of a phase
-	perPoll time.Duration // moving average of one empty poll and its yield
-	skipped int           // phases skipped in a row, polls being 0
-}
-
-// probeEvery is how often a poller whose idle phase has shrunk to nothing
-// makes a full one: often enough to notice a change of traffic within a
-// few dozen round trips, rarely enough to cost a sixteenth of the phase.
-const probeEvery = 16
-
-func newIdlePhase() idlePhase { return idlePhase{polls: idlePolls} }
-
-// next returns the empty polls of the phase starting now.
-func (s *idlePhase) next() int {
-	if s.polls > 0 {
-		return s.polls
-	}
-	if s.skipped++; s.skipped%probeEvery == 0 {
-		return idlePolls
-	}
-	return 0
-}
-
-// caught records a phase that found a completion.
-func (s *idlePhase) caught() { s.polls, s.skipped = idlePolls, 0 }
-
-// spent records a phase of n empty polls that took d and ended in arming.
-func (s *idlePhase) spent(n int, d time.Duration) {
-	per := d / time.Duration(n)
-	if s.perPoll == 0 {
-		s.perPoll = per
-	} else {
-		s.perPoll += (per - s.perPoll) / 8
-	}
-}
-
-// parked records a park that lasted d.
-func (s *idlePhase) parked(d time.Duration) {
-	if d < idlePolls*s.perPoll {
-		s.caught()
-	} else {
-		s.polls /= 2
-	}
 }

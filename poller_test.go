@@ -3,6 +3,7 @@ package rdma
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,15 +22,25 @@ type fakeCQ struct {
 	onArm     func()
 	pollErr   error
 	lastLimit int
-	delay     time.Duration // each poll takes this long
+	// clock, if set, advances by pollCost at each poll.
+	clock    *fakeClock
+	pollCost time.Duration
 }
+
+// fakeClock is a clock that moves only when told to.
+type fakeClock struct{ ns atomic.Int64 }
+
+func (c *fakeClock) now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *fakeClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 
 func (q *fakeCQ) Poll(wcs []ibv.WC) (int, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.polls++
 	q.lastLimit = len(wcs)
-	time.Sleep(q.delay)
+	if q.clock != nil {
+		q.clock.advance(q.pollCost)
+	}
 	if q.pollErr != nil {
 		return 0, q.pollErr
 	}
@@ -268,13 +279,15 @@ func TestIdlePhase(t *testing.T) {
 }
 
 // The poller goroutine adapts its idle phase: parks longer than the phase
-// leave it without idle polls, and a short one brings them back.
+// leave it without idle polls, and a short one brings them back. Its clock
+// is a fake one that each poll moves by 10 µs, so that a full phase lasts
+// 640 µs whatever the machine's load.
 func TestPollerIdlePhaseFollowsParks(t *testing.T) {
-	// A phase takes at least idlePolls × 500 µs (32 ms); a park of 150 ms
-	// is longer, one that ends at once shorter.
-	cq := &fakeCQ{delay: 500 * time.Microsecond}
+	clk := &fakeClock{}
+	cq := &fakeCQ{clock: clk, pollCost: 10 * time.Microsecond}
 	ch := newFakeChannel()
 	p := newPoller(cq, ch)
+	p.now = clk.now
 	go p.run()
 	polls := func() int {
 		cq.mu.Lock()
@@ -283,12 +296,12 @@ func TestPollerIdlePhaseFollowsParks(t *testing.T) {
 	}
 	<-ch.waits // parked after a full idle phase
 	for range 8 {
-		time.Sleep(150 * time.Millisecond)
+		clk.advance(10 * time.Millisecond) // a long park
 		ch.events <- struct{}{}
 		<-ch.waits
 	}
 	before := polls()
-	time.Sleep(150 * time.Millisecond)
+	clk.advance(10 * time.Millisecond)
 	ch.events <- struct{}{}
 	<-ch.waits
 	require.Equal(t, 2, polls()-before, "after long parks: a poll, no idle phase, one after arming")

@@ -10,7 +10,7 @@ import (
 
 // This file is the one home of the waiting policy: how a Read or Write that
 // cannot go on waits (spin, park, or spin then park), how long it spins,
-// and how the poller goroutine idles.
+// and how long the poller goroutine idles (idlePhase) before it parks.
 
 // PollMode is how a waiting Read or Write learns of completions. In every
 // mode a poller goroutine per completion queue (one per device, more once
@@ -73,10 +73,72 @@ const maxAdaptiveSpin = time.Millisecond
 // and yielding as much again.
 const spinCheck = 8
 
-// idlePolls is how many empty polls the poller goroutine makes, yielding
+// idlePolls is the most empty polls the poller goroutine makes, yielding
 // between them, before it arms the CQ and parks: a completion that follows
-// soon (the reply of a ping-pong) is then picked up without a wakeup.
+// soon (the reply of a ping-pong) is then picked up without a wakeup. How
+// many it makes is idlePhase's to say.
 const idlePolls = 64
+
+// idlePhase sizes the poller's idle phase: how many empty polls, yielding
+// between them, it makes before it arms the CQ and parks (idlePolls at
+// most). Polling on pays when the next completion follows soon (the reply
+// of a ping-pong whose peer answers within microseconds: it is then picked
+// up without a wakeup). It does not pay when completions come further
+// apart than the phase lasts, and there it costs more than its CPU: where
+// the provider does a message's receive work on the receiving host's CPUs
+// (rxe on a host with one CPU, whose round trips across the network take a
+// millisecond or more), a poller that polls on delays the very completion
+// it waits for. A phase that finds a completion, or a park that ended
+// sooner than a full phase lasts (which the phase would have caught),
+// restores the full phase; a park that lasted longer halves it, down to
+// none. Without one, every probeEvery-th phase is a full one all the same,
+// so that traffic whose completions come close again is noticed even where
+// a park's wakeup takes longer than a phase.
+type idlePhase struct {
+	polls   int           // empty polls of a phase
+	perPoll time.Duration // moving average of one empty poll and its yield
+	skipped int           // phases skipped in a row, polls being 0
+}
+
+// probeEvery is how often a poller whose idle phase has shrunk to nothing
+// makes a full one: often enough to notice a change of traffic within a
+// few dozen round trips, rarely enough to cost a sixteenth of the phase.
+const probeEvery = 16
+
+func newIdlePhase() idlePhase { return idlePhase{polls: idlePolls} }
+
+// next returns the empty polls of the phase starting now.
+func (s *idlePhase) next() int {
+	if s.polls > 0 {
+		return s.polls
+	}
+	if s.skipped++; s.skipped%probeEvery == 0 {
+		return idlePolls
+	}
+	return 0
+}
+
+// caught records a phase that found a completion.
+func (s *idlePhase) caught() { s.polls, s.skipped = idlePolls, 0 }
+
+// spent records a phase of n empty polls that took d and ended in arming.
+func (s *idlePhase) spent(n int, d time.Duration) {
+	per := d / time.Duration(n)
+	if s.perPoll == 0 {
+		s.perPoll = per
+	} else {
+		s.perPoll += (per - s.perPoll) / 8
+	}
+}
+
+// parked records a park that lasted d.
+func (s *idlePhase) parked(d time.Duration) {
+	if d < idlePolls*s.perPoll {
+		s.caught()
+	} else {
+		s.polls /= 2
+	}
+}
 
 // spinner is what a spinning wait polls: the device's poller.
 type spinner interface {
@@ -90,17 +152,41 @@ type waiter struct {
 	mode     PollMode
 	spinTime time.Duration
 	sp       spinner
+	// skipped counts the adaptive waits that parked at once for the
+	// recent waits' length (see adaptiveBudget); both directions and
+	// one-sided waits share it.
+	skipped atomic.Uint32
+}
+
+// adaptiveBudget is how long an adaptive wait spins, given avg, the
+// moving average of its kind's recent waits: SpinTime, or, when those
+// waits were shorter than maxAdaptiveSpin, twice their average if that is
+// longer. When they were longer than both, a spin would not have caught
+// them, and where the provider does a message's receive work on this
+// host's CPUs a spin delays it (see idlePhase): the wait parks at once.
+// Every probeEvery-th such wait spins all the same: a parked wait counts
+// its wakeup too, and where wakeups are slow (the process's CPUs busy)
+// parked waits alone might never bring the average down again once the
+// peer answers quickly.
+func (w *waiter) adaptiveBudget(avg time.Duration) time.Duration {
+	budget := w.spinTime
+	if avg < maxAdaptiveSpin {
+		return max(budget, 2*avg)
+	}
+	if avg > max(budget, maxAdaptiveSpin) && w.skipped.Add(1)%probeEvery != 0 {
+		return 0
+	}
+	return budget
 }
 
 // wait blocks until ready is signaled, closing is closed or the deadline
 // passes. With PollBusy it spins (see spin) all along. With PollAdaptive it
-// first spins for the configured SpinTime or, when the recent waits of this
-// direction were shorter than maxAdaptiveSpin, for twice their average: a
-// stream whose messages come every few hundred microseconds is then caught
-// without parking, while a quiet connection parks after SpinTime. avg is
-// the direction's moving average, guarded by the caller (Conn.readMu or
-// Conn.writeMu). The caller holds no lock besides that one. It reports
-// whether the wait ended while spinning, not parked.
+// first spins for adaptiveBudget: a stream whose messages come every few
+// hundred microseconds is then caught without parking, while a quiet
+// connection parks after SpinTime, and one whose waits are long parks at
+// once. avg is the direction's moving average, guarded by the caller
+// (Conn.readMu or Conn.writeMu). The caller holds no lock besides that
+// one. It reports whether the wait ended while spinning, not parked.
 func (w *waiter) wait(ready, closing chan struct{}, dl *deadline, avg *time.Duration) (spun bool) {
 	start := time.Now()
 	switch w.mode {
@@ -110,16 +196,7 @@ func (w *waiter) wait(ready, closing chan struct{}, dl *deadline, avg *time.Dura
 		}
 		spun = true
 	case PollAdaptive:
-		budget := w.spinTime
-		if *avg < maxAdaptiveSpin {
-			budget = max(budget, 2**avg)
-		} else if *avg > max(budget, maxAdaptiveSpin) {
-			// The recent waits outlasted any spin: this one parks at
-			// once, as a spin would only delay the peer's answer where
-			// its receive work needs this CPU (see idlePhase). A wait
-			// that ends soon pulls the average back down.
-			budget = 0
-		}
+		budget := w.adaptiveBudget(*avg)
 		if budget > 0 && adaptiveSpins.enter() {
 			spun = !w.spin(ready, closing, budget)
 			adaptiveSpins.leave()
@@ -127,9 +204,10 @@ func (w *waiter) wait(ready, closing chan struct{}, dl *deadline, avg *time.Dura
 	}
 	select {
 	case <-ready:
-		// A wait that ended in a park also counts the wakeup; unclipped,
-		// a few of those would lift the average over maxAdaptiveSpin, and
-		// then every wait would park, which keeps the average there.
+		// A wait that ended in a park also counts the wakeup. Clipped
+		// at twice maxAdaptiveSpin, the average comes back under
+		// maxAdaptiveSpin within six short waits however long the waits
+		// before them were.
 		*avg += (min(time.Since(start), 2*maxAdaptiveSpin) - *avg) / 8
 	case <-closing:
 	case <-dl.wait():
@@ -207,12 +285,7 @@ func (w *waiter) waitDone(ctx context.Context, done, closing chan struct{}, avg 
 	case PollBusy:
 		w.spinUntil(ctx, done, closing, -1)
 	case PollAdaptive:
-		budget := w.spinTime
-		if avg < maxAdaptiveSpin {
-			budget = max(budget, 2*avg)
-		} else if avg > max(budget, maxAdaptiveSpin) {
-			budget = 0 // as a Read's or Write's wait (see wait)
-		}
+		budget := w.adaptiveBudget(avg)
 		if budget > 0 && adaptiveSpins.enter() {
 			w.spinUntil(ctx, done, closing, budget)
 			adaptiveSpins.leave()

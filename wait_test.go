@@ -110,9 +110,8 @@ func TestWaitAdaptive(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 		signal(ready)
 	}()
-	w = waiter{mode: PollAdaptive, spinTime: time.Millisecond, sp: sp}
+	w = waiter{mode: PollAdaptive, spinTime: time.Hour, sp: sp}
 	avg = maxAdaptiveSpin + time.Microsecond
-	w.spinTime = time.Hour
 	require.True(t, w.wait(ready, make(chan struct{}), dl, &avg), "caught spinning")
 	require.Positive(t, sp.polls.Load(), "it spun")
 
@@ -125,6 +124,26 @@ func TestWaitAdaptive(t *testing.T) {
 	avg = maxAdaptiveSpin - time.Nanosecond
 	require.True(t, w.wait(ready, make(chan struct{}), dl, &avg), "caught spinning")
 	require.Equal(t, int32(2*spinCheck), sp2.polls.Load(), "spun past spinTime until the reply")
+}
+
+// An adaptive wait's spin: SpinTime, stretched to twice the recent waits'
+// average while that is under maxAdaptiveSpin; none while the recent
+// waits were longer than both, but for every probeEvery-th such wait.
+func TestAdaptiveBudget(t *testing.T) {
+	w := waiter{mode: PollAdaptive, spinTime: 50 * time.Microsecond}
+	require.Equal(t, 50*time.Microsecond, w.adaptiveBudget(0))
+	require.Equal(t, 50*time.Microsecond, w.adaptiveBudget(20*time.Microsecond))
+	require.Equal(t, 600*time.Microsecond, w.adaptiveBudget(300*time.Microsecond))
+	require.Equal(t, 50*time.Microsecond, w.adaptiveBudget(maxAdaptiveSpin), "at the bound: not stretched, not skipped")
+	for i := 1; i <= 2*probeEvery; i++ {
+		want := time.Duration(0)
+		if i%probeEvery == 0 {
+			want = 50 * time.Microsecond
+		}
+		require.Equal(t, want, w.adaptiveBudget(2*maxAdaptiveSpin), "long wait %d", i)
+	}
+	long := waiter{mode: PollAdaptive, spinTime: time.Hour}
+	require.Equal(t, time.Hour, long.adaptiveBudget(2*maxAdaptiveSpin), "a SpinTime longer than the waits")
 }
 
 func TestSpinReportsBudget(t *testing.T) {
@@ -156,6 +175,16 @@ func TestWaiterWaitDone(t *testing.T) {
 	w.waitDone(context.Background(), adaptive.ready, closing, 0)
 	require.Positive(t, adaptive.polls.Load(), "adaptive: spins first")
 	require.Equal(t, int32(1), adaptive.ends.Load(), "then parks until the completion")
+
+	// After long waits, an adaptive one parks at once.
+	parker := &fakeSpinner{ready: make(chan struct{}, 1)}
+	w = waiter{mode: PollAdaptive, spinTime: time.Millisecond, sp: parker}
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		signal(parker.ready)
+	}()
+	w.waitDone(context.Background(), parker.ready, closing, 10*time.Second)
+	require.Zero(t, parker.polls.Load(), "adaptive after long waits: parks at once")
 
 	event := &fakeSpinner{ready: make(chan struct{}, 1)}
 	w = waiter{mode: PollEvent, sp: event}

@@ -286,13 +286,15 @@ func main() {
 				log.Fatal(err)
 			}
 			// A server runs until it is stopped: the profile is written
-			// then, and the server exits as the signal would have made it.
+			// then, and the signal raised again, so that the server ends
+			// as it would have without the profile.
 			sig := make(chan os.Signal, 1)
 			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 			go func() {
-				<-sig
+				s := <-sig
 				stop()
-				os.Exit(1)
+				signal.Reset(s)
+				syscall.Kill(os.Getpid(), s.(syscall.Signal))
 			}()
 		}
 		log.Printf("%s server listening on %s", tr.name, ln.Addr())

@@ -736,9 +736,10 @@ func TestServerCPUProfile(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	go io.Copy(io.Discard, stderr)
-	if err := cmd.Wait(); err == nil {
-		t.Error("a server stopped by SIGTERM exited with status 0")
+	io.Copy(io.Discard, stderr) // until the server exits
+	err = cmd.Wait()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGTERM {
+		t.Errorf("the server did not end by SIGTERM: %v", err)
 	}
 	b, err := os.ReadFile(prof)
 	if err != nil {
