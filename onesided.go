@@ -327,8 +327,7 @@ func (c *Conn) waitOneSided(ctx context.Context, i int) error {
 	}
 	// A moving average, as a Read's (see waiter.wait); concurrent
 	// callers may lose each other's updates, which only blurs it.
-	avg := time.Duration(c.os.avgWait.Load())
-	c.os.avgWait.Store(int64(avg + (min(time.Since(start), 2*maxAdaptiveSpin)-avg)/8))
+	c.os.avgWait.Store(int64(nextAvgWait(time.Duration(c.os.avgWait.Load()), time.Since(start))))
 	status := s.status
 	c.os.put(i)
 	return c.oneSidedErr(status)

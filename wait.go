@@ -179,6 +179,15 @@ func (w *waiter) adaptiveBudget(avg time.Duration) time.Duration {
 	return budget
 }
 
+// nextAvgWait returns avg, a moving average of waits, with a wait that
+// took d folded in (an eighth of the difference). A wait that ended in a
+// park counts its wakeup too. Clipped at twice maxAdaptiveSpin, the
+// average comes back under maxAdaptiveSpin within six short waits however
+// long the waits before them were.
+func nextAvgWait(avg, d time.Duration) time.Duration {
+	return avg + (min(d, 2*maxAdaptiveSpin)-avg)/8
+}
+
 // wait blocks until ready is signaled, closing is closed or the deadline
 // passes. With PollBusy it spins (see spin) all along. With PollAdaptive it
 // first spins for adaptiveBudget: a stream whose messages come every few
@@ -204,11 +213,7 @@ func (w *waiter) wait(ready, closing chan struct{}, dl *deadline, avg *time.Dura
 	}
 	select {
 	case <-ready:
-		// A wait that ended in a park also counts the wakeup. Clipped
-		// at twice maxAdaptiveSpin, the average comes back under
-		// maxAdaptiveSpin within six short waits however long the waits
-		// before them were.
-		*avg += (min(time.Since(start), 2*maxAdaptiveSpin) - *avg) / 8
+		*avg = nextAvgWait(*avg, time.Since(start))
 	case <-closing:
 	case <-dl.wait():
 	}
