@@ -177,20 +177,32 @@ func TestConnWriteRead(t *testing.T) {
 	require.Equal(t, "hello", p.payload(s[0]))
 	require.Equal(t, 7, p.c.cr.credits)
 
-	// A Write bigger than a buffer is cut into messages, posted as one chain.
+	// A Write bigger than a buffer is cut into messages, posted as one
+	// chain, its partial last one too. Their headers do not ask the peer
+	// for its credits (a large Write is never held; see ledger.header), so
+	// the next small Write is not held either, and its header asks.
 	big := bytes.Repeat([]byte("x"), 2500)
 	_, err = p.c.Write(big)
 	require.NoError(t, err)
 	s = p.sent()
-	require.Len(t, s, 2)
-	require.Equal(t, []uint32{1024, 1024}, []uint32{s[0].Len, s[1].Len})
+	require.Len(t, s, 3)
+	require.Equal(t, []uint32{1024, 1024, 452}, []uint32{s[0].Len, s[1].Len, s[2].Len})
 	require.Len(t, p.q.sends, 2, "one post per Write")
-	require.Equal(t, 452, p.c.tx.pendLen, "three messages unconsumed at the peer: the partial one is held")
+	require.False(t, headerOf(s[2].Imm).wants, "a large Write's")
+	_, err = p.c.Write([]byte("y"))
+	require.NoError(t, err)
+	s = p.sent()
+	require.Len(t, s, 1, "the peer was not told: not held")
+	require.True(t, headerOf(s[0].Imm).wants, "a small Write, four unconsumed before it: hold may hold")
+	_, err = p.c.Write([]byte("z"))
+	require.NoError(t, err)
+	require.Empty(t, p.sent())
+	require.Equal(t, 1, p.c.tx.pendLen, "five messages unconsumed at the peer, which was told: the Write is held")
 
-	p.deliver(header{typ: msgData, credits: 3}, []byte("world"))
+	p.deliver(header{typ: msgData, credits: 5}, []byte("world"))
 	s = p.sent()
 	require.Len(t, s, 1, "the peer consumed everything: the held buffer goes")
-	require.Equal(t, uint32(452), s[0].Len)
+	require.Equal(t, uint32(1), s[0].Len)
 	require.Equal(t, 7, p.c.cr.credits)
 	p.deliver(header{typ: msgData}, []byte("!"))
 	n, err = p.c.Read(nil)
@@ -200,6 +212,31 @@ func TestConnWriteRead(t *testing.T) {
 	n, err = p.c.Read(b)
 	require.NoError(t, err)
 	require.Equal(t, "world!", string(b[:n]), "a Read takes as many messages as fit")
+}
+
+// TestConnPostAside: where the device says so (siw), the poller steps
+// aside while a connection posts, as it does for a spin, and comes back
+// once the post returns; elsewhere a post leaves it alone.
+func TestConnPostAside(t *testing.T) {
+	for _, aside := range []bool{false, true} {
+		p := newFakeConn(t, 8, 1024)
+		sp := &fakeSpinner{}
+		p.c.mu.Lock()
+		p.c.w.sp, p.c.w.postAside = sp, aside
+		p.c.mu.Unlock()
+		during := int32(-1)
+		p.q.onSend = func() { during = sp.starts.Load() - sp.ends.Load() }
+		_, err := p.c.Write([]byte("hello"))
+		require.NoError(t, err)
+		require.Len(t, p.sent(), 1)
+		want := int32(0)
+		if aside {
+			want = 1
+		}
+		require.Equal(t, want, during, "spinners counted during the post (aside %v)", aside)
+		require.Equal(t, sp.starts.Load(), sp.ends.Load(), "balanced once the post returned")
+		require.Zero(t, sp.polls.Load(), "a poster polls nothing itself")
+	}
 }
 
 func TestConnCreditsAtZeroGather(t *testing.T) {

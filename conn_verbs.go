@@ -143,6 +143,7 @@ func (c *Conn) setup(opts Options) error {
 		return err
 	}
 	c.rs.arenaRx.rkey, c.rs.arenaRx.lkey = c.ar.recvMR.RKey, c.ar.recvMR.LKey
+	c.w.postAside = dev.postAside
 	c.rs.alloc = verbsRings{pd: c.ar.pd, dev: dev}
 	return nil
 }

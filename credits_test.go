@@ -76,6 +76,7 @@ func TestLedgerHeaderPiggybacksDebt(t *testing.T) {
 // to wait goes by.
 func TestLedgerHeaderWants(t *testing.T) {
 	l := openLedger(16, 16, ctrlDepth) // holdAt 2
+	l.short = true                     // small Writes
 	l.spend()
 	require.False(t, l.header(msgData, false).wants, "one message outstanding: nothing to wait for")
 	require.True(t, l.header(msgData, true).wants, "the ring might not take the next message")
@@ -98,8 +99,24 @@ func TestLedgerHeaderWants(t *testing.T) {
 
 	l = openLedger(16, 16, ctrlDepth)
 	l.spend()
-	l.streaming = true // it streamed, and one message is still unconsumed
+	l.short = true
+	l.streaming = true // it streamed small Writes, and one message is still unconsumed
 	require.True(t, l.header(msgCredit, false).wants, "a streaming side holds small Writes")
+
+	// Writes of the largest message size: hold never holds them, so a
+	// stream of them wants credits only when the ring is tight or they
+	// run low; so do the control messages between them.
+	l = openLedger(16, 16, ctrlDepth)
+	l.streaming = true
+	for range 4 {
+		l.spend()
+		require.False(t, l.header(msgData, false).wants, "large Writes streaming")
+	}
+	require.False(t, l.header(msgCredit, false).wants, "the latest Write was large")
+	require.True(t, l.header(msgData, true).wants, "large, but the ring is tight")
+	l.short = true
+	l.spend()
+	require.True(t, l.header(msgData, false).wants, "a small Write after them")
 
 	l = openLedger(16, 1, ctrlDepth) // a window of one: holdAt 1
 	l.spend()
@@ -163,10 +180,15 @@ func TestLedgerCreditDue(t *testing.T) {
 func TestLedgerHold(t *testing.T) {
 	const maxMsg = 1024
 	l := openLedger(16, 16, ctrlDepth) // holdAt 2
+	l.short = true
+	send := func() {
+		l.spend()
+		l.header(msgData, false)
+	}
 	require.False(t, l.hold(10, maxMsg, false), "the peer has consumed everything")
-	l.spend()
+	send()
 	require.False(t, l.hold(10, maxMsg, false), "one message out: a request in two pieces never waits")
-	l.spend()
+	send()
 	require.True(t, l.hold(10, maxMsg, false), "two out: the connection streams")
 	require.False(t, l.hold(maxMsg, maxMsg, false), "a full buffer never waits")
 	require.False(t, l.hold(10, maxMsg, true), "a queued fin ends the hold")
@@ -179,13 +201,25 @@ func TestLedgerHold(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, l.hold(10, maxMsg, false), "the returned credits released the hold")
 
-	l.spend()
-	l.spend()
+	send()
+	send()
 	l.noDelay = true
 	require.False(t, l.hold(10, maxMsg, false), "SetNoDelay")
 	l.noDelay = false
 	l.ctrlOwed = ctrlDepth / 2
 	require.False(t, l.hold(10, maxMsg, false), "the peer may need its control credits back to end the hold")
+
+	// It holds only once the peer was told: after large Writes, whose
+	// headers did not ask for credits, the first small one goes at once,
+	// and its header asks.
+	l = openLedger(16, 16, ctrlDepth)
+	for range 3 {
+		send()
+	}
+	l.short = true
+	require.False(t, l.hold(10, maxMsg, false), "the peer was not told: it may keep its credits")
+	send()
+	require.True(t, l.hold(10, maxMsg, false), "told")
 }
 
 func TestLedgerArrived(t *testing.T) {

@@ -46,6 +46,9 @@ type device struct {
 	noResize bool
 	// serialPosts: its QPs' posts take turns (see ibv.QP.SerialPosts).
 	serialPosts bool
+	// postAside: the poller steps aside while a connection posts (see
+	// waiter.postAside).
+	postAside bool
 
 	refs       int         // under devMu
 	registered int         // bytes connections registered, under devMu
@@ -254,6 +257,7 @@ func newDevice(ctx *ibv.Context) (*device, error) {
 			// mmap key away (see fixedCQE).
 			d.noResize = true
 			d.serialPosts = true
+			d.postAside = true
 		}
 		d.maxCQE = a.MaxCQE
 		d.initDepth, d.respDepth = readDepth(a.MaxQPInitRdAtom), readDepth(a.MaxQPRdAtom)

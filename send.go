@@ -23,6 +23,7 @@ func (c *Conn) write(b []byte) (int, error) {
 	waited := false // for credit: counted once per Write
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.cr.short = len(b) < c.tx.ring.maxMsg
 	for {
 		if err := c.life.writeEnded(); err != nil {
 			return n, err
@@ -216,6 +217,7 @@ func (c *Conn) readFrom(r io.Reader) (int64, error) {
 			return total, err
 		}
 		if n > 0 {
+			c.cr.short = n < c.tx.ring.maxMsg
 			total += int64(n)
 			c.st.BytesWritten += uint64(n)
 			c.tx.setPending(n, false)
@@ -307,7 +309,9 @@ func (c *Conn) flushDroppingLock() {
 		}
 		batch := c.tx.take()
 		c.mu.Unlock()
+		c.w.posting(true)
 		posts, err := postChain(c.qp, batch)
+		c.w.posting(false)
 		c.mu.Lock()
 		c.st.SendPosts += uint64(posts)
 		if err != nil {
