@@ -234,7 +234,9 @@ func TestDeviceRemoval(t *testing.T) {
 // release hung in the kernel (rdma link delete waiting in cma_remove_one
 // while rdma_destroy_id waited in ucma_destroy_id for ucma's close work),
 // which no user-space code can end, and left the tests after it without a
-// device.
+// device. A listener stays bound to the device meanwhile: the removal
+// reaches the library through it, and the library lets go of the device
+// its closed connections left lingering (as in TestDeviceRemovalWhileIdle).
 func TestPortDown(t *testing.T) {
 	needDevice(t)
 	needNotSiw(t, "siw resets its connections when their netdev goes down, even for a flap of 0.5 s (measured: the transfer after the flap failed with ECONNRESET)")
@@ -258,13 +260,18 @@ func TestPortDown(t *testing.T) {
 	var a, b net.Conn
 	defer func() {
 		setLink("up")
+		bound, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+		require.NoError(t, err)
+		defer bound.Close()
 		if a != nil {
 			a.Close()
 			b.Close()
 			rdma.WaitReleases()
 		}
-		_, err := rdmaLink(t, 30*time.Second, "delete", dev)
+		_, err = rdmaLink(t, 30*time.Second, "delete", dev)
 		require.NoError(t, err)
+		_, err = bound.Accept()
+		require.ErrorIs(t, err, rdma.ErrNoDevice)
 		_, err = rdmaLink(t, 30*time.Second, "add", dev, "type", linkType(), "netdev", netdev)
 		require.NoError(t, err)
 		ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
