@@ -50,11 +50,13 @@ import (
 // in a message of their own only when the peer's latest header set the
 // wants flag: the peer may then come to wait for them (it holds small
 // Writes while it streams, has a quarter of its credits or less left, or
-// its next message might not fit the ring) before it sends again. Without the flag the peer
-// cannot wait for them before its next message, which would set the flag
-// if needed, so the credits wait for a batch or ride on a reply: a reader
-// goroutine parked beside request/response traffic (net/http's, gRPC's)
-// costs no message per request.
+// its next message might not fit the ring) before it sends again. Without
+// the flag the peer waits for no credits before its next message (which
+// would set the flag if needed) but those that batches bring, so the
+// credits wait for a batch or ride on a reply: a reader goroutine parked
+// beside request/response traffic (net/http's, gRPC's) costs no message
+// per request, and a reader that drains a stream of large Writes faster
+// than they come costs one per batch, not one per wait.
 //
 // Transports without immediate data (iWARP) carry each header as the
 // payload of a SEND instead: its HeaderLen bytes are the 32-bit header
