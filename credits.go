@@ -29,7 +29,7 @@ type ledger struct {
 	noMerge    bool // the peer reads messages: hold never holds
 	streaming  bool // see hold
 	short      bool // the latest Write (or ReadFrom's read) was smaller than a message may be (see header)
-	told       bool // the latest header queued had the wants flag (see hold)
+	told       bool // a data message's header had the wants flag, and no later header lacked it (see hold)
 	peerWants  bool // the peer's latest header had the wants flag (see header)
 }
 
@@ -123,16 +123,26 @@ func (l *ledger) spend() { l.credits-- }
 // each is a system call that transmits, 0.7 per data message in the test
 // bed, 0.13 with this rule). Small Writes still set it, even when hold
 // gathers them into full messages. The cost is at a change from large
-// Writes to small ones: hold holds only once a header with the flag went
-// (told), so the first small Write after large ones goes at once, and its
-// header says so.
+// Writes to small ones: hold holds only once a data message's header with
+// the flag went (told), so the first small Write after large ones goes at
+// once, and its header says so.
 func (l *ledger) header(typ uint8, tight bool) header {
 	h := header{typ: typ, ctrlAck: uint8(l.ctrlOwed), credits: uint16(l.unreported),
 		wants: tight || l.credits <= l.peerWindow/4 || (l.mayHold() && l.short && (l.streaming || l.outstanding() >= l.holdAt))}
 	l.peerCredits += l.unreported
 	l.peerCtrl += l.ctrlOwed
 	l.unreported, l.ctrlOwed, l.wantCredit = 0, 0, false
-	l.told = h.wants
+	switch typ {
+	case msgData, msgDataMore:
+		l.told = h.wants
+	default:
+		// Only a data message wakes a reader parked at the peer, which
+		// then looks at the flag before it waits again: another
+		// message's flag may withdraw the promise (the peer goes by the
+		// latest header), never make it. (Its flag can be newly set
+		// without data in between: a small Write made short true.)
+		l.told = l.told && h.wants
+	}
 	return h
 }
 
@@ -193,8 +203,9 @@ func (l *ledger) ctrlFree(ctrlInFlight int) bool {
 // buffer ends it. It never holds once half the peer's control credits
 // await our acknowledgement (ctrlOwed): the peer may need them to return
 // the very credits that would end the hold. Nor does it hold unless the
-// latest header queued had the wants flag (told): only then does the peer
-// return its credits before it waits.
+// peer was told (told: a data message's header had the wants flag, and no
+// header since lacked it): only then does the peer return its credits
+// before it waits.
 func (l *ledger) hold(n, maxMsg int, finQueued bool) bool {
 	out := l.peerWindow - l.credits
 	switch {

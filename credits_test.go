@@ -218,8 +218,17 @@ func TestLedgerHold(t *testing.T) {
 	}
 	l.short = true
 	require.False(t, l.hold(10, maxMsg, false), "the peer was not told: it may keep its credits")
+	// A credit message now carries the flag, but it does not wake a reader
+	// parked at the peer, which went by the data before it: not told yet.
+	require.True(t, l.header(msgCredit, false).wants)
+	require.False(t, l.hold(10, maxMsg, false), "a control message's flag does not tell")
 	send()
 	require.True(t, l.hold(10, maxMsg, false), "told")
+	// A later header without the flag withdraws it.
+	l.short = false
+	require.False(t, l.header(msgCredit, false).wants)
+	l.short = true
+	require.False(t, l.hold(10, maxMsg, false), "the latest header said no")
 }
 
 func TestLedgerArrived(t *testing.T) {
