@@ -108,11 +108,12 @@ func TestDevicePoolBounds(t *testing.T) {
 // Conn.readCut).
 //
 // The READs carry a deadline: once on siw (one CI run; the test passed on
-// siw in every other run), with the peer closed first and no pause, three READs got neither a completion nor
-// the connection's DISCONNECTED event for 18 minutes, the poller parked on
-// an armed CQ. The kernel reported nothing to wait for, and a READ with no
-// deadline then waits for good. Where that happens on siw it is logged (see
-// the README's siw notes); on rxe it fails the test.
+// siw in every other run), with the peer closed first and no pause, three
+// READs got neither a completion nor the connection's DISCONNECTED event
+// for 18 minutes, the poller parked on an armed CQ. The kernel reported
+// nothing to wait for, and a READ with no deadline then waits for good.
+// Where that happens on siw it is logged (see the README's siw notes); on
+// rxe it fails the test.
 func TestPooledQPAfterReadCut(t *testing.T) {
 	needDevice(t)
 	rdma.ReleaseIdleDevices()
