@@ -229,14 +229,7 @@ func TestDeviceRemoval(t *testing.T) {
 // On this kernel rxe accepts no new connection after its port went down
 // and up (connection requests go unanswered), so the test gives the
 // tests after it a fresh device, and keeps the interface's IPv6 address
-// across the outage. Its connections are closed and released before the
-// link is deleted: twice in CI a delete that raced their removal-driven
-// release hung in the kernel (rdma link delete waiting in cma_remove_one
-// while rdma_destroy_id waited in ucma_destroy_id for ucma's close work),
-// which no user-space code can end, and left the tests after it without a
-// device. A listener stays bound to the device meanwhile: the removal
-// reaches the library through it, and the library lets go of the device
-// its closed connections left lingering (as in TestDeviceRemovalWhileIdle).
+// across the outage.
 func TestPortDown(t *testing.T) {
 	needDevice(t)
 	needNotSiw(t, "siw resets its connections when their netdev goes down, even for a flap of 0.5 s (measured: the transfer after the flap failed with ECONNRESET)")
@@ -257,21 +250,10 @@ func TestPortDown(t *testing.T) {
 		out, err := exec.Command("ip", "link", "set", netdev, state).CombinedOutput()
 		require.NoError(t, err, "ip link set %s %s: %s", netdev, state, out)
 	}
-	var a, b net.Conn
 	defer func() {
 		setLink("up")
-		bound, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+		_, err := rdmaLink(t, 30*time.Second, "delete", dev)
 		require.NoError(t, err)
-		defer bound.Close()
-		if a != nil {
-			a.Close()
-			b.Close()
-			rdma.WaitReleases()
-		}
-		_, err = rdmaLink(t, 30*time.Second, "delete", dev)
-		require.NoError(t, err)
-		_, err = bound.Accept()
-		require.ErrorIs(t, err, rdma.ErrNoDevice)
 		_, err = rdmaLink(t, 30*time.Second, "add", dev, "type", linkType(), "netdev", netdev)
 		require.NoError(t, err)
 		ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
@@ -285,7 +267,7 @@ func TestPortDown(t *testing.T) {
 		require.NoError(t, c.Close())
 	}()
 
-	a, b = pair(t, nil, nil)
+	a, b := pair(t, nil, nil)
 	setLink("down")
 	time.Sleep(500 * time.Millisecond)
 	setLink("up")
