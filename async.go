@@ -34,9 +34,10 @@ func (e *asyncError) Unwrap() error { return e.err }
 type asyncEvents struct {
 	conns connIndex
 
-	mu      sync.Mutex
-	down    *time.Timer // running while the port is down
-	stopped bool
+	mu       sync.Mutex
+	down     *time.Timer // running while the port is down, until the grace ends
+	portDown bool        // from a port error until the port is active again
+	stopped  bool
 }
 
 // handle acts on one event (on the goroutine that reads them).
@@ -59,12 +60,14 @@ func (a *asyncEvents) handle(ev ibv.AsyncEvent) {
 		}
 	case ibv.EventPortErr:
 		a.mu.Lock()
+		a.portDown = true
 		if a.down == nil && !a.stopped {
 			a.down = time.AfterFunc(portDownGrace, a.portStayedDown)
 		}
 		a.mu.Unlock()
 	case ibv.EventPortActive:
 		a.mu.Lock()
+		a.portDown = false
 		if a.down != nil {
 			a.down.Stop()
 			a.down = nil
@@ -87,6 +90,14 @@ func (a *asyncEvents) portStayedDown() {
 	for _, c := range a.conns.all() {
 		c.failAsync(err, false)
 	}
+}
+
+// isPortDown reports whether the device's port went down and has not come
+// back.
+func (a *asyncEvents) isPortDown() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.portDown
 }
 
 // stop ends the handling (the device is going away).

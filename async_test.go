@@ -62,13 +62,17 @@ func TestAsyncPortDown(t *testing.T) {
 
 	// A flap shorter than the grace is survived.
 	ev, a, _ := newAsyncBed()
+	require.False(t, ev.isPortDown())
 	ev.handle(ibv.AsyncEvent{Type: ibv.EventPortErr, Port: 1})
+	require.True(t, ev.isPortDown(), "no disconnect is sent while the port is down")
 	ev.handle(ibv.AsyncEvent{Type: ibv.EventPortActive, Port: 1})
+	require.False(t, ev.isPortDown())
 	time.Sleep(3 * portDownGrace)
 	f, _ := a.failures()
 	require.Empty(t, f)
 
-	// Down for longer: every connection fails with ENETDOWN, once.
+	// Down for longer: every connection fails with ENETDOWN, once, and
+	// the port counts as down until it is active again.
 	ev.handle(ibv.AsyncEvent{Type: ibv.EventPortErr, Port: 1})
 	ev.handle(ibv.AsyncEvent{Type: ibv.EventPortErr, Port: 1})
 	require.Eventually(t, func() bool { f, _ := a.failures(); return len(f) > 0 }, 5*time.Second, time.Millisecond)
@@ -76,6 +80,9 @@ func TestAsyncPortDown(t *testing.T) {
 	f, _ = a.failures()
 	require.Len(t, f, 1)
 	require.ErrorIs(t, f[0], syscall.ENETDOWN)
+	require.True(t, ev.isPortDown(), "still down after the grace")
+	ev.handle(ibv.AsyncEvent{Type: ibv.EventPortActive, Port: 1})
+	require.False(t, ev.isPortDown())
 
 	// Stopped (the device is going away): no more.
 	ev, a, _ = newAsyncBed()

@@ -53,10 +53,23 @@ type connSys struct {
 
 // disconnect moves the QP to the error state and tells the peer. A Conn
 // built on fakes (host tests of the data path) has no id.
+//
+// While the device's port is down the peer is not told: the message could
+// not arrive, and on Soft-RoCE (Linux 6.1) a connection manager message
+// sent then can be lost without its send ever completing, after which the
+// id's destroy waits for it in the kernel for good (seen as rdma_destroy_id
+// hanging in cm_destroy_id after a port that stayed down). The QP still
+// moves to the error state, so its work requests flush; the release's
+// disconnect, or the id's destroy, tells the peer once the port is back.
 func (s *connSys) disconnect() {
-	if s.id != nil {
-		s.id.Disconnect()
+	if s.id == nil {
+		return
 	}
+	if s.dev != nil && s.dev.events.isPortDown() {
+		s.id.ErrorQP()
+		return
+	}
+	s.id.Disconnect()
 }
 
 func wcStatusString(status uint32) string { return ibv.StatusString(status) }

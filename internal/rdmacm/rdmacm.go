@@ -301,6 +301,17 @@ static int gv_release_qp(struct rdma_cm_id *id) {
 	return ibv_modify_qp(qp, &attr, IBV_QP_STATE);
 }
 
+// gv_error_qp moves the id's QP to the error state, as rdma_disconnect
+// does before it tells the peer; the return is 0 or an errno.
+static int gv_error_qp(struct rdma_cm_id *id) {
+	if (!id->qp)
+		return 0;
+	struct ibv_qp_attr attr;
+	memset(&attr, 0, sizeof(attr));
+	attr.qp_state = IBV_QPS_ERR;
+	return ibv_modify_qp(id->qp, &attr, IBV_QP_STATE);
+}
+
 static int gv_set_ack_timeout(struct rdma_cm_id *id, uint8_t t) {
 	return rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof(t));
 }
@@ -605,6 +616,16 @@ func (id *ID) Reject(private []byte) error {
 func (id *ID) Disconnect() error {
 	if r, err := C.rdma_disconnect(id.id); r != 0 {
 		return os.NewSyscallError("rdma_disconnect", err)
+	}
+	return nil
+}
+
+// ErrorQP moves the id's QP to the error state without telling the peer:
+// its work requests flush, as after Disconnect, and the connection
+// manager's exchange is left for a later Disconnect or Destroy.
+func (id *ID) ErrorQP() error {
+	if r := C.gv_error_qp(id.id); r != 0 {
+		return os.NewSyscallError("ibv_modify_qp", syscall.Errno(r))
 	}
 	return nil
 }
