@@ -225,11 +225,14 @@ func TestDeviceRemoval(t *testing.T) {
 
 // TestPortDown takes the RDMA device's network interface down: a flap
 // shorter than the grace is survived, a longer outage fails the blocked
-// Read with an error wrapping ENETDOWN (the device's asynchronous events).
-// On this kernel rxe accepts no new connection after its port went down
-// and up (connection requests go unanswered), so the test gives the
-// tests after it a fresh device, and keeps the interface's IPv6 address
-// across the outage.
+// Read with an error wrapping ENETDOWN (the device's asynchronous events),
+// and once the port is back the failed connections close and the same
+// device serves new ones. The last part holds because no disconnect goes
+// out while the port is down (see connSys.disconnect): when the failed
+// connections sent theirs then, rxe answered no connection request after
+// the outage (dials timed out) and, about once in 40 runs, their ids'
+// destroy hung in the kernel. The interface keeps its IPv6 address across
+// the outage, for the tests after it.
 func TestPortDown(t *testing.T) {
 	needDevice(t)
 	needNotSiw(t, "siw resets its connections when their netdev goes down, even for a flap of 0.5 s (measured: the transfer after the flap failed with ECONNRESET)")
@@ -239,7 +242,7 @@ func TestPortDown(t *testing.T) {
 	if m == nil {
 		t.Skipf("no software RDMA link whose interface can go down: %s", out)
 	}
-	dev, netdev := m[1], m[2]
+	netdev := m[2]
 	defer rdma.SetPortDownGrace(2 * time.Second)()
 	keep := "/proc/sys/net/ipv6/conf/" + netdev + "/keep_addr_on_down"
 	if old, err := os.ReadFile(keep); err == nil {
@@ -250,24 +253,26 @@ func TestPortDown(t *testing.T) {
 		out, err := exec.Command("ip", "link", "set", netdev, state).CombinedOutput()
 		require.NoError(t, err, "ip link set %s %s: %s", netdev, state, out)
 	}
+	var a *rdma.Conn
+	var b net.Conn
 	defer func() {
 		setLink("up")
-		_, err := rdmaLink(t, 30*time.Second, "delete", dev)
-		require.NoError(t, err)
-		_, err = rdmaLink(t, 30*time.Second, "add", dev, "type", linkType(), "netdev", netdev)
-		require.NoError(t, err)
+		if a != nil {
+			a.Close()
+			b.Close()
+		}
 		ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
 		require.NoError(t, err)
 		wg := serveEcho(ln)
 		defer wg.Wait()
 		defer ln.Close()
 		c, err := (&rdma.Dialer{Timeout: 10 * time.Second}).Dial("rdma", ln.Addr().String())
-		require.NoError(t, err, "a new connection on the fresh device")
-		transfer(t, c, c, "fresh device")
+		require.NoError(t, err, "a new connection on the same device after the outage")
+		transfer(t, c, c, "after the outage")
 		require.NoError(t, c.Close())
 	}()
 
-	a, b := pair(t, nil, nil)
+	a, b = pair(t, nil, nil)
 	setLink("down")
 	time.Sleep(500 * time.Millisecond)
 	setLink("up")
