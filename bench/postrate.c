@@ -12,6 +12,13 @@
 //
 // Both sides must get the same -o, -b, -r, -w and -k. Both busy-poll their
 // CQ, as perftest does by default.
+//
+// -L instead measures the library's 64 B ping-pong on a transport without
+// immediate data (iWARP): each message is a SEND of -b bytes (the library's
+// 8-byte header and the payload, inline unless -i 0) into a posted receive's
+// 128-byte slot, every 32nd signaled, and the receiver answers each with the
+// same. The sender prints the one-way latency (half the round trip) beside
+// ib_send_lat's.
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -32,6 +39,7 @@ static int opt_inline = 1;  // -i
 static int opt_ring = 16384; // -r: the receiver's ring (WRITE) and the sender's buffer
 static int opt_window = 64; // -w: receives posted at the receiver = the sender's credits
 static int opt_credit = 16; // -k: the receiver returns k credits per credit SEND
+static int opt_lat = 0;     // -L: ping-pong latency of plain SENDs
 
 struct peer {
 	uint64_t addr;
@@ -60,7 +68,7 @@ static struct rdma_cm_id *endpoint(const char *host, const char *port, int passi
 	attr.cap.max_send_wr = 256;
 	attr.cap.max_recv_wr = opt_window + 16;
 	attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
-	attr.cap.max_inline_data = 64;
+	attr.cap.max_inline_data = opt_lat ? (opt_inline ? opt_bytes : 0) : 64;
 	attr.sq_sig_all = 0;
 	struct rdma_cm_id *id;
 	if (rdma_create_ep(&id, res, NULL, &attr))
@@ -223,10 +231,91 @@ static int sender(const char *host, const char *port) {
 	return 0;
 }
 
+// send_plain posts one SEND of opt_bytes from buf, every 32nd signaled
+// (and its completion reaped), as the library's small messages go on iWARP.
+static void send_plain(struct rdma_cm_id *id, char *buf, uint32_t lkey, long *sigdue) {
+	struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = opt_bytes, .lkey = lkey};
+	struct ibv_send_wr wr = {.opcode = IBV_WR_SEND, .sg_list = &sge, .num_sge = 1}, *bad;
+	if (opt_inline)
+		wr.send_flags |= IBV_SEND_INLINE;
+	if (++*sigdue >= 32) {
+		wr.send_flags |= IBV_SEND_SIGNALED;
+		*sigdue = 0;
+	}
+	if (ibv_post_send(id->qp, &wr, &bad))
+		die("ibv_post_send");
+	struct ibv_wc wc[8];
+	if (ibv_poll_cq(id->send_cq, 8, wc) < 0)
+		die("ibv_poll_cq");
+}
+
+// wait_recv busy-polls for the next receive and posts its slot again.
+static void wait_recv(struct rdma_cm_id *id, char *slots, uint32_t lkey) {
+	struct ibv_wc wc;
+	int n;
+	while ((n = ibv_poll_cq(id->recv_cq, 1, &wc)) == 0)
+		;
+	if (n < 0)
+		die("ibv_poll_cq");
+	if (wc.status != IBV_WC_SUCCESS) {
+		fprintf(stderr, "postrate: receive failed: %s\n", ibv_wc_status_str(wc.status));
+		exit(1);
+	}
+	post_recv(id, slots, lkey, wc.wr_id, 0);
+}
+
+static int cmp_double(const void *a, const void *b) {
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+// pingpong is -L: the client (host set) measures opt_n round trips after
+// 100 unmeasured ones; the server answers each message.
+static int pingpong(const char *host, const char *port) {
+	struct rdma_cm_id *id = endpoint(host, port, host == NULL);
+	char *slots = aligned_alloc(4096, (size_t)opt_window * 128);
+	char *buf = aligned_alloc(4096, 4096);
+	memset(buf, 'x', 4096);
+	struct ibv_mr *rmr = ibv_reg_mr(id->pd, slots, (size_t)opt_window * 128, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_mr *smr = ibv_reg_mr(id->pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	if (!rmr || !smr)
+		die("ibv_reg_mr");
+	for (int i = 0; i < opt_window; i++)
+		post_recv(id, slots, rmr->lkey, i, 0);
+	struct rdma_conn_param param = {.responder_resources = 1, .initiator_depth = 1};
+	long sigdue = 0, warm = 100;
+	if (!host) {
+		if (rdma_accept(id, &param))
+			die("rdma_accept");
+		for (long i = 0; i < opt_n + warm; i++) {
+			wait_recv(id, slots, rmr->lkey);
+			send_plain(id, buf, smr->lkey, &sigdue);
+		}
+		rdma_disconnect(id);
+		return 0;
+	}
+	if (rdma_connect(id, &param))
+		die("rdma_connect");
+	double *lat = malloc(sizeof(double) * opt_n), sum = 0;
+	for (long i = 0; i < opt_n + warm; i++) {
+		double t = now();
+		send_plain(id, buf, smr->lkey, &sigdue);
+		wait_recv(id, slots, rmr->lkey);
+		if (i >= warm)
+			lat[i - warm] = (now() - t) / 2 * 1e6;
+	}
+	qsort(lat, opt_n, sizeof(double), cmp_double);
+	for (long i = 0; i < opt_n; i++)
+		sum += lat[i];
+	printf("latency: %ld round trips of %d B SENDs (inline %d): one-way us min %.2f p50 %.2f p99 %.2f avg %.2f\n",
+	       opt_n, opt_bytes, opt_inline, lat[0], lat[opt_n / 2], lat[opt_n * 99 / 100], sum / opt_n);
+	return 0;
+}
+
 int main(int argc, char **argv) {
 	const char *host = NULL, *port = "20300";
 	int server = 0, c;
-	while ((c = getopt(argc, argv, "sc:p:o:b:n:l:g:i:r:w:k:")) != -1) {
+	while ((c = getopt(argc, argv, "sc:p:o:b:n:l:g:i:r:w:k:L")) != -1) {
 		switch (c) {
 		case 's': server = 1; break;
 		case 'c': host = optarg; break;
@@ -240,8 +329,16 @@ int main(int argc, char **argv) {
 		case 'r': opt_ring = atoi(optarg); break;
 		case 'w': opt_window = atoi(optarg); break;
 		case 'k': opt_credit = atoi(optarg); break;
-		default: fprintf(stderr, "usage: postrate -s | -c ADDR [-p port -o w|s -b bytes -n msgs -l chain -g sig -i inline -r ring -w window -k credit]\n"); return 2;
+		case 'L': opt_lat = 1; break;
+		default: fprintf(stderr, "usage: postrate -s | -c ADDR [-p port -o w|s -b bytes -n msgs -l chain -g sig -i inline -r ring -w window -k credit | -L -b bytes -n round-trips -i inline]\n"); return 2;
 		}
+	}
+	if (opt_lat) {
+		if (opt_bytes < 1 || opt_bytes > 128 || opt_n < 1 || opt_window < 1) {
+			fprintf(stderr, "postrate: bad options\n");
+			return 2;
+		}
+		return pingpong(server ? NULL : host, port);
 	}
 	if (opt_chain < 1 || opt_chain > 64 || opt_sig < 1 || opt_bytes > 64 || opt_credit < 1 || opt_credit > opt_window) {
 		fprintf(stderr, "postrate: bad options\n");

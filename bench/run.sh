@@ -345,6 +345,24 @@ postrate_run() {
 	fi
 }
 
+# postrate_lat: bench/postrate.c -L, this library's 64 B ping-pong on iWARP (a 72 B inline SEND,
+# its 8-byte header and the payload, into 128-byte receive slots, every 32nd signaled) in C, beside
+# ib_send_lat: what the pattern costs the provider without Go.
+postrate_lat() {
+	local n=10000 rc p50 p99 avg
+	[[ -x $postrate ]] || { fail postrate lat 64 1 "no postrate binary"; return; }
+	next_port
+	pair "$postrate" -s -L -b 72 -p "$port" -n "$n" -- "$postrate" -c "$addr" -L -b 72 -p "$port" -n "$n"
+	rc=$?
+	field() { awk -v f="$1" '$1 == "latency:" { for (i = 1; i < NF; i++) if ($i == f) print $(i + 1) }' "$work/client.log"; }
+	p50=$(field p50) p99=$(field p99) avg=$(field avg)
+	if ((rc)) || [[ -z $p50 ]]; then
+		fail postrate lat 64 1 "postrate -L exit $rc: $(tail_of "$work/client.log")"
+	else
+		emit postrate lat 64 1 "p50_us=$p50" "p99_us=$p99" "avg_us=$avg" "count=$n"
+	fi
+}
+
 # perftest_onesided WORKLOAD TOOL SIZE ITERS: ib_write_lat, ib_read_lat, ib_write_bw or
 # ib_read_bw over rdma_cm (-R), the row's workload being rdmaperf's name for the same test.
 perftest_onesided() {
@@ -470,6 +488,7 @@ siw_round() {
 	run_rdmaperf rdma lat 64 1 -test lat -size 64 -duration "${secs}s" -poll busy -stats
 	[[ $go_mode == pinned ]] && run_rdmaperf_oneproc rdma lat 64 1 -test lat -size 64 -duration "${secs}s" -stats
 	perftest_lat perftest 64 2000
+	postrate_lat
 	rstream_run lat 64 1 2000
 	echo "== throughput, siw (round $round)"
 	run_rdmaperf rdma bw 65536 1 -test bw -size 65536 -duration "${secs}s" -stats
@@ -613,7 +632,7 @@ notes=(
 	"perftest: ib_send_lat / ib_send_bw -R (rdma_cm), server pinned to CPU 0 and client to CPU 1 (unpinned, two busy-polling processes on 2 vCPUs often wait for 4 ms scheduler ticks); p50 is t_typical; MB/s converted from perftest's MiB/s; msg/s from MsgRate; 8 conns is -q 8 (8 QPs)"
 	"io.Copy: rdmaperf -test copy writes a file (in the VM's RAM-backed /tmp), then times io.Copy(conn, file) and, at the server, io.Copy(io.Discard, conn) until the server has counted every byte; this library goes through Conn.ReadFrom and Conn.WriteTo (the file is read straight into registered send buffers, received messages go to io.Discard straight from the receive buffers: one user-space copy per byte); plain hides them (io.Copy's 32 KiB buffer at the sender, io.Discard's 8 KiB buffer at the receiver: three copies per byte); Go TCP uses its own ReadFrom (sendfile)"
 	"one-sided: rdmaperf -test write-lat is a ping-pong of RDMA WRITEs between registered regions, each side polling the last 8 bytes of its block (as ib_write_lat), reported as half the round trip; read-lat times each RDMA READ to its completion (as ib_read_lat, not halved); write-bw and read-bw keep 16 operations in flight on one connection, all on the same bytes (perftest keeps 128); perftest's tools run with -R, pinned like the other peers, their MiB/s converted to MB/s"
-	"its post pattern in C: bench/postrate.c sends 100,000 64 B messages as this library does toward a message-oriented reader (an inline RDMA WRITE with immediate per message into a 16 KiB ring, every 8th signaled, credits back in a SEND of their own every 16 messages), both sides busy-polling and pinned like perftest; 8 messages per ibv_post_send for the corked row (this library's corked chains are shorter), 1 for the SetNoDelay row: what the pattern costs the provider without Go"
+	"its post pattern in C: bench/postrate.c sends 100,000 64 B messages as this library does toward a message-oriented reader (an inline RDMA WRITE with immediate per message into a 16 KiB ring, every 8th signaled, credits back in a SEND of their own every 16 messages), both sides busy-polling and pinned like perftest; 8 messages per ibv_post_send for the corked row (this library's corked chains are shorter), 1 for the SetNoDelay row: what the pattern costs the provider without Go; on soft-iWARP, whose latency row it has instead, postrate -L: 10,000 round trips of this library's 64 B message there (a 72 B inline SEND, its header and the payload, into 128-byte receive slots, every 32nd signaled), both sides busy-polling and pinned like perftest, half the round trip"
 	"rsockets: rstream in its default non-blocking (busy-polling) mode, pinned like perftest; latency is -C 1 -I 2000, average only (usec/xfer, half the round trip); throughput and rate are -C N (N transfers one way, then N back), MB/s = size / usec-per-xfer"
 	"connection setup: rdmaperf -test dial repeats, for ${secs} s, a sample of Dial, the first round trip (the test header out, the server's ready byte back) and Close; with 20 conns a sample is a burst of 20 goroutines doing that at once, timed until the last has closed; p50/p99 are of the samples (one dial, or one burst), conn/s is connections completed per second, setup is the p50 of the time until the sample's last Dial returned; one unmeasured burst first. HTTP/1.1: rdmaperf -test http, 20 goroutines sending GETs of 64 B bodies for ${secs} s on one http.Client with http.DefaultTransport's settings (2 idle connections per host kept, so requests often dial) dialing through the transport; p50/p99 are of a request, including any dial it waited for; http-kept (-keep) is the README's Transport, which keeps an idle connection per client (MaxIdleConnsPerHost 20), so requests reuse connections"
 	"cmtime (rdmacm-utils, C, the rdma_cm peer): server cmtime -b ADDR -c N, client cmtime -s ADDR -c N, pinned like perftest, one run per round (its figure is the median of the rounds, and it has no p99); its client takes all N connections through each rdma_cm step before the next (create id, resolve address, resolve route, create QP, connect; then disconnect, destroy) and prints each step's wall time; setup is the sum of the steps up to connect (all N established), p50 is that plus disconnect and destroy (all N torn down), conn/s is N over that. Unlike rdmaperf's figure it exchanges no data (no first round trip), its QPs have one send and one receive entry and no registered buffers, and with N > 1 every connection finishes a step before any starts the next"
