@@ -230,7 +230,7 @@ func TestDeviceRemoval(t *testing.T) {
 // device serves new ones. The last part holds because no disconnect goes
 // out while the port is down (see connSys.disconnect): when the failed
 // connections sent theirs then, rxe answered no connection request after
-// the outage (dials timed out) and, about once in 40 runs, their ids'
+// the outage (dials timed out) and, in one run of 37, their ids'
 // destroy hung in the kernel. The interface keeps its IPv6 address across
 // the outage, for the tests after it.
 func TestPortDown(t *testing.T) {
