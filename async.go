@@ -34,10 +34,13 @@ func (e *asyncError) Unwrap() error { return e.err }
 type asyncEvents struct {
 	conns connIndex
 
-	mu       sync.Mutex
-	down     *time.Timer // running while the port is down, until the grace ends
-	portDown bool        // from a port error until the port is active again
-	stopped  bool
+	mu   sync.Mutex
+	down *time.Timer // running while the port is down, until the grace ends
+	// back is made when the port goes down and closed when it is active
+	// again, or when the handling stops (the device is going away); nil
+	// while the port is up.
+	back    chan struct{}
+	stopped bool
 }
 
 // handle acts on one event (on the goroutine that reads them).
@@ -60,14 +63,16 @@ func (a *asyncEvents) handle(ev ibv.AsyncEvent) {
 		}
 	case ibv.EventPortErr:
 		a.mu.Lock()
-		a.portDown = true
+		if a.back == nil && !a.stopped {
+			a.back = make(chan struct{})
+		}
 		if a.down == nil && !a.stopped {
 			a.down = time.AfterFunc(portDownGrace, a.portStayedDown)
 		}
 		a.mu.Unlock()
 	case ibv.EventPortActive:
 		a.mu.Lock()
-		a.portDown = false
+		a.portBackLocked()
 		if a.down != nil {
 			a.down.Stop()
 			a.down = nil
@@ -92,12 +97,23 @@ func (a *asyncEvents) portStayedDown() {
 	}
 }
 
-// isPortDown reports whether the device's port went down and has not come
-// back.
-func (a *asyncEvents) isPortDown() bool {
+// portBack returns, while the device's port is down, a channel closed once
+// it is active again or the device goes away; nil while the port is up.
+func (a *asyncEvents) portBack() <-chan struct{} {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.portDown
+	if a.back == nil {
+		return nil
+	}
+	return a.back
+}
+
+// portBackLocked ends a port's outage for its waiters; mu is held.
+func (a *asyncEvents) portBackLocked() {
+	if a.back != nil {
+		close(a.back)
+		a.back = nil
+	}
 }
 
 // stop ends the handling (the device is going away).
@@ -105,6 +121,7 @@ func (a *asyncEvents) stop() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.stopped = true
+	a.portBackLocked()
 	if a.down != nil {
 		a.down.Stop()
 		a.down = nil

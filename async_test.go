@@ -62,11 +62,13 @@ func TestAsyncPortDown(t *testing.T) {
 
 	// A flap shorter than the grace is survived.
 	ev, a, _ := newAsyncBed()
-	require.False(t, ev.isPortDown())
+	require.Nil(t, ev.portBack())
 	ev.handle(ibv.AsyncEvent{Type: ibv.EventPortErr, Port: 1})
-	require.True(t, ev.isPortDown(), "no disconnect is sent while the port is down")
+	back := ev.portBack()
+	require.NotNil(t, back, "no disconnect is sent while the port is down")
 	ev.handle(ibv.AsyncEvent{Type: ibv.EventPortActive, Port: 1})
-	require.False(t, ev.isPortDown())
+	require.Nil(t, ev.portBack())
+	<-back // a release waiting for the port goes on
 	time.Sleep(3 * portDownGrace)
 	f, _ := a.failures()
 	require.Empty(t, f)
@@ -80,14 +82,19 @@ func TestAsyncPortDown(t *testing.T) {
 	f, _ = a.failures()
 	require.Len(t, f, 1)
 	require.ErrorIs(t, f[0], syscall.ENETDOWN)
-	require.True(t, ev.isPortDown(), "still down after the grace")
+	back = ev.portBack()
+	require.NotNil(t, back, "still down after the grace")
 	ev.handle(ibv.AsyncEvent{Type: ibv.EventPortActive, Port: 1})
-	require.False(t, ev.isPortDown())
+	require.Nil(t, ev.portBack())
+	<-back
 
 	// Stopped (the device is going away): no more.
 	ev, a, _ = newAsyncBed()
 	ev.handle(ibv.AsyncEvent{Type: ibv.EventPortErr, Port: 1})
+	back = ev.portBack()
 	ev.stop()
+	<-back // the device is going away: nothing waits for its port
+	require.Nil(t, ev.portBack())
 	time.Sleep(3 * portDownGrace)
 	f, _ = a.failures()
 	require.Empty(t, f)

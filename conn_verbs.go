@@ -65,7 +65,7 @@ func (s *connSys) disconnect() {
 	if s.id == nil {
 		return
 	}
-	if s.dev != nil && s.dev.events.isPortDown() {
+	if s.dev != nil && s.dev.events.portBack() != nil {
 		s.id.ErrorQP()
 		return
 	}
@@ -600,6 +600,9 @@ func (c *Conn) freeVerbs(memLen int) {
 		c.dev.addRegistered(-memLen)
 		c.dev.keepArena(c.ar)
 	}
+	// Before the device's release: the device must stay open, its
+	// asynchronous events with it, until its port is back.
+	c.waitPortBack()
 	if c.dev != nil {
 		c.dev.release(c.cqs, c.cqe)
 	}
@@ -610,6 +613,38 @@ func (c *Conn) freeVerbs(memLen int) {
 	c.inbox.wait()
 	c.id.Destroy()
 	c.cm.release()
+}
+
+// portBackWait bounds how long a release waits for its device's port to
+// come back before it destroys the id anyway.
+const portBackWait = time.Minute
+
+// waitPortBack waits, while the device's port is down, until it is back
+// (or the device goes away, or portBackWait passes), when the connection
+// manager still holds the connection as established: the id's destroy
+// then sends the peer a disconnect request, which must not go while the
+// port is down (see connSys.disconnect). A Close after an outage's
+// ENETDOWN, as an application would do at once, otherwise sent it: on
+// Soft-RoCE the device then answered no connection request after the
+// outage, and the destroy could hang. It runs on the release's goroutine,
+// not in Close.
+func (c *Conn) waitPortBack() {
+	if c.dev == nil {
+		return
+	}
+	c.mu.Lock()
+	established := c.cmUp && !c.cmDown
+	c.mu.Unlock()
+	back := c.dev.events.portBack()
+	if !established || back == nil {
+		return
+	}
+	t := time.NewTimer(portBackWait)
+	defer t.Stop()
+	select {
+	case <-back:
+	case <-t.C:
+	}
 }
 
 // markDeviceRemoved marks the connection's device removed: nothing new

@@ -392,6 +392,11 @@ func markRemoved(verbs unsafe.Pointer) {
 	devMu.Lock()
 	defer devMu.Unlock()
 	removed[verbs] = true
+	if d := devices[verbs]; d != nil {
+		// A release waiting for the port to come back (see
+		// Conn.waitPortBack) goes on: the device will not.
+		d.events.stop()
+	}
 	if d := devices[verbs]; d != nil && d.refs == 0 {
 		// Only lingering: it goes now, since the kernel waits for it. Not
 		// on this goroutine, which may be the one its destruction waits

@@ -226,13 +226,14 @@ func TestDeviceRemoval(t *testing.T) {
 // TestPortDown takes the RDMA device's network interface down: a flap
 // shorter than the grace is survived, a longer outage fails the blocked
 // Read with an error wrapping ENETDOWN (the device's asynchronous events),
-// and once the port is back the failed connections close and the same
-// device serves new ones. The last part holds because no disconnect goes
-// out while the port is down (see connSys.disconnect): when the failed
-// connections sent theirs then, rxe answered no connection request after
-// the outage (dials timed out) and, in one run of 37, their ids'
-// destroy hung in the kernel. The interface keeps its IPv6 address across
-// the outage, for the tests after it.
+// the failed connections close while the port is still down, and once it
+// is back the same device serves new connections. The last part holds
+// because no disconnect goes out while the port is down (see
+// connSys.disconnect and Conn.waitPortBack): when the failed connections
+// sent theirs then, rxe answered no connection request after the outage
+// (dials timed out) and, in one run of 37, their ids' destroy hung in the
+// kernel. The interface keeps its IPv6 address across the outage, for the
+// tests after it.
 func TestPortDown(t *testing.T) {
 	needDevice(t)
 	needNotSiw(t, "siw resets its connections when their netdev goes down, even for a flap of 0.5 s (measured: the transfer after the flap failed with ECONNRESET)")
@@ -297,6 +298,13 @@ func TestPortDown(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("a Read on a device whose port stayed down did not fail")
 	}
+	// Closed at once, as an application would on that error: Close
+	// returns, and the release waits for the port (see waitPortBack).
+	closed := time.Now()
+	require.NoError(t, a.Close())
+	require.NoError(t, b.Close())
+	require.Less(t, time.Since(closed), time.Second, "Close waits for no port")
+	time.Sleep(time.Second)
 	setLink("up")
 }
 
