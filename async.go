@@ -102,9 +102,6 @@ func (a *asyncEvents) portStayedDown() {
 func (a *asyncEvents) portBack() <-chan struct{} {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.back == nil {
-		return nil
-	}
 	return a.back
 }
 

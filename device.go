@@ -392,12 +392,13 @@ func markRemoved(verbs unsafe.Pointer) {
 	devMu.Lock()
 	defer devMu.Unlock()
 	removed[verbs] = true
-	if d := devices[verbs]; d != nil {
+	d := devices[verbs]
+	if d != nil {
 		// A release waiting for the port to come back (see
 		// Conn.waitPortBack) goes on: the device will not.
 		d.events.stop()
 	}
-	if d := devices[verbs]; d != nil && d.refs == 0 {
+	if d != nil && d.refs == 0 {
 		// Only lingering: it goes now, since the kernel waits for it. Not
 		// on this goroutine, which may be the one its destruction waits
 		// for (the device's asynchronous events).
