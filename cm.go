@@ -4,6 +4,7 @@ package rdma
 
 import (
 	"errors"
+	"os"
 	"sync"
 	"syscall"
 
@@ -18,7 +19,21 @@ import (
 // events.
 type cmHandler interface {
 	cmEvent(ev rdmacm.Event)
+	// cmLost is called, on the event goroutine and once, when the loop
+	// can read no more events (err, a *cmLostError, says why): what waits
+	// for an event of the handler's id must fail instead. The same rules
+	// hold as for cmEvent.
+	cmLost(err error)
 }
+
+// cmLostError is the error of everything that depended on a CM event
+// channel that could not be read any more.
+type cmLostError struct{ err error }
+
+func (e *cmLostError) Error() string {
+	return "rdma: connection manager events lost: " + e.err.Error()
+}
+func (e *cmLostError) Unwrap() error { return e.err }
 
 // cmLoop owns the process's rdma_cm event channel and the goroutine that
 // reads it. It exists while anything (a listener, a connection, a dial in
@@ -26,7 +41,9 @@ type cmHandler interface {
 type cmLoop struct {
 	ch       *rdmacm.EventChannel
 	done     chan struct{}
+	stop     chan struct{} // closed by the last release
 	handlers map[uintptr]cmHandler // under cmMu
+	lost     error                 // why no more events are read (see lose), under cmMu
 	next     uintptr
 	refs     int
 	// dispatchMu is held while a handler runs, so unregister can wait out
@@ -54,7 +71,7 @@ func acquireCM() (*cmLoop, error) {
 			}
 			return nil, err
 		}
-		theCM = &cmLoop{ch: ch, done: make(chan struct{}), handlers: make(map[uintptr]cmHandler)}
+		theCM = &cmLoop{ch: ch, done: make(chan struct{}), stop: make(chan struct{}), handlers: make(map[uintptr]cmHandler)}
 		go theCM.run()
 	}
 	theCM.refs++
@@ -67,11 +84,12 @@ func (l *cmLoop) release() {
 	cmMu.Lock()
 	l.refs--
 	last := l.refs == 0
-	if last {
+	if last && theCM == l {
 		theCM = nil
 	}
 	cmMu.Unlock()
 	if last {
+		close(l.stop)
 		l.ch.Interrupt()
 		<-l.done
 		l.ch.Destroy()
@@ -97,26 +115,87 @@ func (l *cmLoop) unregister(handle uintptr) {
 	cmMu.Unlock()
 }
 
+// run reads and dispatches events until the last release. A failed
+// rdma_get_cm_event leaves its event queued in the kernel (it is taken off
+// only once copied out), so the read is tried again after a pause (see
+// retrier); one that keeps failing loses the loop: every handler is told
+// (cmLost), and the next acquireCM starts a new loop on a new channel,
+// while this one goes with its last reference.
 func (l *cmLoop) run() {
 	defer close(l.done)
-	l.ch.Run(func(ev rdmacm.Event) {
-		handle := ev.Handle
-		if ev.Type == rdmacm.EventConnectRequest {
-			handle = ev.ListenHandle
+	var r retrier
+	for {
+		err := l.ch.Run(func(ev rdmacm.Event) {
+			r.ok()
+			l.dispatch(ev)
+		})
+		select {
+		case <-l.stop:
+			return
+		default:
 		}
-		l.dispatchMu.Lock()
-		defer l.dispatchMu.Unlock()
-		cmMu.Lock()
-		h := l.handlers[handle]
-		cmMu.Unlock()
-		if h != nil {
-			h.cmEvent(ev)
-		} else if ev.Type == rdmacm.EventConnectRequest {
-			// The listener is going away: refuse and drop the new id. Its
-			// only event has been acknowledged, so destroying it here
-			// cannot wait on this goroutine.
-			ev.ID.Reject(marshalReject(RefusedShutdown))
-			ev.ID.Destroy()
+		if err == nil || errors.Is(err, os.ErrClosed) {
+			return
 		}
-	})
+		pause, again := r.failed()
+		if !again {
+			l.lose(&cmLostError{err})
+			return
+		}
+		if !sleep(pause, l.stop) {
+			return
+		}
+	}
 }
+
+func (l *cmLoop) dispatch(ev rdmacm.Event) {
+	handle := ev.Handle
+	if ev.Type == rdmacm.EventConnectRequest {
+		handle = ev.ListenHandle
+	}
+	l.dispatchMu.Lock()
+	defer l.dispatchMu.Unlock()
+	cmMu.Lock()
+	h := l.handlers[handle]
+	cmMu.Unlock()
+	if h != nil {
+		h.cmEvent(ev)
+	} else if ev.Type == rdmacm.EventConnectRequest {
+		// The listener is going away: refuse and drop the new id. Its
+		// only event has been acknowledged, so destroying it here
+		// cannot wait on this goroutine.
+		ev.ID.Reject(marshalReject(RefusedShutdown))
+		ev.ID.Destroy()
+	}
+}
+
+// lose tells every handler that no more events will come, and makes the
+// next acquireCM start afresh.
+func (l *cmLoop) lose(err error) {
+	l.dispatchMu.Lock()
+	defer l.dispatchMu.Unlock()
+	cmMu.Lock()
+	if theCM == l {
+		theCM = nil
+	}
+	l.lost = err
+	hs := make([]cmHandler, 0, len(l.handlers))
+	for _, h := range l.handlers {
+		hs = append(hs, h)
+	}
+	cmMu.Unlock()
+	for _, h := range hs {
+		h.cmLost(err)
+	}
+}
+
+// lostErr is why the loop reads no more events, or nil.
+func (l *cmLoop) lostErr() error {
+	cmMu.Lock()
+	defer cmMu.Unlock()
+	return l.lost
+}
+
+// eventLost is no rdma_cm event: a connection's inbox gets it when its
+// loop lost the event channel (see cmLoop.lose).
+const eventLost rdmacm.EventType = -1

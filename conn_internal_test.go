@@ -549,6 +549,29 @@ func TestConnFailedPost(t *testing.T) {
 	_, err = p.c.Write([]byte("y"))
 	require.ErrorIs(t, err, syscall.EIO)
 	require.ErrorContains(t, err, "ibv_post_send")
+	// The QP cannot be trusted any more: the whole connection fails, a
+	// Read too, rather than waiting for data that may have been lost.
+	_, err = p.c.Read(make([]byte, 8))
+	require.ErrorIs(t, err, syscall.EIO)
+	require.ErrorContains(t, err, "ibv_post_send")
+
+	// So does a failed post of receives.
+	p = newFakeConn(t, 4, 64)
+	p.q.mu.Lock()
+	p.q.recvErr = os.NewSyscallError("ibv_post_recv", syscall.ENOMEM)
+	p.q.mu.Unlock()
+	p.deliver(header{typ: msgData}, []byte("abc"))
+	got := make([]byte, 8)
+	n, err := p.c.Read(got)
+	require.NoError(t, err, "what arrived is read")
+	require.Equal(t, "abc", string(got[:n]))
+	p.deliver(header{typ: msgData}, []byte("def"))
+	for err == nil {
+		_, err = p.c.Read(got)
+	}
+	require.ErrorIs(t, err, syscall.ENOMEM)
+	_, err = p.c.Write([]byte("x"))
+	require.ErrorIs(t, err, syscall.ENOMEM, "the writes fail too")
 
 	// A QP that has left RTS refuses the post (siw): the connection
 	// closed under it, which reads as a reset, not as the verb's errno.

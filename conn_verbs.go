@@ -443,6 +443,9 @@ func (c *Conn) waitCM(ctx context.Context) (rdmacm.Event, error) {
 			markRemoved(c.id.Verbs())
 			return ev, &deviceError{syscall.ENODEV}
 		}
+		if ev.Type == eventLost {
+			return ev, c.cm.lostErr()
+		}
 		return ev, nil
 	case <-ctx.Done():
 		return rdmacm.Event{}, ctx.Err()
@@ -453,6 +456,12 @@ func (c *Conn) waitCM(ctx context.Context) (rdmacm.Event, error) {
 // connection (see inbox.go) and returns without taking any of the
 // connection's locks.
 func (c *Conn) cmEvent(ev rdmacm.Event) { c.inbox.post(ev, c.handleCM) }
+
+// cmLost runs on the CM goroutine when it can read no more events: a
+// dial in progress fails, a connection being accepted is torn down, and
+// an established connection fails, since neither its peer's disconnect
+// nor its device's removal could reach it any more.
+func (c *Conn) cmLost(error) { c.inbox.post(rdmacm.Event{Type: eventLost}, c.handleCM) }
 
 // handleCM handles one of the connection's CM events, in order, on the
 // inbox's goroutine.
@@ -510,6 +519,10 @@ func (c *Conn) handleCM(ev rdmacm.Event) {
 			c.peerDisconnected(ev.Status == 0)
 		case rdmacm.EventDeviceRemoval:
 			c.deviceRemoved()
+		case eventLost:
+			c.mu.Lock()
+			c.fail(c.cm.lostErr())
+			c.mu.Unlock()
 		}
 	}
 }

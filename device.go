@@ -4,6 +4,7 @@ package rdma
 
 import (
 	"errors"
+	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -30,6 +31,12 @@ type device struct {
 	async     *ibv.AsyncChannel // the context's asynchronous events
 	events    asyncEvents       // what they do to connections
 	asyncDone chan struct{}     // closed when the reader returns
+	asyncStop chan struct{}     // closed when the device goes: the reader stops
+
+	// detached: the device's events were lost (see lose); it serves its
+	// connections until they go, but no new one, and is out of the map.
+	// Under devMu.
+	detached bool
 
 	ackTimeout uint8 // for its QPs (see ackTimeoutHW)
 	maxCQE     int   // the most entries a CQ may have
@@ -225,6 +232,7 @@ func (d *device) newCQ(size int) (*cqShard, error) {
 		return nil, err
 	}
 	s := &cqShard{poller: newPoller(cq, ch), ch: ch, cq: cq}
+	s.onLost = func(error) { d.detach() }
 	d.cqs = append(d.cqs, s)
 	go s.run()
 	return s, nil
@@ -238,15 +246,13 @@ func newDevice(ctx *ibv.Context) (*device, error) {
 		return nil, err
 	}
 	d := &device{ctx: ctx, ackTimeout: ackTimeoutHW, maxCQE: initialCQE, iwarp: ctx.IWARP(),
-		async: async, asyncDone: make(chan struct{}), pool: newReadyPool[*arena](poolLimits, qpCooling)}
+		async: async, asyncDone: make(chan struct{}), asyncStop: make(chan struct{}),
+		pool: newReadyPool[*arena](poolLimits, qpCooling)}
 	// On iWARP the connection manager binds a QP to the TCP connection it
 	// was connected over; a QP is not kept for another one there.
 	d.keepQPs = !d.iwarp
 	d.events.conns = d
-	go func() {
-		defer close(d.asyncDone)
-		async.Run(d.events.handle)
-	}()
+	go d.readAsync()
 	if a, err := ctx.Query(); err == nil {
 		switch a.VendorID {
 		case rxeVendorID:
@@ -263,6 +269,82 @@ func newDevice(ctx *ibv.Context) (*device, error) {
 		d.initDepth, d.respDepth = readDepth(a.MaxQPInitRdAtom), readDepth(a.MaxQPRdAtom)
 	}
 	return d, nil
+}
+
+// readAsync reads the device's asynchronous events until it goes. A
+// failed read (ibv_get_async_event) is tried again after a pause (see
+// retrier); once it has failed too long, the device's connections fail
+// (a QP's or the port's failure could not reach them any more) and the
+// device is detached: new connections get a device of their own.
+func (d *device) readAsync() {
+	defer close(d.asyncDone)
+	var r retrier
+	for {
+		err := d.async.Run(func(ev ibv.AsyncEvent) {
+			r.ok()
+			d.events.handle(ev)
+		})
+		select {
+		case <-d.asyncStop:
+			return
+		default:
+		}
+		if err == nil || errors.Is(err, os.ErrClosed) {
+			return
+		}
+		pause, again := r.failed()
+		if !again {
+			lost := &asyncLostError{err}
+			for _, c := range d.all() {
+				c.failAsync(lost, false)
+			}
+			d.detach()
+			return
+		}
+		if !sleep(pause, d.asyncStop) {
+			return
+		}
+	}
+}
+
+// asyncLostError fails the connections of a device whose asynchronous
+// events could not be read any more.
+type asyncLostError struct{ err error }
+
+func (e *asyncLostError) Error() string {
+	return "rdma: device events lost: " + e.err.Error()
+}
+func (e *asyncLostError) Unwrap() error { return e.err }
+
+// detach takes a device whose events were lost out of the map: its
+// connections keep it until they are released (they have been failed),
+// and the next connection on the same context sets a device up afresh.
+// A device that only lingers goes at once.
+func (d *device) detach() {
+	devMu.Lock()
+	if d.detached || devices[d.ctx.Ptr()] != d {
+		devMu.Unlock()
+		return
+	}
+	verbs := d.ctx.Ptr()
+	delete(devices, verbs)
+	destroying[verbs]++ // until it is destroyed: see retireUnlocking
+	d.detached = true
+	if d.refs != 0 {
+		devMu.Unlock()
+		return
+	}
+	if d.idle != nil {
+		d.idle.Stop()
+		d.idle = nil
+	}
+	devMu.Unlock()
+	// Not on this goroutine: it may be one that the destruction waits
+	// for (the poller, the asynchronous events' reader).
+	go func() {
+		devMu.Lock()
+		d.retireUnlocking()
+	}()
 }
 
 // maxReadDepth bounds the RDMA READs a connection issues, and serves, at
@@ -309,7 +391,7 @@ func (d *device) release(s *cqShard, cqe int) {
 		devMu.Unlock()
 		return
 	}
-	if removed[d.ctx.Ptr()] {
+	if removed[d.ctx.Ptr()] || d.detached {
 		d.retireUnlocking()
 		return
 	}
@@ -359,8 +441,11 @@ func releaseIdleDevices() {
 // once its objects are gone.
 func (d *device) retireUnlocking() {
 	verbs := d.ctx.Ptr()
-	delete(devices, verbs)
-	destroying[verbs]++
+	if !d.detached {
+		// (A detached device is out of the map and counted already.)
+		delete(devices, verbs)
+		destroying[verbs]++
+	}
 	devMu.Unlock()
 	d.destroy()
 	devMu.Lock()
@@ -471,6 +556,7 @@ func devicesStats() []DeviceStats {
 func (d *device) destroy() {
 	// The reader goes first: its descriptor (a duplicate of the
 	// context's) would keep the device's file open.
+	close(d.asyncStop)
 	d.async.Interrupt()
 	<-d.asyncDone
 	d.events.stop()

@@ -107,6 +107,25 @@ func (l *Listener) deviceRemoved() {
 	}()
 }
 
+// cmLost runs on the CM goroutine when it can read no more events: no
+// request can reach the listener any more, so Accept fails with err, and
+// the id goes (off the CM goroutine) as it does when the device goes.
+// Connections being accepted are told by their own cmLost.
+func (l *Listener) cmLost(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed || l.err != nil {
+		return
+	}
+	l.err = err
+	close(l.gone)
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		l.destroyID()
+	}()
+}
+
 // destroyID destroys the listening id, once.
 func (l *Listener) destroyID() {
 	l.idOnce.Do(func() {

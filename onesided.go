@@ -2,6 +2,7 @@ package rdma
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync/atomic"
 	"syscall"
@@ -228,7 +229,12 @@ func (c *Conn) startOneSided(ctx context.Context, op uint8, local *Region, lo, n
 		if e := c.oneSidedEnded(); e != nil {
 			err = e // the connection ended meanwhile: say so, not how the post failed
 		} else {
-			err = postFailed(err)
+			// As a failed post of sends does (see postFailed).
+			if errors.Is(err, syscall.ENOTCONN) {
+				err = syscall.ECONNRESET
+			} else {
+				c.fail(err)
+			}
 		}
 	}
 	if c.life.phase == phaseDead {

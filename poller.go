@@ -67,7 +67,22 @@ type poller struct {
 
 	connsMu sync.RWMutex
 	conns   map[uint32]completer // by QP number
+
+	// onLost, if set, is called once the CQ's events are lost for good
+	// (see run), after its connections were failed: the device lets no
+	// new connection use the CQ.
+	onLost func(err error)
 }
+
+// eventsLostError fails the connections of a CQ whose completion events
+// could not be had any more: arming the CQ or reading its events kept
+// failing (see retrier).
+type eventsLostError struct{ err error }
+
+func (e *eventsLostError) Error() string {
+	return "rdma: completion events lost: " + e.err.Error()
+}
+func (e *eventsLostError) Unwrap() error { return e.err }
 
 func newPoller(cq completionQueue, ch eventWaiter) *poller {
 	return &poller{cq: cq, ch: ch, done: make(chan struct{}), wake: make(chan struct{}, 1), conns: map[uint32]completer{}, idle: newIdlePhase(), now: time.Now}
@@ -169,13 +184,21 @@ func (p *poller) poll(flush []completer) int {
 // run is the poller goroutine: poll in batches while completions come,
 // spin a little when they stop (as long as p.idle says it pays), then arm
 // the CQ, poll once more (a completion that landed before arming raises no
-// event) and park on the completion channel. It returns once stopped, or
-// when arming or waiting fails.
+// event) and park on the completion channel. It returns once stopped.
+//
+// Arming the CQ and reading its events are calls into the kernel that may
+// fail for a moment: run polls, pauses and tries again (see retrier).
+// Once they have failed for too long, the CQ's connections fail with the
+// error (nothing would wake their waits any more), and run goes on polling
+// at short intervals without events, so that their teardowns still see
+// their work requests flushed, until it is stopped.
 func (p *poller) run() {
 	defer close(p.done)
 	var fl [ibv.MaxPollBatch]completer
 	idle, limit := 0, 0
 	var idleStart time.Time
+	var r retrier
+	lost := false
 	for {
 		if p.poll(fl[:0]) > 0 {
 			if idle > 0 {
@@ -186,6 +209,10 @@ func (p *poller) run() {
 		}
 		if p.stop.Load() {
 			return
+		}
+		if lost {
+			p.pause(lostPollInterval)
+			continue
 		}
 		if p.spinners.Load() > 0 {
 			<-p.wake
@@ -205,22 +232,60 @@ func (p *poller) run() {
 		if idle > 0 {
 			p.idle.spent(idle, p.now().Sub(idleStart))
 		}
+		idle = 0
 		if err := p.cq.ReqNotify(); err != nil {
-			return
+			lost = p.failed(&r, err)
+			continue
 		}
 		if p.poll(fl[:0]) > 0 {
 			// It came just after the phase: polling on would have
 			// caught it.
 			p.idle.caught()
-			idle = 0
 			continue
 		}
 		parked := p.now()
 		if err := p.ch.Wait(); err != nil {
-			return
+			if p.stop.Load() {
+				return
+			}
+			lost = p.failed(&r, err)
+			continue
 		}
+		r.ok()
 		p.idle.parked(p.now().Sub(parked))
-		idle = 0
+	}
+}
+
+// lostPollInterval is how often a poller whose CQ raises no events any
+// more polls it.
+const lostPollInterval = time.Millisecond
+
+// failed handles a failure to arm the CQ or to wait for its events: it
+// pauses before the next try, or, once they failed too often, fails the
+// CQ's connections and reports true.
+func (p *poller) failed(r *retrier, err error) bool {
+	pause, again := r.failed()
+	if again {
+		p.pause(pause)
+		return false
+	}
+	lost := &eventsLostError{err}
+	for _, c := range p.all() {
+		c.failAsync(lost, false)
+	}
+	if p.onLost != nil {
+		p.onLost(lost)
+	}
+	return true
+}
+
+// pause waits for d, or until shutdown wakes it.
+func (p *poller) pause(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-p.wake:
 	}
 }
 

@@ -331,13 +331,90 @@ func TestPollerStepsAsideForSpinners(t *testing.T) {
 	p.shutdown(ch.interrupt)
 }
 
-func TestPollerStopsWhenArmingFails(t *testing.T) {
-	cq := &fakeCQ{armErr: errors.New("arm failed")}
-	p := newPoller(cq, newFakeChannel())
+// A CQ that cannot be armed for a moment (ENOMEM) costs a pause, not its
+// connections: the poller tries again, and keeps dispatching meanwhile.
+func TestPollerRetriesArming(t *testing.T) {
+	cq := &fakeCQ{}
+	fails := 3
+	cq.armErr = errors.New("arm failed")
+	cq.onArm = func() {
+		cq.mu.Lock()
+		defer cq.mu.Unlock()
+		if fails--; fails < 0 {
+			cq.armErr = nil
+		}
+	}
+	ch := newFakeChannel()
+	p := newPoller(cq, ch)
+	c := &fakeCompleter{p: p, done: make(chan struct{}, 1)}
+	p.add(7, c)
+	go p.run()
+	<-ch.waits // armed at last, and parked
+	cq.add(ibv.WC{QPNum: 7, WRID: 1})
+	ch.events <- struct{}{}
+	<-c.done
+	failed, _ := c.failures()
+	require.Empty(t, failed, "a failure that passes fails no connection")
+	p.shutdown(ch.interrupt)
+}
+
+// A CQ whose arming keeps failing fails its connections with the error,
+// tells the device, and is polled without events until it is shut down.
+func TestPollerLosesEventsWhenArmingKeepsFailing(t *testing.T) {
+	armErr := errors.New("arm failed")
+	cq := &fakeCQ{armErr: armErr}
+	ch := newFakeChannel()
+	p := newPoller(cq, ch)
+	lost := make(chan error, 1)
+	p.onLost = func(err error) { lost <- err }
+	c := &fakeCompleter{p: p, done: make(chan struct{}, 1)}
+	p.add(7, c)
+	go p.run()
+	var err error
+	select {
+	case err = <-lost:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the poller did not give up")
+	}
+	require.ErrorIs(t, err, armErr)
+	failed, removed := c.failures()
+	require.Len(t, failed, 1)
+	require.ErrorIs(t, failed[0], armErr)
+	require.Contains(t, failed[0].Error(), "completion events lost")
+	require.False(t, removed)
+
+	// Completions still reach the connection (its teardown waits for its
+	// flushed work requests).
+	cq.add(ibv.WC{QPNum: 7, WRID: 2})
+	select {
+	case <-c.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a completion after the loss was not dispatched")
+	}
+	p.shutdown(ch.interrupt)
+}
+
+// So does a completion channel whose reads keep failing.
+func TestPollerLosesEventsWhenWaitKeepsFailing(t *testing.T) {
+	cq := &fakeCQ{}
+	waitErr := errors.New("ibv_get_cq_event failed")
+	p := newPoller(cq, failingChannel{waitErr})
+	lost := make(chan error, 1)
+	p.onLost = func(err error) { lost <- err }
+	c := &fakeCompleter{p: p}
+	p.add(7, c)
 	go p.run()
 	select {
-	case <-p.done:
+	case err := <-lost:
+		require.ErrorIs(t, err, waitErr)
 	case <-time.After(10 * time.Second):
-		t.Fatal("run did not return")
+		t.Fatal("the poller did not give up")
 	}
+	failed, _ := c.failures()
+	require.Len(t, failed, 1)
+	p.shutdown(func() {})
 }
+
+type failingChannel struct{ err error }
+
+func (f failingChannel) Wait() error { return f.err }

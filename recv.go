@@ -301,7 +301,7 @@ func (c *Conn) recvMsg(wc ibv.WC) {
 		// through ctrlAck on our next message.
 		if !c.life.has(shutPeerGone) && !c.tx.draining {
 			if err := c.rx.postOne(c.qp); err != nil {
-				c.life.failRead(err)
+				c.postFailed(err, false)
 			} else {
 				c.cr.ctrlOwed++
 			}
@@ -329,7 +329,7 @@ func (c *Conn) postReposts() {
 	}
 	n, err := c.rx.postReposts(c.qp)
 	if err != nil {
-		c.life.failRead(err)
+		c.postFailed(err, false)
 		return
 	}
 	c.cr.unreported += n

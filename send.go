@@ -315,10 +315,10 @@ func (c *Conn) flushDroppingLock() {
 		c.mu.Lock()
 		c.st.SendPosts += uint64(posts)
 		if err != nil {
-			// The connection has failed: post nothing more (the
-			// teardown's marker retires what never went out).
-			c.life.failWrite(postFailed(err))
+			// Post nothing more (the teardown's marker retires what
+			// never went out).
 			c.tx.sends = c.tx.sends[:0]
+			c.postFailed(err, true)
 			signal(c.txReady)
 			break
 		}
@@ -370,13 +370,23 @@ func (c *Conn) sendFinDroppingLock() error {
 	return nil
 }
 
-// postFailed is what a failed post means to the caller. siw refuses work
-// (its doorbell fails with ENOTCONN) once its QP has left RTS, the iWARP
-// connection closing under it before this side has heard; on rxe the same
-// work would be flushed and the connection read as reset, so it does here.
-func postFailed(err error) error {
+// postFailed handles a post that failed, of sends (send) or of receives;
+// mu is held. siw refuses work (its doorbell fails with ENOTCONN) once its
+// QP has left RTS, the iWARP connection closing under it before this side
+// has heard: on rxe the same work would be flushed and the connection
+// read as reset, so that direction fails with ECONNRESET here, and the
+// connection manager's disconnect follows. Any other failure (ENOMEM, EIO,
+// EINVAL) leaves the QP's state unknown: work may have been lost on the
+// way, so the connection fails both ways with the post's error and the
+// peer is told (see fail), as a TCP connection is reset.
+func (c *Conn) postFailed(err error, send bool) {
 	if errors.Is(err, syscall.ENOTCONN) {
-		return syscall.ECONNRESET
+		if send {
+			c.life.failWrite(syscall.ECONNRESET)
+		} else {
+			c.life.failRead(syscall.ECONNRESET)
+		}
+		return
 	}
-	return err
+	c.fail(err)
 }

@@ -607,6 +607,7 @@ func (c *Context) CreateCompChannel() (*CompChannel, error) {
 // acknowledges every pending event, and returns. After Interrupt it returns
 // an error.
 func (ch *CompChannel) Wait() error {
+	ch.failed = nil // a failed read is reported once; the next Wait tries again
 	if err := ch.fd.Wait(ch.drain); err != nil {
 		return err
 	}

@@ -1,0 +1,47 @@
+package rdma
+
+import "time"
+
+// A call that libibverbs or librdmacm makes into the kernel may fail for a
+// moment (ENOMEM while the host is short of memory, EINTR, a command
+// queue that is full) and succeed when made again. The goroutines that
+// the process's connections depend on (the CM events' reader, a CQ's
+// poller, a device's asynchronous events' reader) therefore try a failed
+// call again after a pause that doubles each time, and give up, failing
+// what depends on them with the error, only once the failure has lasted.
+
+// retryPause is the first pause; retryTries the tries after the first
+// call before giving up: the pauses add up to about a second.
+const (
+	retryPause = time.Millisecond
+	retryTries = 10
+)
+
+// retrier paces the tries of one call; the zero value is ready.
+type retrier struct{ failures int }
+
+// failed records a failure and returns the pause before the next try, or
+// false once the call has failed too often.
+func (r *retrier) failed() (time.Duration, bool) {
+	r.failures++
+	if r.failures > retryTries {
+		return 0, false
+	}
+	return retryPause << (r.failures - 1), true
+}
+
+// ok records a success: the next failure starts afresh.
+func (r *retrier) ok() { r.failures = 0 }
+
+// sleep pauses for d, or until stop is closed; it reports whether the
+// pause ran out (false: stopped).
+func sleep(d time.Duration, stop <-chan struct{}) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-stop:
+		return false
+	}
+}
