@@ -41,7 +41,7 @@ func (e *cmLostError) Unwrap() error { return e.err }
 type cmLoop struct {
 	ch       *rdmacm.EventChannel
 	done     chan struct{}
-	stop     chan struct{} // closed by the last release
+	stop     chan struct{}         // closed by the last release
 	handlers map[uintptr]cmHandler // under cmMu
 	lost     error                 // why no more events are read (see lose), under cmMu
 	next     uintptr
