@@ -165,7 +165,7 @@ func (l *cmLoop) dispatch(ev rdmacm.Event) {
 		// only event has been acknowledged, so destroying it here
 		// cannot wait on this goroutine.
 		ev.ID.Reject(marshalReject(RefusedShutdown))
-		ev.ID.Destroy()
+		retryDestroy(ev.ID.Destroy)
 	}
 }
 

@@ -5,6 +5,7 @@ package rdma
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"sync"
@@ -385,11 +386,20 @@ func noDeviceAddr(err error) error {
 // eventErrno turns an event's status (a negative errno for most events)
 // into an errno, or def when it carries none.
 func eventErrno(ev rdmacm.Event, def syscall.Errno) error {
+	if ev.Status == -1 {
+		// librdmacm's own processing of the event failed (a query of
+		// the id's addresses, say) and left -1 with the errno lost:
+		// read as an errno it would say EPERM.
+		return errEventLost
+	}
 	if ev.Status < 0 {
 		return syscall.Errno(-ev.Status)
 	}
 	return def
 }
+
+// errEventLost is what a CM event says that librdmacm failed to process.
+var errEventLost = fmt.Errorf("librdmacm could not process the event: %w", syscall.EIO)
 
 // connect calls rdma_connect. siw connects its TCP stream inside that
 // call, blocking for as long as TCP tries: about two minutes for an
@@ -624,7 +634,7 @@ func (c *Conn) freeVerbs(memLen int) {
 	// use the id.
 	c.cm.unregister(c.handle)
 	c.inbox.wait()
-	c.id.Destroy()
+	retryDestroy(c.id.Destroy)
 	c.cm.release()
 }
 

@@ -296,15 +296,21 @@ func runFaultPoint(t *testing.T, data []byte, at, span int, errno syscall.Errno,
 }
 
 // checkAfter checks what must hold after every point: the process serves
-// a new connection, nothing leaked.
-func checkAfter(t *testing.T, at int, before map[string]int, ignore goleak.Option) {
+// a new connection, nothing leaked. A leak of verbs objects is reported and
+// the sweep goes on from the new counts, so that one run shows every point
+// that leaks.
+func checkAfter(t *testing.T, at int, before map[string]int, ignore goleak.Option) map[string]int {
 	t.Helper()
 	if errs := faultScenario(testAddr, make([]byte, 8<<10)); len(errs) > 0 {
 		t.Fatalf("point %d: afterwards, with no fault, the scenario failed: %v", at, errs)
 	}
 	require.NoError(t, connsGone(), "point %d", at)
-	require.NoError(t, backToBaseline(before), "point %d", at)
 	require.NoError(t, goleak.Find(ignore), "point %d", at)
+	if err := backToBaseline(before); err != nil {
+		t.Errorf("point %d: %v", at, err)
+		return resources()
+	}
+	return before
 }
 
 func TestFaultSweep(t *testing.T) {
@@ -325,7 +331,7 @@ func TestFaultSweep(t *testing.T) {
 		if len(tr) > most {
 			most, trace = len(tr), tr
 		}
-		checkAfter(t, 0, before, ignore)
+		before = checkAfter(t, 0, before, ignore)
 	}
 	hist := map[faults.Call]int{}
 	for _, c := range trace {
@@ -364,7 +370,7 @@ func TestFaultSweep(t *testing.T) {
 		}
 		outcomes[outcome]++
 		t.Logf("point %d: %s failed with %v: %s %v", at, call, errno, outcome, errs)
-		checkAfter(t, at, before, ignore)
+		before = checkAfter(t, at, before, ignore)
 	}
 	t.Logf("swept points %d-%d: %s", from, to, mapString(outcomes))
 }
@@ -391,4 +397,69 @@ func mapString(m map[string]int) string {
 		fmt.Fprintf(&b, "%s %d", k, m[k])
 	}
 	return b.String()
+}
+
+// TestFaultCMEventsLost makes every read of the process's CM events fail
+// (rdma_get_cm_event, with ENOMEM) for good: a pending Dial, Accept and an
+// established connection must each fail with an error that says so, and,
+// once reads work again, a new Listen and Dial must work as before.
+func TestFaultCMEventsLost(t *testing.T) {
+	needDevice(t)
+	ignore := goleak.IgnoreCurrent()
+	require.NoError(t, connsGone())
+	before := resources()
+
+	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		require.NoError(t, err)
+		accepted <- c
+	}()
+	a, err := rdma.Dial("rdma", ln.Addr().String())
+	require.NoError(t, err)
+	b := <-accepted
+
+	const getEvent = 12 // RDMA_USER_CM_CMD_GET_EVENT
+	faults.Arm(1, 1<<30, syscall.ENOMEM, faults.UCMA(getEvent))
+	acceptErr := make(chan error, 1)
+	go func() {
+		_, err := ln.Accept()
+		acceptErr <- err
+	}()
+	// The dial's first event is the first that cannot be read.
+	_, err = (&rdma.Dialer{Timeout: faultStep}).Dial("rdma", ln.Addr().String())
+	require.Error(t, err)
+	require.False(t, errors.Is(err, os.ErrDeadlineExceeded), "the dial failed at once, not at its deadline: %v", err)
+	require.ErrorContains(t, err, "connection manager events lost")
+	require.ErrorIs(t, err, syscall.ENOMEM)
+	requireOpError(t, err, "dial")
+
+	select {
+	case err = <-acceptErr:
+	case <-time.After(faultStep):
+		t.Fatal("Accept still waits")
+	}
+	require.ErrorContains(t, err, "connection manager events lost")
+	requireOpError(t, err, "accept")
+	for _, c := range []net.Conn{a, b} {
+		c.SetReadDeadline(time.Now().Add(faultStep))
+		_, err = c.Read(make([]byte, 1))
+		require.ErrorContains(t, err, "connection manager events lost")
+		requireOpError(t, err, "read")
+	}
+	require.NotZero(t, faults.Failed())
+	faults.Disarm()
+
+	a.Close()
+	b.Close()
+	ln.Close()
+	// A new loop serves new connections.
+	if errs := faultScenario(testAddr, make([]byte, 8<<10)); len(errs) > 0 {
+		t.Fatalf("afterwards: %v", errs)
+	}
+	require.NoError(t, connsGone())
+	require.NoError(t, backToBaseline(before))
+	require.NoError(t, goleak.Find(ignore))
 }

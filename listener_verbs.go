@@ -129,7 +129,7 @@ func (l *Listener) cmLost(err error) {
 // destroyID destroys the listening id, once.
 func (l *Listener) destroyID() {
 	l.idOnce.Do(func() {
-		l.id.Destroy()
+		retryDestroy(l.id.Destroy)
 		if l.verbs != nil {
 			addListener(l.verbs, -1)
 		}
@@ -148,7 +148,7 @@ func (l *Listener) request(ev rdmacm.Event) {
 	refuse := func(reason RefuseReason, cause error) {
 		l.refused(remote, reason, cause)
 		id.Reject(marshalReject(reason))
-		id.Destroy()
+		retryDestroy(id.Destroy)
 	}
 	peer, err := parseHello(ev.PrivateData)
 	if err != nil {
