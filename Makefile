@@ -1,5 +1,8 @@
 # make test: formatting and static checks, host unit tests and fuzzing, then
-# the device tests inside a Soft-RoCE VM (testbed/vm.sh) and again on
+# the device tests inside a Soft-RoCE VM (testbed/vm.sh), the fault sweep
+# there (a test binary built with -tags faultinject that makes each call
+# into the kernel's RDMA interface fail in turn: faults_test.go), the device
+# tests again on
 # soft-iWARP (testbed/vm.sh --provider siw), the scale test in a
 # VM with more memory, then the two-host tests on a pair of them
 # (testbed/vm.sh --pair). make demo: the echo example in
@@ -33,6 +36,7 @@ check: verbs-note
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 ifeq ($(HAVE_VERBS),yes)
 	$(GO) vet ./...
+	$(GO) vet -tags faultinject ./...
 	$(GO) run $(STATICCHECK) ./...
 endif
 	CGO_ENABLED=0 $(GO) vet ./...
@@ -80,11 +84,14 @@ vmtest: deps
 	$(GO) test -race -c -o $(OUT)/rdma.race.test .
 	$(GO) test -c -o $(OUT)/rdmaperf.test ./cmd/rdmaperf
 	$(GO) test -c -o $(OUT)/rdmainfo.test ./cmd/rdmainfo
+	$(GO) test -tags faultinject -c -o $(OUT)/rdma.faults.test .
 	$(VM) --timeout $(VMTIMEOUT) -- sh -c '$(OUT)/rdma.test -test.v -test.count=1 -test.timeout 20m && $(OUT)/rdmaperf.test -test.v -test.count=1 && $(OUT)/rdmainfo.test -test.v -test.count=1 && \
 		echo "=== every benchmark, a small fixed count" && \
 		$(OUT)/rdma.test -test.count=1 -test.run "^$$" -test.bench . -test.benchtime 20x -test.timeout 5m && \
 		echo "=== the same tests under the race detector (-short)" && \
 		$(OUT)/rdma.race.test -test.v -test.count=1 -test.short -test.timeout 20m'
+	@echo "=== every call into the kernel's RDMA interface made to fail in turn (faults_test.go)"
+	$(VM) --timeout $(VMTIMEOUT) -- $(OUT)/rdma.faults.test -test.v -test.count=1 -test.run '^TestFault' -test.timeout 20m
 	@echo "=== the device suite again on soft-iWARP (siw0 instead of rxe0: testbed/vm.sh --provider siw)"
 	$(VM) --provider siw --timeout $(VMTIMEOUT) -- sh -c '$(OUT)/rdma.test -test.v -test.count=1 -test.timeout 20m && \
 		$(OUT)/rdma.test -test.count=1 -test.run "^$$" -test.bench . -test.benchtime 20x -test.timeout 5m'
