@@ -477,8 +477,13 @@ func (d *device) destroy() {
 	// The pooled QPs before the CQs they use.
 	d.dropPool()
 	for _, s := range d.cqs {
+		// shutdown marks the poller stopped; taking cqMu then waits out
+		// a spinning Read's or one-sided wait's poll in progress, and
+		// every later one sees the mark and polls nothing (tryPoll).
 		s.shutdown(s.ch.Interrupt)
+		s.cqMu.Lock()
 		s.cq.Destroy()
+		s.cqMu.Unlock()
 		s.ch.Destroy()
 	}
 }
