@@ -148,6 +148,9 @@ func (c *Conn) setup(opts Options) error {
 		c.vqp, ar.inline = ibv.QPFrom(qp), inline
 	}
 	inline := ar.inline
+	if err := checkInline(c.lay, inline); err != nil {
+		return err
+	}
 	c.vqp.SerialPosts = dev.serialPosts
 	cqs.add(c.vqp.Num, c)
 	c.mu.Lock()
