@@ -160,7 +160,7 @@ func (c *Conn) setup(opts Options) error {
 	}
 	c.rs.arenaRx.rkey, c.rs.arenaRx.lkey = c.ar.recvMR.RKey, c.ar.recvMR.LKey
 	c.w.postAside = dev.postAside
-	c.rs.alloc = verbsRings{pd: c.ar.pd, dev: dev}
+	c.rs.alloc = verbsRings{ar: c.ar, dev: dev}
 	return nil
 }
 

@@ -221,7 +221,7 @@ func (d *device) newCQ(size int) (*cqShard, error) {
 	cq, err := d.ctx.CreateCQ(size, ch)
 	if err != nil {
 		ch.Interrupt()
-		ch.Destroy()
+		retryDestroy(ch.Destroy)
 		return nil, err
 	}
 	s := &cqShard{poller: newPoller(cq, ch), ch: ch, cq: cq}
@@ -482,8 +482,8 @@ func (d *device) destroy() {
 		// every later one sees the mark and polls nothing (tryPoll).
 		s.shutdown(s.ch.Interrupt)
 		s.cqMu.Lock()
-		s.cq.Destroy()
+		retryDestroy(s.cq.Destroy)
 		s.cqMu.Unlock()
-		s.ch.Destroy()
+		retryDestroy(s.ch.Destroy)
 	}
 }

@@ -43,12 +43,16 @@ func (c *Conn) registerMem(size int, access Access) (*Region, error) {
 	mr, err := c.ar.pd.RegMRAccess(mem[:size], access&RemoteRead != 0, access&RemoteWrite != 0 || iw && access == 0)
 	var sink *ibv.MR
 	if err == nil && iw && access != 0 {
-		if sink, err = c.ar.pd.RegMRAccess(mem[:size], false, true); err != nil {
-			mr.Dereg()
+		if sink, err = c.ar.pd.RegMRAccess(mem[:size], false, true); err != nil && retryDestroy(mr.Dereg) != nil {
+			// Left registered, and so mapped (see arena.stuck).
+			c.ar.stuck.Add(1)
+			mem = nil
 		}
 	}
 	if err != nil {
-		unix.Munmap(mem)
+		if mem != nil {
+			unix.Munmap(mem)
+		}
 		var lim unix.Rlimit
 		if errors.Is(err, syscall.ENOMEM) && unix.Getrlimit(unix.RLIMIT_MEMLOCK, &lim) == nil && lim.Cur != unix.RLIM_INFINITY {
 			return nil, &memlockError{need: size, limit: lim.Cur, err: err}
@@ -72,11 +76,19 @@ func (c *Conn) registerMem(size int, access Access) (*Region, error) {
 }
 
 // freeRegion deregisters a region, which revokes the peer's access, and
-// unmaps it.
+// unmaps it. A registration that cannot be undone stays, with its memory
+// mapped and counted, and the connection's arena serves no other
+// connection (see arena.stuck).
 func (c *Conn) freeRegion(r *Region) {
-	r.sys.mr.Dereg()
-	if r.sys.sink != nil {
-		r.sys.sink.Dereg()
+	stuck := 0
+	for _, mr := range []*ibv.MR{r.sys.mr, r.sys.sink} {
+		if mr != nil && retryDestroy(mr.Dereg) != nil {
+			stuck++
+		}
+	}
+	if stuck > 0 {
+		c.ar.stuck.Add(int32(stuck))
+		return
 	}
 	unix.Munmap(r.mem)
 	c.dev.addRegistered(-r.size)
