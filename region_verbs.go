@@ -75,42 +75,36 @@ func (c *Conn) registerMem(size int, access Access) (*Region, error) {
 	return r, nil
 }
 
-// freeRegion deregisters a region, which revokes the peer's access, and
-// unmaps it. A registration that cannot be undone stays, with its memory
-// mapped and counted, and the connection's arena serves no other
-// connection (see arena.stuck).
-func (c *Conn) freeRegion(r *Region) {
+// deregRegion deregisters a region, which ends the NIC's access to it
+// (the peer's accesses fail). A registration that cannot be undone
+// stays, counted as registered, and the connection's arena serves no
+// other connection (see arena.stuck). A Region built without a
+// registration (host tests) has none to undo.
+func (c *Conn) deregRegion(r *Region) error {
+	var err error
 	stuck := 0
 	for _, mr := range []*ibv.MR{r.sys.mr, r.sys.sink} {
-		if mr != nil && retryDestroy(mr.Dereg) != nil {
+		if mr == nil {
+			continue
+		}
+		if e := retryDestroy(mr.Dereg); e != nil {
 			stuck++
+			err = e
 		}
 	}
 	if stuck > 0 {
 		c.ar.stuck.Add(int32(stuck))
-		return
+		return err
 	}
-	unix.Munmap(r.mem)
-	c.dev.addRegistered(-r.size)
-	c.mu.Lock()
-	c.st.RegisteredBytes -= r.size
-	c.mu.Unlock()
+	if c.dev != nil {
+		c.dev.addRegistered(-r.size)
+	}
+	return nil
 }
 
-// releaseRegions frees every region and the bounce memory once the QP is
-// gone (nothing can use them any more), before the arena's PD goes to the
-// next connection.
-func (c *Conn) releaseRegions() {
-	c.regMu.Lock()
-	defer c.regMu.Unlock()
-	c.mu.Lock()
-	c.abortOneSided()
-	regs := append([]*Region(nil), c.os.regions...)
-	if b := c.os.bounce; b != nil {
-		regs = append(regs, b)
-	}
-	c.mu.Unlock()
-	for _, r := range regs {
-		r.free()
+// unmapMem unmaps a region's memory (nil: nothing).
+func unmapMem(mem []byte) {
+	if mem != nil {
+		unix.Munmap(mem)
 	}
 }
