@@ -51,6 +51,9 @@ type arena struct {
 	// connection (reusable), and its PD, which cannot be deallocated
 	// while anything is registered in it, is left with it.
 	stuck atomic.Int32
+	// stale: the receive ring's registration could not be replaced
+	// (rekey): a past peer's key still works on it.
+	stale bool
 }
 
 // arenaKey is what an arena laid out as lay is kept for.
@@ -111,13 +114,15 @@ func registerError(err error, size int) error {
 // deallocates whatever a has; no other QP may still be in its PD. What
 // cannot be undone stays: memory whose registration remains stays mapped
 // (the NIC may still use it), and the PD stays while anything remains
-// registered in it.
-func (a *arena) free() {
+// registered in it. It returns the bytes of a's own memory left
+// registered.
+func (a *arena) free() (stuckBytes int) {
 	a.destroyQP()
 	own := 0
 	for _, mr := range []*ibv.MR{a.recvMR, a.sendMR} {
 		if mr != nil && retryDestroy(mr.Dereg) != nil {
 			own++
+			stuckBytes += mr.Len()
 		}
 	}
 	a.recvMR, a.sendMR = nil, nil
@@ -129,12 +134,13 @@ func (a *arena) free() {
 	if a.pd != nil && a.stuck.Load() == 0 {
 		retryDestroy(a.pd.Dealloc)
 	}
+	return stuckBytes
 }
 
 // reusable reports whether a closed connection's arena may serve another
-// connection: its receive ring is registered (see rekey), and nothing
-// of its past connections stayed registered in its PD (stuck).
-func (a *arena) reusable() bool { return a.recvMR != nil && a.stuck.Load() == 0 }
+// connection: its receive ring is registered anew (see rekey), and
+// nothing of its past connections stayed registered in its PD (stuck).
+func (a *arena) reusable() bool { return a.recvMR != nil && !a.stale && a.stuck.Load() == 0 }
 
 // destroyQP destroys the pooled QP a holds, if any.
 func (a *arena) destroyQP() {
@@ -154,9 +160,8 @@ func destroyQP(qp *ibv.QP) { retryDestroy(qp.Destroy) }
 func (a *arena) rekey() error {
 	if err := retryDestroy(a.recvMR.Dereg); err != nil {
 		// The past peer's key stays valid: the arena must not serve
-		// another connection.
-		a.stuck.Add(1)
-		a.recvMR = nil
+		// another connection (free tries the deregistration again).
+		a.stale = true
 		return err
 	}
 	mr, err := a.pd.RegMRRemoteWrite(a.recv)
@@ -230,7 +235,7 @@ func (d *device) newArena(lay layout) (*arena, error) {
 // it kept one and the pool takes it, else without, else a is freed.
 func (d *device) keepArena(a *arena) {
 	if !a.reusable() {
-		a.free()
+		d.freeArena(a)
 		return
 	}
 	if a.qp != nil {
@@ -240,7 +245,15 @@ func (d *device) keepArena(a *arena) {
 		a.destroyQP()
 	}
 	if !d.pool.put(a, a.key, false) {
-		a.free()
+		d.freeArena(a)
+	}
+}
+
+// freeArena frees a, counting what of its memory stays registered
+// (a.free) in the device's registered memory.
+func (d *device) freeArena(a *arena) {
+	if n := a.free(); n > 0 {
+		d.addRegistered(n)
 	}
 }
 
@@ -249,7 +262,7 @@ func (d *device) keepArena(a *arena) {
 func (d *device) dropPool() int {
 	as := d.pool.drop()
 	for _, a := range as {
-		a.free()
+		d.freeArena(a)
 	}
 	return len(as)
 }

@@ -33,5 +33,6 @@ func TestArenaReusable(t *testing.T) {
 	require.True(t, a.reusable())
 	a.stuck.Add(1)
 	require.False(t, a.reusable(), "a registration in its PD stayed")
+	require.False(t, (&arena{recvMR: &ibv.MR{}, stale: true}).reusable(), "a past peer's key still works on its receive ring")
 	require.False(t, (&arena{}).reusable(), "its receive ring is not registered")
 }

@@ -5,6 +5,7 @@ package rdma
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -50,8 +51,11 @@ type device struct {
 	// waiter.postAside).
 	postAside bool
 
-	refs       int         // under devMu
-	registered int         // bytes connections registered, under devMu
+	refs int // under devMu
+	// registered is the bytes connections registered, and those whose
+	// deregistration failed; atomic, so that an arena freed with devMu
+	// held can count what it leaves registered (see keepArena).
+	registered atomic.Int64
 	idle       *time.Timer // while it lingers with no reference, under devMu
 
 	// pool keeps closed connections' arenas and QPs (see pool.go); keepQPs
@@ -446,18 +450,14 @@ func (d *device) isRemoved() bool {
 
 // addRegistered counts memory a connection registered (or, negative,
 // released).
-func (d *device) addRegistered(n int) {
-	devMu.Lock()
-	d.registered += n
-	devMu.Unlock()
-}
+func (d *device) addRegistered(n int) { d.registered.Add(int64(n)) }
 
 func devicesStats() []DeviceStats {
 	devMu.Lock()
 	defer devMu.Unlock()
 	var s []DeviceStats
 	for _, d := range devices {
-		st := DeviceStats{Name: d.ctx.Name(), Connections: d.refs, CompletionQueues: len(d.cqs), RegisteredBytes: d.registered,
+		st := DeviceStats{Name: d.ctx.Name(), Connections: d.refs, CompletionQueues: len(d.cqs), RegisteredBytes: int(d.registered.Load()),
 			ActiveMTU: d.ctx.ActiveMTU(1)}
 		st.PooledBytes, st.PooledQPs = d.pool.counts()
 		for _, q := range d.cqs {
