@@ -5,6 +5,17 @@ import "context"
 // The bounce memory of ReadAt and WriteAt: chunks of registered memory
 // (local access only, registered on first use) that a plain []byte's
 // bytes pass through on their way to or from a peer's region.
+//
+// A caller copies into a chunk before its operation and out of it after
+// the completion, without the connection's lock, so the release (which
+// may come at any time: a Close, a failure, the device's removal) must
+// not unmap memory a caller may still be copying; nor may it wait for
+// the callers, whose operations the drain may have given up on. So the
+// release revokes the bounce memory at once (the NIC's access ends with
+// its registration), and the memory is unmapped once no caller holds a
+// chunk: by the release if none does, else by the last putChunk. A
+// caller holding a chunk then cannot start another operation (the
+// connection is over), so it gives the chunk back soon.
 
 // Bounce memory of ReadAt and WriteAt: bounceChunks chunks of
 // bounceChunk bytes, registered (local access only) on first use.
@@ -124,7 +135,8 @@ func (c *Conn) getChunk(wait bool) (int, error) {
 	}
 }
 
-// putChunk gives a bounce chunk back.
+// putChunk gives a bounce chunk back; the last one back after the
+// release unmaps the bounce memory.
 func (c *Conn) putChunk(i int) {
 	c.mu.Lock()
 	c.os.chunksFree = append(c.os.chunksFree, i)
@@ -133,5 +145,21 @@ func (c *Conn) putChunk(i int) {
 	if c.life.phase == phaseDead {
 		signal(c.drained)
 	}
+	mem := c.takeBounceMem()
 	c.mu.Unlock()
+	unmapMem(mem)
+}
+
+// takeBounceMem returns the bounce memory for the caller to unmap, once
+// the release revoked it and no caller holds a chunk of it, and nil
+// until then (or when its deregistration failed: the NIC may still use
+// it); mu is held.
+func (c *Conn) takeBounceMem() []byte {
+	b := c.os.bounce
+	if b == nil || !c.os.bounceGone || c.os.chunksOut > 0 || b.revokeErr != nil {
+		return nil
+	}
+	mem := b.mem
+	b.mem = nil
+	return mem
 }

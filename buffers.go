@@ -5,8 +5,8 @@ package rdma
 import (
 	"errors"
 	"os"
+	"sync/atomic"
 	"syscall"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -43,6 +43,17 @@ type arena struct {
 	qp      *ibv.QP
 	qpShard *cqShard
 	inline  int
+
+	// stuck counts the registrations in its PD that could not be undone
+	// (retryDestroy gave up): a region's, a big ring's, or its own. Such
+	// a registration outlives the connection, and the peer of the next
+	// QP in the PD could use its key; so the arena serves no other
+	// connection (reusable), and its PD, which cannot be deallocated
+	// while anything is registered in it, is left with it.
+	stuck atomic.Int32
+	// stale: the receive ring's registration could not be replaced
+	// (rekey): a past peer's key still works on it.
+	stale bool
 }
 
 // arenaKey is what an arena laid out as lay is kept for.
@@ -100,20 +111,36 @@ func registerError(err error, size int) error {
 }
 
 // free destroys a's QP, if it holds one, and deregisters, unmaps and
-// deallocates whatever a has; no other QP may still be in its PD.
-func (a *arena) free() {
+// deallocates whatever a has; no other QP may still be in its PD. What
+// cannot be undone stays: memory whose registration remains stays mapped
+// (the NIC may still use it), and the PD stays while anything remains
+// registered in it. It returns the bytes of a's own memory left
+// registered.
+func (a *arena) free() (stuckBytes int) {
 	a.destroyQP()
-	if a.recvMR != nil {
-		a.recvMR.Dereg()
+	own := 0
+	for _, mr := range []*ibv.MR{a.recvMR, a.sendMR} {
+		if mr != nil && retryDestroy(mr.Dereg) != nil {
+			own++
+			stuckBytes += mr.Len()
+		}
 	}
-	if a.sendMR != nil {
-		a.sendMR.Dereg()
-	}
-	if a.mem != nil {
+	a.recvMR, a.sendMR = nil, nil
+	a.stuck.Add(int32(own))
+	if a.mem != nil && own == 0 {
 		unix.Munmap(a.mem)
+		a.mem = nil
 	}
-	a.pd.Dealloc()
+	if a.pd != nil && a.stuck.Load() == 0 {
+		retryDestroy(a.pd.Dealloc)
+	}
+	return stuckBytes
 }
+
+// reusable reports whether a closed connection's arena may serve another
+// connection: its receive ring is registered anew (see rekey), and
+// nothing of its past connections stayed registered in its PD (stuck).
+func (a *arena) reusable() bool { return a.recvMR != nil && !a.stale && a.stuck.Load() == 0 }
 
 // destroyQP destroys the pooled QP a holds, if any.
 func (a *arena) destroyQP() {
@@ -126,22 +153,15 @@ func (a *arena) destroyQP() {
 // destroyQP destroys a QP no id holds.
 func destroyQP(qp *ibv.QP) { retryDestroy(qp.Destroy) }
 
-// retryDestroy calls destroy until it succeeds, 100 times at most. The
-// kernel refuses (EBUSY) to destroy a QP another verb is using at that
-// moment; nothing of ours should be, but a bounded retry beats leaking the
-// QP and, with it, the device.
-func retryDestroy(destroy func() error) {
-	for i := 0; destroy() != nil && i < 100; i++ {
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // rekey registers the receive ring again, for a new rkey: the pooled QP
 // keeps its number, so a past peer that still sent to it (with a packet
 // sequence number it guessed) would otherwise find the ring's key the
 // same as when the ring was its own.
 func (a *arena) rekey() error {
-	if err := a.recvMR.Dereg(); err != nil {
+	if err := retryDestroy(a.recvMR.Dereg); err != nil {
+		// The past peer's key stays valid: the arena must not serve
+		// another connection (free tries the deregistration again).
+		a.stale = true
 		return err
 	}
 	mr, err := a.pd.RegMRRemoteWrite(a.recv)
@@ -153,7 +173,7 @@ func (a *arena) rekey() error {
 // arena's PD, mapped apart from the arena, and counts them in the
 // device's registered memory.
 type verbsRings struct {
-	pd  *ibv.PD
+	ar  *arena
 	dev *device
 }
 
@@ -164,9 +184,9 @@ func (v verbsRings) allocRing(size int, remote bool) (*ringMem, error) {
 	}
 	var mr *ibv.MR
 	if remote {
-		mr, err = v.pd.RegMRRemoteWrite(mem)
+		mr, err = v.ar.pd.RegMRRemoteWrite(mem)
 	} else {
-		mr, err = v.pd.RegMR(mem)
+		mr, err = v.ar.pd.RegMR(mem)
 	}
 	if err != nil {
 		unix.Munmap(mem)
@@ -176,8 +196,14 @@ func (v verbsRings) allocRing(size int, remote bool) (*ringMem, error) {
 	return &ringMem{buf: mem, base: addrOf(mem), lkey: mr.LKey, rkey: mr.RKey, reg: mr}, nil
 }
 
+// freeRing deregisters and unmaps a ring; one whose registration cannot
+// be undone stays mapped and counted, and its arena serves no other
+// connection.
 func (v verbsRings) freeRing(m *ringMem) {
-	m.reg.(*ibv.MR).Dereg()
+	if retryDestroy(m.reg.(*ibv.MR).Dereg) != nil {
+		v.ar.stuck.Add(1)
+		return
+	}
 	unix.Munmap(m.buf)
 	v.dev.addRegistered(-len(m.buf))
 }
@@ -208,8 +234,8 @@ func (d *device) newArena(lay layout) (*arena, error) {
 // keepArena gives a closed connection's arena to the pool: with its QP if
 // it kept one and the pool takes it, else without, else a is freed.
 func (d *device) keepArena(a *arena) {
-	if a.recvMR == nil {
-		a.free() // its receive ring lost its registration (see rekey)
+	if !a.reusable() {
+		d.freeArena(a)
 		return
 	}
 	if a.qp != nil {
@@ -219,7 +245,15 @@ func (d *device) keepArena(a *arena) {
 		a.destroyQP()
 	}
 	if !d.pool.put(a, a.key, false) {
-		a.free()
+		d.freeArena(a)
+	}
+}
+
+// freeArena frees a, counting what of its memory stays registered
+// (a.free) in the device's registered memory.
+func (d *device) freeArena(a *arena) {
+	if n := a.free(); n > 0 {
+		d.addRegistered(n)
 	}
 }
 
@@ -228,7 +262,7 @@ func (d *device) keepArena(a *arena) {
 func (d *device) dropPool() int {
 	as := d.pool.drop()
 	for _, a := range as {
-		a.free()
+		d.freeArena(a)
 	}
 	return len(as)
 }

@@ -44,10 +44,29 @@ func TestLayout(t *testing.T) {
 func TestCompletionQueueEntries(t *testing.T) {
 	n, err := Options{}.CompletionQueueEntries()
 	require.NoError(t, err)
-	require.Equal(t, DefaultRecvDepth+DefaultSendDepth+27, n, "receives (+4 control, +1 fin), sends, control sends (4 + fin), one-sided operations (16), the drain marker")
+	require.Equal(t, DefaultRecvDepth+DefaultSendDepth+28, n, "receives (+4 control, +1 fin), sends, control sends (4 + fin), one-sided operations (16), the keepalive probe, the drain marker")
 	n, err = Options{SendDepth: 1024, RecvDepth: 1024}.CompletionQueueEntries()
 	require.NoError(t, err)
-	require.Equal(t, 2075, n)
+	require.Equal(t, 2076, n)
 	_, err = Options{SendDepth: -1}.CompletionQueueEntries()
 	require.Error(t, err)
+}
+
+// A flush completes every work request a QP holds, so a connection's CQ
+// reservation covers both its queues whole: every receive, and every
+// send it may have posted at once, the keepalive probe and the drain
+// marker included (all of them at once: a teardown's marker may follow a
+// probe still unanswered, behind full data, control and one-sided
+// shares).
+func TestCQEntriesCoverEveryWorkRequest(t *testing.T) {
+	for _, o := range []Options{{}, {SendDepth: 2, RecvDepth: 2}, {SendDepth: 1024, RecvDepth: 3}} {
+		o, err := o.normalized()
+		require.NoError(t, err)
+		for _, l := range []layout{newLayout(o), newLayout(o).withHeaders()} {
+			const probe, marker = 1, 1
+			sends := l.dataWRs() + l.ctrlSlots + oneSidedDepth + probe + marker
+			require.Equal(t, sends, l.sendQueue(), "%+v: the send queue holds them all", o)
+			require.Equal(t, l.recvSlots+sends, l.cqEntries(), "%+v, headers %v", o, l.headers())
+		}
+	}
 }

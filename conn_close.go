@@ -87,8 +87,9 @@ func (c *Conn) Close() error {
 	}
 	c.life.set(shutClosed)
 	close(c.closing)
-	// Its regions close with it, now: the release, which may run after
-	// Close returns, frees them.
+	// No operation starts on its regions from now on: the release, which
+	// may run after Close returns, revokes them (their memory stays
+	// until each region's Close: see Region).
 	for _, r := range c.os.regions {
 		r.closed = true
 	}

@@ -149,6 +149,9 @@ func (c *Conn) setup(opts Options) error {
 		c.vqp, ar.inline = ibv.QPFrom(qp), inline
 	}
 	inline := ar.inline
+	if err := checkInline(c.lay, inline); err != nil {
+		return err
+	}
 	c.vqp.SerialPosts = dev.serialPosts
 	cqs.add(c.vqp.Num, c)
 	c.mu.Lock()
@@ -158,7 +161,7 @@ func (c *Conn) setup(opts Options) error {
 	}
 	c.rs.arenaRx.rkey, c.rs.arenaRx.lkey = c.ar.recvMR.RKey, c.ar.recvMR.LKey
 	c.w.postAside = dev.postAside
-	c.rs.alloc = verbsRings{pd: c.ar.pd, dev: dev}
+	c.rs.alloc = verbsRings{ar: c.ar, dev: dev}
 	return nil
 }
 

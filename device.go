@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -57,8 +58,11 @@ type device struct {
 	// waiter.postAside).
 	postAside bool
 
-	refs       int         // under devMu
-	registered int         // bytes connections registered, under devMu
+	refs int // under devMu
+	// registered is the bytes connections registered, and those whose
+	// deregistration failed; atomic, so that an arena freed with devMu
+	// held can count what it leaves registered (see keepArena).
+	registered atomic.Int64
 	idle       *time.Timer // while it lingers with no reference, under devMu
 
 	// pool keeps closed connections' arenas and QPs (see pool.go); keepQPs
@@ -228,7 +232,7 @@ func (d *device) newCQ(size int) (*cqShard, error) {
 	cq, err := d.ctx.CreateCQ(size, ch)
 	if err != nil {
 		ch.Interrupt()
-		ch.Destroy()
+		retryDestroy(ch.Destroy)
 		return nil, err
 	}
 	s := &cqShard{poller: newPoller(cq, ch), ch: ch, cq: cq}
@@ -531,18 +535,14 @@ func (d *device) isRemoved() bool {
 
 // addRegistered counts memory a connection registered (or, negative,
 // released).
-func (d *device) addRegistered(n int) {
-	devMu.Lock()
-	d.registered += n
-	devMu.Unlock()
-}
+func (d *device) addRegistered(n int) { d.registered.Add(int64(n)) }
 
 func devicesStats() []DeviceStats {
 	devMu.Lock()
 	defer devMu.Unlock()
 	var s []DeviceStats
 	for _, d := range devices {
-		st := DeviceStats{Name: d.ctx.Name(), Connections: d.refs, CompletionQueues: len(d.cqs), RegisteredBytes: d.registered,
+		st := DeviceStats{Name: d.ctx.Name(), Connections: d.refs, CompletionQueues: len(d.cqs), RegisteredBytes: int(d.registered.Load()),
 			ActiveMTU: d.ctx.ActiveMTU(1)}
 		st.PooledBytes, st.PooledQPs = d.pool.counts()
 		for _, q := range d.cqs {
@@ -563,8 +563,13 @@ func (d *device) destroy() {
 	// The pooled QPs before the CQs they use.
 	d.dropPool()
 	for _, s := range d.cqs {
+		// shutdown marks the poller stopped; taking cqMu then waits out
+		// a spinning Read's or one-sided wait's poll in progress, and
+		// every later one sees the mark and polls nothing (tryPoll).
 		s.shutdown(s.ch.Interrupt)
-		s.cq.Destroy()
-		s.ch.Destroy()
+		s.cqMu.Lock()
+		retryDestroy(s.cq.Destroy)
+		s.cqMu.Unlock()
+		retryDestroy(s.ch.Destroy)
 	}
 }

@@ -3,6 +3,7 @@ package rdma
 import (
 	"bytes"
 	"io"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -259,4 +260,24 @@ func TestConnHeadersInlineData(t *testing.T) {
 		got = append(got, buf[:n]...)
 	}
 	require.Equal(t, "hello, big world", string(got))
+}
+
+// A QP whose inline room cannot take a header fails the setup of a
+// connection whose headers go as SENDs (posted inline), with an error
+// that says why; where immediate data carries the headers, any inline
+// room, none included, will do.
+func TestCheckInline(t *testing.T) {
+	o, err := Options{}.normalized()
+	require.NoError(t, err)
+	imm, hdrs := newLayout(o), newLayout(o).withHeaders()
+	for _, n := range []int{0, 1, ibv.HeaderLen - 1, ibv.HeaderLen, 64, 256} {
+		require.NoError(t, checkInline(imm, n), "immediate data, %d bytes inline", n)
+		err := checkInline(hdrs, n)
+		if n >= ibv.HeaderLen {
+			require.NoError(t, err, "headers as SENDs, %d bytes inline", n)
+			continue
+		}
+		require.ErrorIs(t, err, syscall.EOPNOTSUPP, "headers as SENDs, %d bytes inline", n)
+		require.Contains(t, err.Error(), "inline")
+	}
 }

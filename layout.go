@@ -88,15 +88,16 @@ func (l layout) withHeaders() layout {
 // headers reports whether headers travel as SEND payloads (withHeaders).
 func (l layout) headers() bool { return l.hdrs > 0 }
 
-// cqEntries is what a connection reserves on its device's shared CQ: one
-// entry per receive, data message, control message and one-sided
-// operation it may have outstanding, and one for the teardown's drain
-// marker.
+// cqEntries is what a connection reserves on its device's shared CQ: an
+// entry for every work request its queues may hold at once, receives and
+// sends (sendQueue: data messages, control messages, one-sided
+// operations, the keepalive probe and the teardown's drain marker). A
+// flush completes every one of them, signaled or not, so a reservation
+// of fewer lets one connection overflow the CQ, which fails every
+// connection on it.
 // With headers as SENDs a data message's RDMA WRITE is a work request of
 // its own, which a flush completes too.
-func (l layout) cqEntries() int {
-	return l.recvSlots + l.dataWRs() + l.ctrlSlots + oneSidedDepth + 1
-}
+func (l layout) cqEntries() int { return l.recvSlots + l.sendQueue() }
 
 // dataWRs is how many work requests the data messages in flight take.
 func (l layout) dataWRs() int {
@@ -108,8 +109,8 @@ func (l layout) dataWRs() int {
 
 // cqFixed is what a connection's CQ entries add to RecvDepth + SendDepth
 // (cqEntries): the control receives and sends on both sides, the
-// one-sided operations and the drain marker.
-const cqFixed = 2*(ctrlDepth+finSlots) + oneSidedDepth + 1
+// one-sided operations, the keepalive probe and the drain marker.
+const cqFixed = 2*(ctrlDepth+finSlots) + oneSidedDepth + 2
 
 // sendQueue is the depth of a connection's send queue: the data and
 // control messages, the one-sided operations, the keepalive probe and the

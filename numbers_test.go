@@ -20,18 +20,18 @@ func TestDocumentedNumbers(t *testing.T) {
 	require.Equal(t, 64, opts.RecvDepth)
 
 	// README: 32 KiB registered by an idle connection end, 2,080 KiB by
-	// one grown, and 107 CQ entries per connection end; resources.go's
-	// message: RecvDepth + SendDepth + 27.
+	// one grown, and 108 CQ entries per connection end; resources.go's
+	// message: RecvDepth + SendDepth + 28.
 	lay := newLayout(opts)
 	require.Equal(t, 32<<10, lay.size())
 	require.Equal(t, 2080<<10, lay.size()+2*lay.bigRing)
 	mem, err := Options{}.RegisteredMemory()
 	require.NoError(t, err)
 	require.Equal(t, 32<<10, mem)
-	require.Equal(t, 107, lay.cqEntries())
-	require.Equal(t, 27, cqFixed)
+	require.Equal(t, 108, lay.cqEntries())
+	require.Equal(t, 28, cqFixed)
 	require.Equal(t, opts.RecvDepth+opts.SendDepth+cqFixed, lay.cqEntries())
-	require.Contains(t, (&cqLimitError{need: 107, max: 100}).Error(), "RecvDepth + SendDepth + 27")
+	require.Contains(t, (&cqLimitError{need: 108, max: 100}).Error(), "RecvDepth + SendDepth + 28")
 
 	// README "Failures": a listener keeps at most 32 MiB of half-open
 	// connections, 1,024 of 32 KiB with the defaults (and at least 32),

@@ -63,6 +63,7 @@ type oneSided struct {
 	bounce     *Region
 	chunksFree []int // free bounce chunks
 	chunksOut  int   // bounce chunks held by callers
+	bounceGone bool  // the release revoked the bounce memory: it is unmapped once no chunk is held
 }
 
 func (t *oneSided) init() {

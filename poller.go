@@ -163,9 +163,16 @@ func (p *poller) spinEnd() {
 
 // tryPoll polls and dispatches one batch on the caller's goroutine unless
 // another goroutine is polling: a Read waiting for a reply picks it up
-// without the hop through the poller goroutine.
+// without the hop through the poller goroutine. Once the poller is
+// stopped it polls nothing: the device destroys the CQ after shutdown
+// (with cqMu held), and a Read or one-sided wait still spinning on a
+// connection of a device being removed must not poll freed memory.
 func (p *poller) tryPoll() {
 	if !p.cqMu.TryLock() {
+		return
+	}
+	if p.stop.Load() {
+		p.cqMu.Unlock()
 		return
 	}
 	var fl [spinBatch]completer

@@ -418,3 +418,32 @@ func TestPollerLosesEventsWhenWaitKeepsFailing(t *testing.T) {
 type failingChannel struct{ err error }
 
 func (f failingChannel) Wait() error { return f.err }
+
+// Once the poller is shut down, a spinning Read or one-sided wait polls
+// the CQ no more: the device destroys it next.
+func TestPollerTryPollAfterShutdown(t *testing.T) {
+	cq := &fakeCQ{}
+	ch := newFakeChannel()
+	p := newPoller(cq, ch)
+	a := &fakeCompleter{p: p}
+	p.add(1, a)
+	go p.run()
+	<-ch.waits
+	p.shutdown(ch.interrupt)
+	cq.mu.Lock()
+	polls := cq.polls
+	cq.mu.Unlock()
+
+	cq.add(wc(1, 1))
+	p.spinStart()
+	for range 100 {
+		p.tryPoll()
+	}
+	p.spinEnd()
+	cq.mu.Lock()
+	require.Equal(t, polls, cq.polls, "no poll after shutdown")
+	cq.mu.Unlock()
+	require.Empty(t, a.got)
+	require.True(t, p.cqMu.TryLock(), "tryPoll leaves the CQ unlocked")
+	p.cqMu.Unlock()
+}

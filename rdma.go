@@ -284,8 +284,8 @@ func (o Options) GrownRegisteredMemory() (int, error) {
 // CompletionQueueEntries returns how many entries of its device's shared
 // completion queue a connection with these options reserves: one per
 // receive and send it may have outstanding (RecvDepth + SendDepth + 10),
-// one per one-sided operation (16: see RemoteRegion) and one for its
-// teardown. A device's queue holds at most its max_cqe
+// one per one-sided operation (16: see RemoteRegion), one for the
+// keepalive probe and one for its teardown. A device's queue holds at most its max_cqe
 // entries (cmd/rdmainfo reports it), which bounds the connections one
 // process can have on a device; it returns an error for options Dial and
 // Listen would refuse.

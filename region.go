@@ -83,11 +83,17 @@ func inBounds(off int64, n int, size uint64) bool {
 // and registered on one connection: the peer reads or writes it as its
 // Access allows, through its Key, and the local side moves data between it
 // and the peer's regions with RemoteRegion's ReadAtContext and
-// WriteAtContext. Close revokes it. Closing the connection closes its
-// regions.
+// WriteAtContext. Close revokes it and unmaps its memory.
+//
+// The connection's end (its Close, a failure, the device's removal)
+// revokes its regions too, but leaves their memory mapped until each
+// region's Close: the application may still hold the slice Bytes
+// returned, and memory unmapped under it would fault the next time it is
+// used, which kills the process. So a region's memory is given back only
+// by its Close, whatever happens to the connection.
 type Region struct {
 	c      *Conn
-	mem    []byte // the whole mapping (whole pages); nil once freed
+	mem    []byte // the whole mapping (whole pages); nil once unmapped
 	size   int
 	access Access
 	key    RemoteKey
@@ -96,24 +102,28 @@ type Region struct {
 	sys    regionSys
 
 	// Under c.mu.
-	pins     int           // one-sided operations in flight that use it
-	closed   bool          // Close was called, or the connection released it
-	unpinned chan struct{} // capacity 1: pins reached zero
-
-	freeOnce sync.Once
+	pins       int           // one-sided operations in flight that use it
+	closed     bool          // revoked or being closed: no operation starts on it
+	closing    bool          // Close was called
+	revokeErr  error         // the deregistration's failure
+	unpinned   chan struct{} // capacity 1: pins reached zero
+	revokeOnce sync.Once
 }
 
 // Bytes returns the region's memory: the peer's RDMA WRITEs land there
 // and its READs read from there, with no synchronization but the
 // application's own (say, a message over the connection once a block is
-// written). The slice must not be used after Close, which unmaps it.
+// written). The memory stays mapped until Close, even once the
+// connection is over (its last contents stay readable then); the slice
+// must not be used after Close, which unmaps it. Once Close is called,
+// Bytes returns nil.
 func (r *Region) Bytes() []byte {
 	if r == nil || r.c == nil {
 		return nil
 	}
 	r.c.mu.Lock()
 	defer r.c.mu.Unlock()
-	if r.closed {
+	if r.closing || r.mem == nil {
 		return nil
 	}
 	return r.mem[:r.size:r.size]
@@ -144,23 +154,27 @@ func (r *Region) Key() RemoteKey {
 	return r.key
 }
 
-// Close revokes the region: once it returns, the peer's accesses fail (and
-// break the connection: see ErrRemoteAccess) and the memory is unmapped.
-// It waits for the local operations in flight that use the region, even
-// those whose caller gave up on its context, to complete first. Closing a
-// region again, or one its connection's Close closed, returns an error
-// wrapping net.ErrClosed.
+// Close revokes the region and unmaps its memory: once it returns, the
+// peer's accesses fail (and break the connection: see ErrRemoteAccess),
+// and the slice Bytes returned must not be used. It waits for the local
+// operations in flight that use the region, even those whose caller gave
+// up on its context, to complete first. A region whose connection is over
+// is revoked already: Close unmaps its memory, which only Close does (see
+// Region). Closing a region again returns an error wrapping
+// net.ErrClosed. Should the deregistration fail (an *os.SyscallError
+// naming ibv_dereg_mr), the NIC may still use the memory, which then
+// stays mapped.
 func (r *Region) Close() error {
 	if r == nil || r.c == nil {
 		return errInvalid("close")
 	}
 	c := r.c
 	c.mu.Lock()
-	if r.closed {
+	if r.closing {
 		c.mu.Unlock()
 		return c.opErr("close", net.ErrClosed)
 	}
-	r.closed = true
+	r.closing, r.closed = true, true
 	// Operations in flight complete: the peer answers, or the
 	// connection fails and its queue is flushed. Once the teardown has
 	// drained the QP, nothing uses the region any more.
@@ -173,21 +187,59 @@ func (r *Region) Close() error {
 		c.mu.Lock()
 	}
 	c.mu.Unlock()
-	r.free()
+	if err := r.revoke(); err != nil {
+		return c.opErr("close", err)
+	}
+	c.mu.Lock()
+	mem := r.mem
+	r.mem = nil
+	c.mu.Unlock()
+	unmapMem(mem)
 	return nil
 }
 
-// free deregisters and unmaps the region, once: by Close, or by the
-// connection's release.
-func (r *Region) free() {
-	r.freeOnce.Do(func() {
-		r.c.freeRegion(r)
-		r.c.mu.Lock()
-		r.closed = true
-		r.mem = nil
-		r.c.os.forget(r)
-		r.c.mu.Unlock()
+// revoke deregisters the region, once, by Close or by the connection's
+// release: the NIC's access to it ends (the peer's accesses fail), and
+// no operation starts on it any more. Its memory stays mapped.
+func (r *Region) revoke() error {
+	r.revokeOnce.Do(func() {
+		c := r.c
+		err := c.deregRegion(r)
+		c.mu.Lock()
+		r.closed, r.revokeErr = true, err
+		if err == nil {
+			c.st.RegisteredBytes -= r.size
+		}
+		c.os.forget(r)
+		c.mu.Unlock()
 	})
+	return r.revokeErr
+}
+
+// releaseRegions revokes every region and the bounce memory once the QP
+// is gone (nothing can use them any more), before the arena's PD goes to
+// the next connection. The regions' memory stays mapped until their
+// Close (see Region); the bounce memory's until no caller holds a chunk
+// of it (see bounce.go).
+func (c *Conn) releaseRegions() {
+	c.regMu.Lock()
+	defer c.regMu.Unlock()
+	c.mu.Lock()
+	c.abortOneSided()
+	regs := append([]*Region(nil), c.os.regions...)
+	b := c.os.bounce
+	c.mu.Unlock()
+	for _, r := range regs {
+		r.revoke()
+	}
+	if b != nil {
+		b.revoke()
+		c.mu.Lock()
+		c.os.bounceGone = true
+		mem := c.takeBounceMem()
+		c.mu.Unlock()
+		unmapMem(mem)
+	}
 }
 
 // RegisterRegion allocates size bytes (zeroed, outside the Go heap) and
@@ -195,7 +247,9 @@ func (r *Region) free() {
 // may read (RemoteRead) or write (RemoteWrite) them through the region's
 // Key, and nothing else. A region with access 0 is for this side's
 // ReadAtContext and WriteAtContext only. The memory counts as the
-// connection's registered memory (and against RLIMIT_MEMLOCK).
+// connection's registered memory (and against RLIMIT_MEMLOCK) while it is
+// registered. Only the region's Close gives the memory back: the end of
+// the connection revokes the region but leaves it mapped (see Region).
 func (c *Conn) RegisterRegion(size int, access Access) (*Region, error) {
 	if !c.ok() {
 		return nil, errInvalid("register")

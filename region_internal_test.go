@@ -365,6 +365,10 @@ func TestRegionAccessors(t *testing.T) {
 	p.c.mu.Lock()
 	r.closed = true
 	p.c.mu.Unlock()
+	require.Len(t, r.Bytes(), 4096, "a revoked region's memory stays until Close")
+	p.c.mu.Lock()
+	r.closing = true
+	p.c.mu.Unlock()
 	require.Nil(t, r.Bytes(), "a closed region's memory is gone")
 	var nilRegion *Region
 	require.Nil(t, nilRegion.Bytes())

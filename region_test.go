@@ -322,7 +322,8 @@ func TestRegionCancel(t *testing.T) {
 }
 
 // TestRegionConnClose: closing a connection with operations in flight
-// fails them (no hang), closes its regions and gives their memory back.
+// fails them (no hang), revokes its regions and gives their registrations
+// back; a region's memory stays mapped until its own Close.
 func TestRegionConnClose(t *testing.T) {
 	baseConns, baseReg := deviceTotals()
 	const size = 16 << 20
@@ -353,8 +354,11 @@ func TestRegionConnClose(t *testing.T) {
 	for err := range errs {
 		t.Logf("in flight at Close: %v", err)
 	}
-	require.ErrorIs(t, local.Close(), net.ErrClosed, "Close of the connection closed its regions")
+	require.Len(t, local.Bytes(), size, "Close of the connection revoked its regions, and left their memory mapped")
+	local.Bytes()[0] = 1
+	require.NoError(t, local.Close(), "the region's Close unmaps it")
 	require.Nil(t, local.Bytes())
+	require.ErrorIs(t, local.Close(), net.ErrClosed)
 	_, err = client.RegisterRegion(4096, 0)
 	require.ErrorIs(t, err, net.ErrClosed)
 	waitDeviceTotalsAbove(t, baseConns, baseReg)

@@ -43,12 +43,16 @@ func (c *Conn) registerMem(size int, access Access) (*Region, error) {
 	mr, err := c.ar.pd.RegMRAccess(mem[:size], access&RemoteRead != 0, access&RemoteWrite != 0 || iw && access == 0)
 	var sink *ibv.MR
 	if err == nil && iw && access != 0 {
-		if sink, err = c.ar.pd.RegMRAccess(mem[:size], false, true); err != nil {
-			mr.Dereg()
+		if sink, err = c.ar.pd.RegMRAccess(mem[:size], false, true); err != nil && retryDestroy(mr.Dereg) != nil {
+			// Left registered, and so mapped (see arena.stuck).
+			c.ar.stuck.Add(1)
+			mem = nil
 		}
 	}
 	if err != nil {
-		unix.Munmap(mem)
+		if mem != nil {
+			unix.Munmap(mem)
+		}
 		var lim unix.Rlimit
 		if errors.Is(err, syscall.ENOMEM) && unix.Getrlimit(unix.RLIMIT_MEMLOCK, &lim) == nil && lim.Cur != unix.RLIM_INFINITY {
 			return nil, &memlockError{need: size, limit: lim.Cur, err: err}
@@ -71,34 +75,36 @@ func (c *Conn) registerMem(size int, access Access) (*Region, error) {
 	return r, nil
 }
 
-// freeRegion deregisters a region, which revokes the peer's access, and
-// unmaps it.
-func (c *Conn) freeRegion(r *Region) {
-	r.sys.mr.Dereg()
-	if r.sys.sink != nil {
-		r.sys.sink.Dereg()
+// deregRegion deregisters a region, which ends the NIC's access to it
+// (the peer's accesses fail). A registration that cannot be undone
+// stays, counted as registered, and the connection's arena serves no
+// other connection (see arena.stuck). A Region built without a
+// registration (host tests) has none to undo.
+func (c *Conn) deregRegion(r *Region) error {
+	var err error
+	stuck := 0
+	for _, mr := range []*ibv.MR{r.sys.mr, r.sys.sink} {
+		if mr == nil {
+			continue
+		}
+		if e := retryDestroy(mr.Dereg); e != nil {
+			stuck++
+			err = e
+		}
 	}
-	unix.Munmap(r.mem)
-	c.dev.addRegistered(-r.size)
-	c.mu.Lock()
-	c.st.RegisteredBytes -= r.size
-	c.mu.Unlock()
+	if stuck > 0 {
+		c.ar.stuck.Add(int32(stuck))
+		return err
+	}
+	if c.dev != nil {
+		c.dev.addRegistered(-r.size)
+	}
+	return nil
 }
 
-// releaseRegions frees every region and the bounce memory once the QP is
-// gone (nothing can use them any more), before the arena's PD goes to the
-// next connection.
-func (c *Conn) releaseRegions() {
-	c.regMu.Lock()
-	defer c.regMu.Unlock()
-	c.mu.Lock()
-	c.abortOneSided()
-	regs := append([]*Region(nil), c.os.regions...)
-	if b := c.os.bounce; b != nil {
-		regs = append(regs, b)
-	}
-	c.mu.Unlock()
-	for _, r := range regs {
-		r.free()
+// unmapMem unmaps a region's memory (nil: nothing).
+func unmapMem(mem []byte) {
+	if mem != nil {
+		unix.Munmap(mem)
 	}
 }

@@ -4,6 +4,7 @@ package rdma_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -360,6 +361,87 @@ func TestDeviceRemovalWhileIdle(t *testing.T) {
 	defer wg.Wait()
 	defer ln2.Close()
 	c, err = rdma.Dial("rdma", ln2.Addr().String())
+	require.NoError(t, err, "Dial after the device came back")
+	transfer(t, c, c, "the device is back")
+	require.NoError(t, c.Close())
+}
+
+// TestRegionBytesAfterRemoval deletes the device while one-sided
+// operations (zero-copy and through the bounce memory) are in flight on
+// a connection with regions at both ends: the removal revokes the
+// regions, but their memory stays mapped until each region's Close, so
+// the slices Bytes returned before stay readable and writable (unmapped,
+// their next use killed the process with SIGSEGV), and each Close then
+// succeeds, once.
+func TestRegionBytesAfterRemoval(t *testing.T) {
+	needDevice(t)
+	out, err := exec.Command("rdma", "link", "show").Output()
+	require.NoError(t, err)
+	m := rxeLinkRE.FindStringSubmatch(string(out))
+	if m == nil {
+		t.Skipf("no software RDMA link to delete and add again: %s", out)
+	}
+	dev, netdev := m[1], m[2]
+
+	const size = 1 << 20
+	client, _, region, remote := regionPair(t, size, rdma.RemoteRead|rdma.RemoteWrite)
+	local, err := client.RegisterRegion(size, 0)
+	require.NoError(t, err)
+	held, heldLocal := region.Bytes(), local.Bytes()
+	for i := range held {
+		held[i] = byte(i)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ended := make(chan error, 2)
+	go func() {
+		for {
+			if err := remote.ReadAtContext(ctx, local, 0, size, 0); err != nil {
+				ended <- err
+				return
+			}
+		}
+	}()
+	go func() {
+		p := make([]byte, size)
+		for {
+			if _, err := remote.ReadAt(p, 0); err != nil {
+				ended <- err
+				return
+			}
+		}
+	}()
+	time.Sleep(200 * time.Millisecond)
+
+	took, err := rdmaLink(t, 30*time.Second, "delete", dev)
+	require.NoError(t, err, "rdma link delete completes once the library let go")
+	t.Logf("rdma link delete %s took %v", dev, took.Round(time.Millisecond))
+	for range 2 {
+		err := <-ended
+		t.Logf("in flight at the removal: %v", err)
+		require.Error(t, err)
+	}
+
+	for i := range held {
+		require.Equal(t, byte(i), held[i], "the region's bytes at %d", i)
+	}
+	copy(held, "written after the removal")
+	copy(heldLocal[size-64:], "written after the removal")
+	require.Equal(t, "written after the removal", string(heldLocal[size-64:size-64+25]))
+	require.Len(t, local.Bytes(), size, "the memory stays until Close")
+	require.NoError(t, region.Close(), "Close after the removal unmaps")
+	require.NoError(t, local.Close())
+	require.Nil(t, local.Bytes())
+	require.ErrorIs(t, local.Close(), net.ErrClosed)
+
+	_, err = rdmaLink(t, 30*time.Second, "add", dev, "type", linkType(), "netdev", netdev)
+	require.NoError(t, err)
+	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err, "Listen after the device came back")
+	wg := serveEcho(ln)
+	defer wg.Wait()
+	defer ln.Close()
+	c, err := rdma.Dial("rdma", ln.Addr().String())
 	require.NoError(t, err, "Dial after the device came back")
 	transfer(t, c, c, "the device is back")
 	require.NoError(t, c.Close())

@@ -3,6 +3,8 @@ package rdma
 import (
 	"fmt"
 	"syscall"
+
+	"github.com/goverbs/rdma/internal/ibv"
 )
 
 // Errors of a connection's setup that tell what to do: which limit was
@@ -54,3 +56,34 @@ func (e *cqLimitError) Error() string {
 }
 
 func (e *cqLimitError) Unwrap() error { return syscall.ENOSPC }
+
+// inlineError: the transport carries no immediate data, so every message
+// header goes as the payload of a SEND posted inline (ibv.SendHeader),
+// but the device gave the connection's QP less inline room than a
+// header. The first header's post would fail, in the middle of the
+// connection's life; the setup fails instead, saying why. Sending the
+// header from registered memory would take a registered header slot per
+// send in flight, kept until its completion; no iWARP provider known
+// grants less than 64 bytes inline (siw grants 80), so that is not
+// worth its cost on every send.
+type inlineError struct {
+	have int // the inline bytes the QP took
+}
+
+func (e *inlineError) Error() string {
+	return fmt.Sprintf("the device's queue pair sends at most %d bytes inline, fewer than the %d of a message header, "+
+		"which a transport without immediate data (iWARP) sends inline: the device cannot carry this protocol",
+		e.have, ibv.HeaderLen)
+}
+
+func (e *inlineError) Unwrap() error { return syscall.EOPNOTSUPP }
+
+// checkInline says whether a QP that sends maxInline bytes inline serves
+// a connection laid out as lay: one whose headers travel as SENDs needs
+// room for a header.
+func checkInline(lay layout, maxInline int) error {
+	if lay.headers() && maxInline < ibv.HeaderLen {
+		return &inlineError{have: maxInline}
+	}
+	return nil
+}

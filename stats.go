@@ -67,7 +67,10 @@ type DeviceStats struct {
 	// CompletionQueues is how many CQs its connections share: one until
 	// it reaches the device's max_cqe, then as many as needed.
 	CompletionQueues int
-	RegisteredBytes  int // memory registered by those connections
+	// RegisteredBytes is the memory registered by those connections, and
+	// any of theirs whose deregistration failed (it stays registered, and
+	// counted, as long as the device is in use).
+	RegisteredBytes int
 	// PooledBytes is registered memory of closed connections, kept for
 	// the next ones while the device is in use (at most 32 MiB unless
 	// SetDevicePool says otherwise).

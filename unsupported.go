@@ -54,4 +54,5 @@ func (l *Listener) halfOpenNow() int { return 0 }
 type regionSys struct{}
 
 func (c *Conn) registerMem(int, Access) (*Region, error) { return nil, ErrUnsupported }
-func (c *Conn) freeRegion(*Region)                       {}
+func (c *Conn) deregRegion(*Region) error                { return nil }
+func unmapMem([]byte)                                    {}

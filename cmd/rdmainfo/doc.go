@@ -18,8 +18,9 @@
 // registers Options.RegisteredMemory bytes when idle (more while it streams:
 // Options.GrownRegisteredMemory), counted against RLIMIT_MEMLOCK
 // unless the process has CAP_IPC_LOCK; and it reserves RecvDepth +
-// SendDepth + 11 entries of a completion queue of its device (receives with
-// 5 reserved for credits and the fin, sends, 5 control sends, 1 spare):
+// SendDepth + 28 entries of a completion queue of its device (receives with
+// 5 reserved for credits and the fin, sends, 5 control sends, 16 one-sided
+// operations, the keepalive probe and the teardown's drain marker):
 // one process's connections share CQs of at most max_cqe entries, as many
 // as needed up to the device's max_cq; each also takes one of the device's
 // max_qp queue pairs and two of its max_mr memory regions (and a protection
@@ -78,7 +79,7 @@
 //	    "buffer_size": 65536, "send_depth": 16, "recv_depth": 64,
 //	    "registered_bytes": 32768,    // per idle connection end: Options.RegisteredMemory
 //	    "grown_registered_bytes": 2129920, // per connection end streaming both ways: Options.GrownRegisteredMemory
-//	    "cq_entries": 107             // per connection end: RecvDepth + SendDepth + 27
+//	    "cq_entries": 108             // per connection end: RecvDepth + SendDepth + 28
 //	  }
 //	}
 package main

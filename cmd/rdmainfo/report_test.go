@@ -23,13 +23,13 @@ func TestPerConnection(t *testing.T) {
 		want OptionsInfo
 	}{
 		{"defaults", rdma.Options{},
-			OptionsInfo{BufferSize: 64 << 10, SendDepth: 16, RecvDepth: 64, RegisteredBytes: 32 << 10, GrownBytes: 2080 << 10, CQEntries: 107}},
+			OptionsInfo{BufferSize: 64 << 10, SendDepth: 16, RecvDepth: 64, RegisteredBytes: 32 << 10, GrownBytes: 2080 << 10, CQEntries: 108}},
 		// Two rings of two messages each; the depths cost no memory.
 		{"small", rdma.Options{BufferSize: 4096, SendDepth: 8, RecvDepth: 32},
-			OptionsInfo{BufferSize: 4096, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 4 * 4096, GrownBytes: 4*4096 + 2*(64<<10), CQEntries: 67}},
+			OptionsInfo{BufferSize: 4096, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 4 * 4096, GrownBytes: 4*4096 + 2*(64<<10), CQEntries: 68}},
 		// Rings of 2 × 1000 bytes, rounded up to whole pages.
 		{"odd size", rdma.Options{BufferSize: 1000, SendDepth: 8, RecvDepth: 32},
-			OptionsInfo{BufferSize: 1000, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 2 * 4096, GrownBytes: 2*4096 + 2*(16<<10), CQEntries: 67}},
+			OptionsInfo{BufferSize: 1000, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 2 * 4096, GrownBytes: 2*4096 + 2*(16<<10), CQEntries: 68}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := perConnection(tc.opts)

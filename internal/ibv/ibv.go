@@ -564,6 +564,9 @@ func (pd *PD) regMR(mem []byte, access C.int) (*MR, error) {
 	return &MR{m: m, LKey: uint32(m.lkey), RKey: uint32(m.rkey)}, nil
 }
 
+// Len is the bytes the region registers.
+func (mr *MR) Len() int { return int(mr.m.length) }
+
 // Dereg deregisters the region (ibv_dereg_mr).
 func (mr *MR) Dereg() error {
 	if r := C.ibv_dereg_mr(mr.m); r != 0 {

@@ -169,8 +169,10 @@ static int gv_create_qp(struct rdma_cm_id *id, void *pd, void *cq, uint32_t send
 	// at most 80 bytes): retry with less, then without, rather than fail
 	// the connection. The sizes tried are fixed: a failed attempt may
 	// have written the provider's own figures into the attributes (when
-	// the QP was created and librdmacm then failed to set it up).
-	const uint32_t sizes[] = {inline_data, 80, 64, 0};
+	// the QP was created and librdmacm then failed to set it up). 8 is
+	// the message header that a transport without immediate data (iWARP)
+	// sends inline: the least such a connection can work with.
+	const uint32_t sizes[] = {inline_data, 80, 64, 8, 0};
 	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
 		if (i > 0 && sizes[i] >= inline_data)
 			continue;
