@@ -243,6 +243,13 @@ func (d *device) newCQ(size int) (*cqShard, error) {
 }
 
 func newDevice(ctx *ibv.Context) (*device, error) {
+	// What the device is and allows decides how its QPs are made and
+	// used (a READ with an initiator depth of 0 is refused; siw's CQs
+	// cannot be resized): without it no connection can be set up right.
+	a, err := ctx.Query()
+	if err != nil {
+		return nil, err
+	}
 	// No protection domain: each connection's arena has its own (see
 	// arena).
 	async, err := ctx.OpenAsync()
@@ -256,22 +263,20 @@ func newDevice(ctx *ibv.Context) (*device, error) {
 	// was connected over; a QP is not kept for another one there.
 	d.keepQPs = !d.iwarp
 	d.events.conns = d
-	go d.readAsync()
-	if a, err := ctx.Query(); err == nil {
-		switch a.VendorID {
-		case rxeVendorID:
-			d.ackTimeout = ackTimeoutRXE
-		case siwVendorID:
-			// No ibv_resize_cq; knowing it before the first CQ makes
-			// that CQ fixedCQE entries, which keeps libsiw's bad
-			// mmap key away (see fixedCQE).
-			d.noResize = true
-			d.serialPosts = true
-			d.postAside = true
-		}
-		d.maxCQE = a.MaxCQE
-		d.initDepth, d.respDepth = readDepth(a.MaxQPInitRdAtom), readDepth(a.MaxQPRdAtom)
+	switch a.VendorID {
+	case rxeVendorID:
+		d.ackTimeout = ackTimeoutRXE
+	case siwVendorID:
+		// No ibv_resize_cq; knowing it before the first CQ makes
+		// that CQ fixedCQE entries, which keeps libsiw's bad
+		// mmap key away (see fixedCQE).
+		d.noResize = true
+		d.serialPosts = true
+		d.postAside = true
 	}
+	d.maxCQE = a.MaxCQE
+	d.initDepth, d.respDepth = readDepth(a.MaxQPInitRdAtom), readDepth(a.MaxQPRdAtom)
+	go d.readAsync()
 	return d, nil
 }
 
