@@ -345,34 +345,44 @@ func TestFaultSweep(t *testing.T) {
 		from, _ = strconv.Atoi(a)
 		to, _ = strconv.Atoi(b)
 	}
+	// ENOMEM may pass; EIO is what a device in trouble says.
 	errnos := []syscall.Errno{syscall.ENOMEM, syscall.EIO}
 	outcomes := map[string]int{}
 	for at := from; at <= to; at++ {
-		errno := errnos[at%len(errnos)]
-		errs, tr, failed := runFaultPoint(t, data, at, 1, errno, 0)
-		call := "none (fewer calls this time)"
-		if at <= len(tr) {
-			call = tr[at-1].String()
+		for _, errno := range errnos {
+			before = sweepPoint(t, data, at, errno, outcomes, before, ignore)
 		}
-		outcome := "absorbed"
-		for _, e := range errs {
-			if errors.Is(e.err, os.ErrDeadlineExceeded) {
-				t.Errorf("point %d (%s, %v): stuck: %v", at, call, errno, e)
-			} else if !documented(e.err) {
-				t.Errorf("point %d (%s, %v): undocumented error %T: %v", at, call, errno, e.err, e)
-			}
-		}
-		if len(errs) > 0 {
-			outcome = "failed at " + errs[0].step
-		}
-		if failed == 0 {
-			outcome = "no call failed"
-		}
-		outcomes[outcome]++
-		t.Logf("point %d: %s failed with %v: %s %v", at, call, errno, outcome, errs)
-		before = checkAfter(t, at, before, ignore)
 	}
-	t.Logf("swept points %d-%d: %s", from, to, mapString(outcomes))
+	t.Logf("swept points %d-%d, each with %v: %s", from, to, errnos, mapString(outcomes))
+}
+
+// sweepPoint runs the scenario with call at failing with errno, checks
+// the outcome, and counts it in outcomes; it returns the verbs objects'
+// counts to compare the next point with.
+func sweepPoint(t *testing.T, data []byte, at int, errno syscall.Errno, outcomes map[string]int, before map[string]int, ignore goleak.Option) map[string]int {
+	t.Helper()
+	errs, tr, failed := runFaultPoint(t, data, at, 1, errno, 0)
+	call := "none (fewer calls this time)"
+	if at <= len(tr) {
+		call = tr[at-1].String()
+	}
+	outcome := "absorbed"
+	for _, e := range errs {
+		if errors.Is(e.err, os.ErrDeadlineExceeded) {
+			t.Errorf("point %d (%s, %v): stuck: %v", at, call, errno, e)
+		} else if !documented(e.err) {
+			t.Errorf("point %d (%s, %v): undocumented error %T: %v", at, call, errno, e.err, e)
+		}
+	}
+	if len(errs) > 0 {
+		outcome = "failed at " + errs[0].step
+	}
+	if failed == 0 {
+		outcome = "no call failed"
+	}
+	outcomes[outcome]++
+	t.Logf("point %d: %s failed with %v: %s %v", at, call, errno, outcome, errs)
+	return checkAfter(t, at, before, ignore)
 }
 
 func histString(h map[faults.Call]int) string {
