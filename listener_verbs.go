@@ -317,15 +317,17 @@ func (l *Listener) close() error {
 	for c := range pending {
 		l.teardownLater(c)
 	}
+	var queued []*Conn
 	for {
 		select {
 		case c := <-l.queue:
-			c.Close()
+			queued = append(queued, c)
 			continue
 		default:
 		}
 		break
 	}
+	abortConns(queued)
 	l.wg.Wait()
 	l.cm.release()
 	return nil
