@@ -156,3 +156,9 @@ const (
 func halfOpenLimit(opts Options, backlog int) int {
 	return min(backlog, max(minHalfOpen, halfOpenMemory/newLayout(opts).size()))
 }
+
+// maxQueuedRefusals bounds the refusals a listener's handoff holds: each
+// holds a new id (kernel memory) until refused. Past it a flood of bad
+// requests is refused on the CM goroutine, as every refusal once was
+// (ListenConfig.Refused's doc quotes it).
+const maxQueuedRefusals = 256

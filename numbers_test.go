@@ -50,6 +50,9 @@ func TestDocumentedNumbers(t *testing.T) {
 	// once, then one a second.
 	require.Equal(t, 8, ringBurst)
 	require.Equal(t, time.Second, ringRefill)
+	// ListenConfig.Refused: past 256 refusals waiting, the CM goroutine
+	// makes them.
+	require.Equal(t, 256, maxQueuedRefusals)
 	// README: a Dial without a timeout gives up after 2 min.
 	require.Equal(t, 2*time.Minute, DefaultDialTimeout)
 	// README: a port down for over 10 s fails its connections.
