@@ -114,6 +114,53 @@ func (c *Conn) Close() error {
 	return c.opErr("close", err)
 }
 
+// abortConns closes connections the application never saw (a listener's
+// unaccepted ones) without the fin and the linger Close gives the peer,
+// as a TCP listener resets the connections left in its queue: their
+// peers' Reads fail with ECONNRESET. Nothing was read from them, so
+// nothing of the application's waits to be delivered, and a linger each
+// would only wait, one after another and lingerTimeout apiece, for
+// dialers that may have vanished. They are closed when abortConns
+// returns; their releases run in the background like Close's, at most
+// abortWorkers at a time, since each holds an OS thread in its system
+// calls and a backlog may hold thousands.
+func abortConns(conns []*Conn) {
+	for _, c := range conns {
+		c.mu.Lock()
+		if !c.life.has(shutClosed) {
+			c.life.set(shutClosed)
+			close(c.closing)
+		}
+		c.mu.Unlock()
+	}
+	if len(conns) == 0 {
+		return
+	}
+	releasing.Add(1)
+	go func() {
+		defer releasing.Done()
+		slots := make(chan struct{}, abortWorkers)
+		var wg sync.WaitGroup
+		for _, c := range conns {
+			slots <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// A release the device's removal began (releaseLater)
+				// is waited for here, not repeated.
+				c.release()
+				c.rdl.stop()
+				c.wdl.stop()
+				<-slots
+			}()
+		}
+		wg.Wait()
+	}()
+}
+
+// abortWorkers bounds the releases abortConns runs at once.
+const abortWorkers = 16
+
 // releasing counts the releases of verbs objects that Close left running
 // (see teardown).
 var releasing inFlight

@@ -170,3 +170,46 @@ func TestConnCloseBesideRemovalRelease(t *testing.T) {
 	}
 	require.ErrorIs(t, c.Close(), net.ErrClosed, "a second Close")
 }
+
+// A listener's unaccepted connections are closed at once, without a fin
+// or a linger each (their dialers may have vanished, and nothing of the
+// application's waits to be delivered), and released in the background,
+// however many there are.
+func TestAbortConnsSkipsTheLinger(t *testing.T) {
+	const n = 3 * abortWorkers // more than run at once
+	var peers []*fakePeer
+	var conns []*Conn
+	for range n {
+		p := newFakeConn(t, 4, 64)
+		peers = append(peers, p)
+		conns = append(conns, p.c)
+	}
+	done := make(chan struct{})
+	go func() {
+		abortConns(conns)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(lingerTimeout / 2):
+		t.Fatal("abortConns waited for the peers")
+	}
+	for i, p := range peers {
+		_, err := p.c.Read(make([]byte, 1))
+		require.ErrorIs(t, err, net.ErrClosed, "connection %d is closed once abortConns returns", i)
+		require.ErrorIs(t, p.c.Close(), net.ErrClosed)
+	}
+	// Each release disconnects, so the QP flushes what it holds.
+	for _, p := range peers {
+		p.eventually(func(c *Conn) bool { return c.tx.draining })
+		p.flushAll()
+	}
+	releasing.Wait()
+	for i, p := range peers {
+		require.False(t, p.finPosted(), "connection %d: no fin", i)
+		p.c.mu.Lock()
+		require.True(t, p.c.life.has(shutQPGone), "connection %d released", i)
+		require.Nil(t, p.c.mem, "connection %d's memory let go", i)
+		p.c.mu.Unlock()
+	}
+}

@@ -98,7 +98,11 @@ func (l *Listener) Accept() (net.Conn, error) {
 }
 
 // Close stops listening, closes established connections not yet accepted,
-// and unblocks Accept, which returns an error wrapping net.ErrClosed.
+// and unblocks Accept, which returns an error wrapping net.ErrClosed. As a
+// TCP listener resets the connections left in its queue, those are closed
+// without a linger (their peers' Reads fail with ECONNRESET), so Close
+// does not wait on dialers that vanished; their QPs and registered memory
+// are released right after, in the background, as after Conn.Close.
 func (l *Listener) Close() error {
 	if !l.ok() {
 		return &net.OpError{Op: "close", Net: "rdma", Err: syscall.EINVAL}
@@ -152,3 +156,9 @@ const (
 func halfOpenLimit(opts Options, backlog int) int {
 	return min(backlog, max(minHalfOpen, halfOpenMemory/newLayout(opts).size()))
 }
+
+// maxQueuedRefusals bounds the refusals a listener's handoff holds: each
+// holds a new id (kernel memory) until refused. Past it a flood of bad
+// requests is refused on the CM goroutine, as every refusal once was
+// (ListenConfig.Refused's doc quotes it).
+const maxQueuedRefusals = 256

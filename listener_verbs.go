@@ -29,6 +29,7 @@ type listenerSys struct {
 	pending   map[*Conn]time.Time // accepted by us, not yet established: since when
 	settingUp int                 // requests whose connection is being set up
 	wg        sync.WaitGroup      // setups and teardowns started from the CM goroutine
+	refusals  handoff             // refusals decided on the CM goroutine, made off it
 }
 
 func listen(ap netip.AddrPort, backlog int, opts Options, onRefuse func(net.Addr, error)) (*Listener, error) {
@@ -37,11 +38,12 @@ func listen(ap netip.AddrPort, backlog int, opts Options, onRefuse func(net.Addr
 		return nil, err
 	}
 	l := &Listener{
-		listenerSys: listenerSys{cm: cm, opts: opts, backlog: backlog, halfOpen: halfOpenLimit(opts, backlog), pending: map[*Conn]time.Time{}},
-		onRefuse:    onRefuse,
-		queue:       make(chan *Conn, backlog),
-		closing:     make(chan struct{}),
-		gone:        make(chan struct{}),
+		listenerSys: listenerSys{cm: cm, opts: opts, backlog: backlog, halfOpen: halfOpenLimit(opts, backlog), pending: map[*Conn]time.Time{},
+			refusals: handoff{limit: maxQueuedRefusals}},
+		onRefuse: onRefuse,
+		queue:    make(chan *Conn, backlog),
+		closing:  make(chan struct{}),
+		gone:     make(chan struct{}),
 	}
 	l.handle = cm.register(l)
 	fail := func(err error) (*Listener, error) {
@@ -140,15 +142,24 @@ func (l *Listener) destroyID() {
 func (l *Listener) request(ev rdmacm.Event) {
 	id := ev.ID
 	// A refusal says why, in the reject's private data, and is counted
-	// and reported. The request was acknowledged already, so the new id
-	// can be destroyed here.
+	// and reported. It is decided here and made on the listener's
+	// handoff goroutine: the Refused hook is the application's code, and
+	// rdma_reject and rdma_destroy_id are system calls, and here a flood
+	// of bad requests, or a slow hook, would hold up every connection
+	// request and event of the process. Events are acknowledged before
+	// they are dispatched, so the new id's destroy, wherever it runs,
+	// waits for nothing of this goroutine (an event of the id that comes
+	// meanwhile goes to the listener's handler, as during a setup); Close
+	// waits for the handoff before the CM goes.
 	remote := addrFrom(id.PeerAddr())
 	// It is counted before the reject goes out, so that a dialer that
 	// has seen its refusal finds it in the listener's Stats.
 	refuse := func(reason RefuseReason, cause error) {
-		l.refused(remote, reason, cause)
-		id.Reject(marshalReject(reason))
-		retryDestroy(id.Destroy)
+		l.refusals.do(func() {
+			l.refused(remote, reason, cause)
+			id.Reject(marshalReject(reason))
+			retryDestroy(id.Destroy)
+		})
 	}
 	peer, err := parseHello(ev.PrivateData)
 	if err != nil {
@@ -336,16 +347,21 @@ func (l *Listener) close() error {
 	for c := range pending {
 		l.teardownLater(c)
 	}
+	var queued []*Conn
 	for {
 		select {
 		case c := <-l.queue:
-			c.Close()
+			queued = append(queued, c)
 			continue
 		default:
 		}
 		break
 	}
+	abortConns(queued)
 	l.wg.Wait()
+	// Every refusal was handed over before unregister returned; their
+	// ids must be gone before the CM's channel may go.
+	l.refusals.wait()
 	l.cm.release()
 	return nil
 }

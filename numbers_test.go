@@ -46,6 +46,13 @@ func TestDocumentedNumbers(t *testing.T) {
 	// README and Close's godoc: the linger for a peer that leaves no
 	// receive free, 3 s.
 	require.Equal(t, 3*time.Second, lingerTimeout)
+	// README "Failures": a peer causes at most 8 ring registrations at
+	// once, then one a second.
+	require.Equal(t, 8, ringBurst)
+	require.Equal(t, time.Second, ringRefill)
+	// ListenConfig.Refused: past 256 refusals waiting, the CM goroutine
+	// makes them.
+	require.Equal(t, 256, maxQueuedRefusals)
 	// README: a Dial without a timeout gives up after 2 min.
 	require.Equal(t, 2*time.Minute, DefaultDialTimeout)
 	// README: a port down for over 10 s fails its connections.

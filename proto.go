@@ -95,7 +95,8 @@ import (
 // messages in the new ring, the running counts of both sides starting at
 // 0 there; messages sent before it stay in the old ring, and their credits
 // come back as before. A sender that cannot follow (no memory for a send
-// ring that size) answers msgDecline instead, and the receiver keeps the
+// ring that size, or an offer past the registrations it lets its peer
+// cause: ringBudget) answers msgDecline instead, and the receiver keeps the
 // ring it had. One offer is outstanding at a time, and the receiver makes
 // the next only once the old ring is drained. A ring's size is at most
 // what the sender's BufferSize gives (bigRingFor: 16 of its largest

@@ -508,13 +508,16 @@ type ListenConfig struct {
 	// (Op "accept") whose chain holds a *RefusedError (the reason the
 	// dialer was told) and, when the listener's own setup failed, the
 	// error that says what to do (the locked-memory limit to raise, say).
-	// It runs on the goroutine that answers every connection request of
-	// the process when the refusal is decided on arrival (backlog full,
-	// another protocol), and on the goroutine that set the connection up
-	// when its setup failed (out of locked memory, say): it may be called
-	// from several goroutines at once, must be safe for that, return
-	// quickly (log, count) and not call the listener. Listener.Stats
-	// counts the refusals either way. Both
+	// It runs on a goroutine of the listener's, one call after another,
+	// when the refusal is decided on arrival (backlog full, another
+	// protocol), so a call that blocks holds up that listener's later
+	// refusals and not the process's other connections (but for a flood:
+	// past 256 refusals waiting, the goroutine that answers every
+	// connection request of the process makes them), and on the goroutine
+	// that set the connection up when its setup failed (out of locked
+	// memory, say): it may be called from several goroutines at once,
+	// must be safe for that, return quickly (log, count) and not call the
+	// listener. Listener.Stats counts the refusals either way. Both
 	// happen before the reject is sent, so a dialer that has been refused
 	// finds its refusal counted.
 	Refused func(remote net.Addr, err error)

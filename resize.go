@@ -65,10 +65,11 @@ type resizer struct {
 	offer     *ringMem // offered, or to be offered (offerSize bytes of it)
 	offerSize int
 	offerSent bool
-	wantGrow  bool // the worker is to register a big receive ring
-	noGrow    bool // a big ring could not be had, or the peer could not follow: stay small
-	large     int  // bytes of large messages received in the current ring
-	active    bool // data came since the idle timer's last tick
+	wantGrow  bool       // the worker is to register a big receive ring
+	noGrow    bool       // a big ring could not be had, or the peer could not follow: stay small
+	budget    ringBudget // registrations the peer may still cause (receive and send rings alike)
+	large     int        // bytes of large messages received in the current ring
+	active    bool       // data came since the idle timer's last tick
 	idle      *time.Timer
 
 	// The send side.
@@ -124,7 +125,10 @@ func (c *Conn) noteData(n int) {
 		return
 	}
 	rs.large += n
-	if rs.large >= growAfter*c.rx.span && rs.bigSpan > c.rx.span && rs.offer == nil && rs.rxOld == nil && !rs.wantGrow {
+	// Without a token in the budget (ringBudget) the ring stays small for
+	// now; a later large message asks again.
+	if rs.large >= growAfter*c.rx.span && rs.bigSpan > c.rx.span && rs.offer == nil && rs.rxOld == nil && !rs.wantGrow &&
+		rs.budget.take(time.Now()) {
 		rs.wantGrow = true
 		c.kickRingWork()
 	}
@@ -193,7 +197,13 @@ func (c *Conn) ringOffered(b []byte) error {
 		c.ringTxReady()
 		return nil
 	}
-	if rs.alloc == nil {
+	// Past its budget (ringBudget) the offer is declined. That is an
+	// answer the protocol already has, for a sender short of memory: the
+	// peer keeps its old ring, which it has kept writing into meanwhile,
+	// and waits for nothing more. Failing the connection instead would
+	// punish a burst the budget merely caps; ignoring the offer would
+	// leave the peer's offer outstanding forever, and with it its rings.
+	if rs.alloc == nil || !rs.budget.take(time.Now()) {
 		rs.decline = true
 		return nil
 	}
