@@ -255,7 +255,7 @@ type Options struct {
 // under the key the READ names, so memory a connection reads into allows
 // remote writes through that key: the peer can write it while the
 // registration lasts. That is the transport's rule, not this package's:
-// keep regions that ReadAt or Region.ReadFrom fill apart from memory the
+// keep regions that ReadAt or ReadAtContext fill apart from memory the
 // peer must not touch.
 func (o Options) RegisteredMemory() (int, error) {
 	o, err := o.normalized()
