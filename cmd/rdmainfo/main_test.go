@@ -123,8 +123,8 @@ func TestDeviceJSON(t *testing.T) {
 	require.Positive(t, d.MaxCQ)
 	require.Positive(t, d.MaxMR)
 
-	// Two rings of two 4 KiB messages; the depths cost no memory.
-	require.Equal(t, OptionsInfo{BufferSize: 4096, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 4 * 4096, GrownBytes: 4*4096 + 2*(64<<10), CQEntries: 67}, r.Options)
+	// Two rings of two 4 KiB messages; the depths cost no memory. CQ entries: the depths and 28 (see Options.CompletionQueueEntries).
+	require.Equal(t, OptionsInfo{BufferSize: 4096, SendDepth: 8, RecvDepth: 32, RegisteredBytes: 4 * 4096, GrownBytes: 4*4096 + 2*(64<<10), CQEntries: 68}, r.Options)
 	mem, err := testOpts.RegisteredMemory()
 	require.NoError(t, err)
 	require.Equal(t, mem, r.Options.RegisteredBytes)
