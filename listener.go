@@ -37,20 +37,6 @@ type Listener struct {
 	st      ListenerStats
 }
 
-// Stats returns the listener's counters: connections accepted, requests
-// refused by reason, handshakes evicted, and those in progress. On a nil or
-// zero Listener it returns zeros.
-func (l *Listener) Stats() ListenerStats {
-	if !l.ok() {
-		return ListenerStats{}
-	}
-	l.statsMu.Lock()
-	s := l.st
-	l.statsMu.Unlock()
-	s.HalfOpen = l.halfOpenNow()
-	return s
-}
-
 func (l *Listener) count(f func(*ListenerStats)) {
 	l.statsMu.Lock()
 	f(&l.st)

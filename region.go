@@ -2,7 +2,6 @@ package rdma
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -50,20 +49,6 @@ func (a Access) String() string {
 	}
 	return fmt.Sprintf("Access(%#x)", uint8(a))
 }
-
-// ErrRemoteAccess is wrapped by the error of a one-sided read or write the
-// peer's region does not allow: refused before posting when the key lacks
-// the access, or by the peer's NIC when the region was revoked (closed),
-// never registered on this connection, or does not allow it. A refusal by
-// the NIC also breaks the connection (RC queue pairs go to the error state
-// on either side): the error then wraps syscall.ECONNRESET as well, and
-// every later call on either end of the connection fails.
-var ErrRemoteAccess = errors.New("rdma: the peer's region does not allow this access")
-
-// ErrOutOfBounds is wrapped by the error of a one-sided operation whose
-// offset and length fall outside the local region or the peer's (as its
-// key says), checked before anything is posted.
-var ErrOutOfBounds = errors.New("rdma: offset and length outside the region")
 
 // Limits of regions and operations.
 const (

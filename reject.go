@@ -127,22 +127,6 @@ func refuseReasonOf(err error) RefuseReason {
 	return RefusedResources
 }
 
-// ListenerStats are a listener's counters since it started.
-type ListenerStats struct {
-	Accepted uint64 // connections established and queued for Accept
-	// Refused counts the connection requests refused, by reason
-	// (RefusedLockedMemory, RefusedBacklog, ...).
-	Refused [numRefuseReasons]uint64
-	// Evicted counts handshakes given up to make room for new requests
-	// (their dialer never confirmed the connection).
-	Evicted uint64
-	// HalfOpen is how many handshakes are in progress now.
-	HalfOpen int
-	// AcceptedTCP counts the TCP connections accepted by a listener with
-	// ListenConfig.FallbackTCP.
-	AcceptedTCP uint64
-}
-
 // refusedCause is what the Refused hook gets when the listener's own setup
 // failed: the reason the dialer was told, and the error that says what to
 // do about it on this side.

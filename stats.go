@@ -58,6 +58,36 @@ func (c *Conn) Stats() ConnStats {
 	return s
 }
 
+// ListenerStats are a listener's counters since it started.
+type ListenerStats struct {
+	Accepted uint64 // connections established and queued for Accept
+	// Refused counts the connection requests refused, by reason
+	// (RefusedLockedMemory, RefusedBacklog, ...).
+	Refused [numRefuseReasons]uint64
+	// Evicted counts handshakes given up to make room for new requests
+	// (their dialer never confirmed the connection).
+	Evicted uint64
+	// HalfOpen is how many handshakes are in progress now.
+	HalfOpen int
+	// AcceptedTCP counts the TCP connections accepted by a listener with
+	// ListenConfig.FallbackTCP.
+	AcceptedTCP uint64
+}
+
+// Stats returns the listener's counters: connections accepted, requests
+// refused by reason, handshakes evicted, and those in progress. On a nil or
+// zero Listener it returns zeros.
+func (l *Listener) Stats() ListenerStats {
+	if !l.ok() {
+		return ListenerStats{}
+	}
+	l.statsMu.Lock()
+	s := l.st
+	l.statsMu.Unlock()
+	s.HalfOpen = l.halfOpenNow()
+	return s
+}
+
 // DeviceStats are the totals of one RDMA device that connections of this
 // process use.
 type DeviceStats struct {
