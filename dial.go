@@ -36,8 +36,9 @@ type Dialer struct {
 	// connection request (a host without RDMA). A refusal by an RDMA
 	// listener (any other reason), a foreign RDMA server (ErrProtocol), a
 	// timeout and a cancelled context never fall back. The connection is
-	// then a *net.TCPConn: its LocalAddr().Network() is "tcp", and IsRDMA
-	// reports false. If TCP fails too, the error holds both failures.
+	// then a *net.TCPConn: its local address's network is "tcp", and
+	// IsRDMA reports false. If TCP fails too, the error holds both
+	// failures.
 	FallbackTCP bool
 	Options
 }

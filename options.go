@@ -87,13 +87,6 @@ type Options struct {
 // data, each connection registers 80 bytes more per receive, in whole
 // pages (8 KiB with the defaults), for the headers of the messages it
 // receives and the payload of the small ones.
-//
-// On iWARP an RDMA READ's response is written into the reader's memory
-// under the key the READ names, so memory a connection reads into allows
-// remote writes through that key: the peer can write it while the
-// registration lasts. That is the transport's rule, not this package's:
-// keep regions that ReadAt or Region.ReadFrom fill apart from memory the
-// peer must not touch.
 func (o Options) RegisteredMemory() (int, error) {
 	o, err := o.normalized()
 	if err != nil {

@@ -10,8 +10,8 @@ import (
 // Addr is the address of an RDMA connection end point: an IP address of an
 // RDMA-capable interface (an IPoIB or RoCE netdev) and an rdma_cm port.
 type Addr struct {
-	IP   net.IP
-	Port int
+	IP   net.IP // the interface's address
+	Port int    // the rdma_cm port number
 	Zone string // IPv6 scoped addressing zone
 }
 

@@ -36,6 +36,7 @@ const (
 
 const accessMask = RemoteRead | RemoteWrite
 
+// String returns "local", "read", "write" or "read|write".
 func (a Access) String() string {
 	switch a {
 	case 0:
@@ -346,6 +347,13 @@ func (r *RemoteRegion) WriteAt(p []byte, off int64) (int, error) {
 // (os.ErrDeadlineExceeded for a deadline, as net does); the read cannot be
 // recalled, so dst's bytes are undefined until it completes, and Close of
 // dst waits for that.
+//
+// On iWARP an RDMA READ's response is written into the reader's memory
+// under a key the READ names, so a region ReadAtContext reads into (and
+// the connection's memory ReadAt reads through) allows the peer remote
+// writes while it is registered. That is the transport's rule, not this
+// package's: keep data the peer must not change out of the regions
+// ReadAtContext reads into.
 func (r *RemoteRegion) ReadAtContext(ctx context.Context, dst *Region, dstOff int64, n int, off int64) error {
 	return r.oneSided(ctx, opRead, dst, dstOff, n, off)
 }

@@ -31,6 +31,7 @@ const (
 	numRefuseReasons
 )
 
+// String says what the reason means, as a dialer's error reports it.
 func (r RefuseReason) String() string {
 	switch r {
 	case RefusedLockedMemory:
@@ -94,9 +95,10 @@ func parseReject(b []byte) RefuseReason {
 // syscall.EAGAIN (backlog), syscall.ESHUTDOWN (shutting down), ErrProtocol
 // (protocol version).
 type RefusedError struct {
-	Reason RefuseReason
+	Reason RefuseReason // why, as the listener said (RefusedUnknown if it did not)
 }
 
+// Error returns "connection refused", and the reason if there is one.
 func (e *RefusedError) Error() string {
 	if e.Reason == RefusedUnknown {
 		return "connection refused"

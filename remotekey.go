@@ -21,11 +21,12 @@ type RemoteKey struct {
 	Access Access // what it allows
 }
 
+// RemoteKeyLen is the length of a marshaled RemoteKey.
+const RemoteKeyLen = 28
+
 const (
 	remoteKeyMagic   = 0x4756524b // "GVRK"
 	remoteKeyVersion = 1
-	// RemoteKeyLen is the length of a marshaled RemoteKey.
-	RemoteKeyLen = 28
 )
 
 // AppendBinary appends the key's encoding (RemoteKeyLen bytes: a magic, a

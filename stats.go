@@ -2,9 +2,12 @@ package rdma
 
 import "time"
 
-// ConnStats are a connection's counters since it was set up. They are plain
-// fields kept under the connection's lock, always on: reading them costs a
-// lock, keeping them nothing measurable.
+// Counting is always on: the counters are plain fields under the
+// connection's mutex, so a Stats call costs a lock and keeping them
+// nothing measurable.
+
+// ConnStats are a connection's counters since it was set up, as
+// Conn.Stats returns them.
 type ConnStats struct {
 	BytesWritten     uint64 // payload bytes Writes accepted
 	BytesRead        uint64 // payload bytes Reads returned
@@ -58,7 +61,8 @@ func (c *Conn) Stats() ConnStats {
 	return s
 }
 
-// ListenerStats are a listener's counters since it started.
+// ListenerStats are a listener's counters since it started, as
+// Listener.Stats returns them.
 type ListenerStats struct {
 	Accepted uint64 // connections established and queued for Accept
 	// Refused counts the connection requests refused, by reason
