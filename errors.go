@@ -11,7 +11,7 @@ import (
 // errors of Accept, Read, Write and a Dial in progress once their device
 // has gone away (removed, or failed fatally): the library then releases
 // what it held of the device without waiting for Close.
-var ErrNoDevice = errors.New("no RDMA device serves this address")
+var ErrNoDevice = errors.New("rdma: no RDMA device serves this address")
 
 // ErrProtocol is wrapped by the error Dial returns when the listener at the
 // address is not an rdma (this package's) listener, e.g. a perftest server,
@@ -20,7 +20,7 @@ var ErrNoDevice = errors.New("no RDMA device serves this address")
 // of this package refuses a dialer of another protocol version (the
 // dialer's error, a *RefusedError, wraps syscall.ECONNREFUSED and
 // ErrProtocol).
-var ErrProtocol = errors.New("peer does not speak this package's protocol")
+var ErrProtocol = errors.New("rdma: peer does not speak this package's protocol")
 
 // ErrUnsupported is wrapped by the error of every Dial and Listen with valid
 // options and address on builds without cgo or off Linux.

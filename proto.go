@@ -22,11 +22,12 @@ import (
 // payloads (below); version 6 rings that grow and shrink (below); version
 // 7 the header's wants flag (below).
 //
-// Memory: each side has a receive ring, the only memory the peer may
-// touch (registered for remote write, never read), and a send ring of the
-// same size that mirrors the peer's receive ring: a message goes from
-// offset off of the local send ring to offset off of the peer's receive
-// ring. Both sides use the smaller of the two rings' sizes (ringSpan) and
+// Memory: each side has a receive ring, the only memory the protocol lets
+// the peer touch (registered for remote write, never read; the regions an
+// application registers for one-sided RDMA are its own grants, see
+// region.go), and a send ring of the same size that mirrors the peer's
+// receive ring: a message goes from offset off of the local send ring to
+// offset off of the peer's receive ring. Both sides use the smaller of the two rings' sizes (ringSpan) and
 // the same largest message, maxMsg: the smaller BufferSize, and at most
 // half the ring. Where a message goes is a pure function of how many ring
 // bytes came before it (see ringPlace), so both sides compute it alike
