@@ -28,7 +28,11 @@ const (
 	// RefusedNoListener: no RDMA listener on that port (rdma_cm itself
 	// rejected the request; a listener never says this).
 	RefusedNoListener
-	numRefuseReasons
+
+	// NumRefuseReasons is the number of reasons above, and the length of
+	// ListenerStats.Refused: "for r := range NumRefuseReasons" visits
+	// every reason.
+	NumRefuseReasons
 )
 
 // String says what the reason means, as a dialer's error reports it.
@@ -83,7 +87,7 @@ func parseReject(b []byte) RefuseReason {
 	if len(b) < rejectLen || binary.BigEndian.Uint32(b) != helloMagic {
 		return RefusedUnknown
 	}
-	if r := RefuseReason(b[5]); r < numRefuseReasons {
+	if r := RefuseReason(b[5]); r < NumRefuseReasons {
 		return r
 	}
 	return RefusedUnknown

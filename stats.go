@@ -65,9 +65,9 @@ func (c *Conn) Stats() ConnStats {
 // Listener.Stats returns them.
 type ListenerStats struct {
 	Accepted uint64 // connections established and queued for Accept
-	// Refused counts the connection requests refused, by reason
-	// (RefusedLockedMemory, RefusedBacklog, ...).
-	Refused [numRefuseReasons]uint64
+	// Refused counts the connection requests refused, indexed by
+	// reason: Refused[RefusedBacklog], say.
+	Refused [NumRefuseReasons]uint64
 	// Evicted counts handshakes given up to make room for new requests
 	// (their dialer never confirmed the connection).
 	Evicted uint64
