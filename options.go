@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// Defaults for the per-connection buffer settings.
+// Defaults of the Options fields of those names.
 const (
 	DefaultBufferSize = 64 << 10
 	DefaultSendDepth  = 16

@@ -65,18 +65,17 @@ func inBounds(off int64, n int, size uint64) bool {
 	return off >= 0 && n >= 0 && uint64(off) <= size && uint64(n) <= size-uint64(off)
 }
 
-// Region is memory this library allocated (mmap'd, outside the Go heap)
-// and registered on one connection: the peer reads or writes it as its
-// Access allows, through its Key, and the local side moves data between it
-// and the peer's regions with RemoteRegion's ReadAtContext and
-// WriteAtContext. Close revokes it and unmaps its memory.
+// Region is memory registered on one connection for one-sided RDMA;
+// Conn.RegisterRegion allocates one, outside the Go heap. The peer reads
+// or writes it, as its Access allows, through its Key; this side moves
+// data between it and the peer's regions with RemoteRegion.ReadAtContext
+// and WriteAtContext. Close revokes it and unmaps its memory.
 //
-// The connection's end (its Close, a failure, the device's removal)
-// revokes its regions too, but leaves their memory mapped until each
-// region's Close: the application may still hold the slice Bytes
-// returned, and memory unmapped under it would fault the next time it is
-// used, which kills the process. So a region's memory is given back only
-// by its Close, whatever happens to the connection.
+// Only Close gives the memory back. The connection's end (its Close, a
+// failure, the device's removal) revokes the region but leaves it mapped:
+// the application may still hold the slice Bytes returned, and memory
+// unmapped under it would fault the next time it is used, which kills the
+// process.
 type Region struct {
 	c      *Conn
 	mem    []byte // the whole mapping (whole pages); nil once unmapped
@@ -265,8 +264,9 @@ func (c *Conn) RegisterRegion(size int, access Access) (*Region, error) {
 }
 
 // RemoteRegion is a peer's region as this side reads and writes it: an
-// io.ReaderAt and io.WriterAt over the connection. Its methods may be
-// called from several goroutines at once.
+// io.ReaderAt and io.WriterAt over the connection. Conn.Remote returns one
+// for the RemoteKey the peer sent. Its methods may be called from several
+// goroutines at once.
 type RemoteRegion struct {
 	c   *Conn
 	key RemoteKey
