@@ -88,6 +88,9 @@ func useEveryExport(c *rdma.Conn, l *rdma.Listener) []error {
 	add(err)
 	_ = l.Addr()
 	_ = l.Stats().Refused[rdma.RefusedBacklog]
+	for r := range rdma.NumRefuseReasons {
+		_ = l.Stats().Refused[r]
+	}
 	add(l.Close())
 
 	_ = []error{rdma.ErrNoDevice, rdma.ErrProtocol, rdma.ErrUnsupported, &rdma.RefusedError{Reason: rdma.RefusedShutdown}}

@@ -18,8 +18,8 @@ var (
 	_ net.Addr     = (*Addr)(nil)
 )
 
-// Conn is an RDMA connection; it implements net.Conn. Reads and Writes may
-// be called from several goroutines; concurrent Writes do not interleave.
+// How a Conn is built, for those who work on it (docs/architecture.md
+// has the same prose, with the lock order).
 //
 // A Conn orchestrates collaborators that each keep one concern: the
 // lifecycle (lifecycle.go), the credit ledger (credits.go), the send and
@@ -65,6 +65,10 @@ var (
 // fills while tx.filling is set (flush leaves it alone). Once the teardown owns the send queue
 // (tx.draining), it posts its drain marker with mu held: nobody else posts
 // then.
+
+// Conn is an RDMA connection; it implements net.Conn. Dial returns one, and
+// so does a Listener's Accept. Its methods may be called from several
+// goroutines at once; concurrent Writes do not interleave.
 type Conn struct {
 	connSys
 

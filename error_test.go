@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -41,12 +42,21 @@ func TestNoDevice(t *testing.T) {
 	require.Error(t, err)
 	requireOpError(t, err, "dial")
 	require.ErrorIs(t, err, rdma.ErrNoDevice)
-	require.Contains(t, err.Error(), "no RDMA device")
+	require.Contains(t, err.Error(), "rdma: no RDMA device serves this address")
 
 	_, err = rdma.Listen("rdma", "127.0.0.1:0")
 	require.Error(t, err)
 	requireOpError(t, err, "listen")
 	require.ErrorIs(t, err, rdma.ErrNoDevice)
+}
+
+// TestSentinelErrorsSayRDMA: each error the package exports for errors.Is
+// names the package, as the errors it formats do, so that a message
+// relayed far from its caller still says where it came from.
+func TestSentinelErrorsSayRDMA(t *testing.T) {
+	for _, err := range []error{rdma.ErrNoDevice, rdma.ErrProtocol, rdma.ErrUnsupported, rdma.ErrRemoteAccess, rdma.ErrOutOfBounds} {
+		require.True(t, strings.HasPrefix(err.Error(), "rdma: "), "%q", err)
+	}
 }
 
 // TestForeignClientRejected: a perftest client dialing our listener is

@@ -30,6 +30,24 @@ func ExampleConn_Stats() {
 	fmt.Printf("%d bytes in %d messages; %d Writes waited for credit\n", s.BytesWritten, s.MessagesSent, s.CreditWaits)
 }
 
+// Logging a listener's refusals by reason, say once a minute: a count
+// that grows says which limit the service runs into (the backlog, locked
+// memory).
+func ExampleListener_Stats() {
+	ln, err := rdma.Listen("rdma", "10.0.0.1:7471")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer ln.Close()
+	st := ln.Stats()
+	for r := range rdma.NumRefuseReasons {
+		if n := st.Refused[r]; n > 0 {
+			log.Printf("refused %d connection requests: %v", n, r)
+		}
+	}
+	log.Printf("accepted %d, %d handshakes in progress", st.Accepted, st.HalfOpen)
+}
+
 // An echo server: every connection gets back what it sends.
 func ExampleListen() {
 	ln, err := rdma.Listen("rdma", "10.0.0.1:7471")

@@ -7,10 +7,16 @@ import (
 	"time"
 )
 
-// Listener is an RDMA listener; it implements net.Listener. Connection
-// requests are answered on the CM goroutine: requests that do not carry
-// this package's handshake are rejected, the others are given their
-// resources, accepted, and queued for Accept once established.
+// Connection requests arrive on the CM goroutine, which decides at once
+// on those it refuses (no handshake of this package's, a full backlog)
+// and hands the refusal to the listener's handoff goroutine; each of the
+// others is given its resources and accepted on a setup goroutine of its
+// own, and queued for Accept once established (listener_verbs.go).
+
+// Listener is an RDMA network listener; it implements net.Listener. Listen
+// and ListenConfig.Listen return one. It refuses dialers that do not speak
+// this package's protocol, and those it has no room for, with a reason the
+// dialer's error carries (see RefusedError).
 type Listener struct {
 	listenerSys // the platform's part (listener_verbs.go)
 
@@ -35,20 +41,6 @@ type Listener struct {
 
 	statsMu sync.Mutex
 	st      ListenerStats
-}
-
-// Stats returns the listener's counters: connections accepted, requests
-// refused by reason, handshakes evicted, and those in progress. On a nil or
-// zero Listener it returns zeros.
-func (l *Listener) Stats() ListenerStats {
-	if !l.ok() {
-		return ListenerStats{}
-	}
-	l.statsMu.Lock()
-	s := l.st
-	l.statsMu.Unlock()
-	s.HalfOpen = l.halfOpenNow()
-	return s
 }
 
 func (l *Listener) count(f func(*ListenerStats)) {

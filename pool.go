@@ -49,7 +49,7 @@ func init() {
 // of their QPs (reset, ready for a new peer; only dialed connections' QPs
 // are kept, for the next dials) at most qps. The defaults are
 // 32 MiB and 256; a bound of 0 keeps nothing of that kind, and a negative
-// one leaves the bound as it is. Devices() shows what each keeps
+// one leaves the bound as it is. Devices shows what each keeps
 // (PooledBytes, PooledQPs). The bounds hold for what is kept from the
 // call on; a device gives back everything it keeps half a second after its
 // last connection closes, and at once when it is removed. It returns the

@@ -2,7 +2,6 @@ package rdma
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -37,6 +36,7 @@ const (
 
 const accessMask = RemoteRead | RemoteWrite
 
+// String returns "local", "read", "write" or "read|write".
 func (a Access) String() string {
 	switch a {
 	case 0:
@@ -50,20 +50,6 @@ func (a Access) String() string {
 	}
 	return fmt.Sprintf("Access(%#x)", uint8(a))
 }
-
-// ErrRemoteAccess is wrapped by the error of a one-sided read or write the
-// peer's region does not allow: refused before posting when the key lacks
-// the access, or by the peer's NIC when the region was revoked (closed),
-// never registered on this connection, or does not allow it. A refusal by
-// the NIC also breaks the connection (RC queue pairs go to the error state
-// on either side): the error then wraps syscall.ECONNRESET as well, and
-// every later call on either end of the connection fails.
-var ErrRemoteAccess = errors.New("rdma: the peer's region does not allow this access")
-
-// ErrOutOfBounds is wrapped by the error of a one-sided operation whose
-// offset and length fall outside the local region or the peer's (as its
-// key says), checked before anything is posted.
-var ErrOutOfBounds = errors.New("rdma: offset and length outside the region")
 
 // Limits of regions and operations.
 const (
@@ -79,18 +65,17 @@ func inBounds(off int64, n int, size uint64) bool {
 	return off >= 0 && n >= 0 && uint64(off) <= size && uint64(n) <= size-uint64(off)
 }
 
-// Region is memory this library allocated (mmap'd, outside the Go heap)
-// and registered on one connection: the peer reads or writes it as its
-// Access allows, through its Key, and the local side moves data between it
-// and the peer's regions with RemoteRegion's ReadAtContext and
-// WriteAtContext. Close revokes it and unmaps its memory.
+// Region is memory registered on one connection for one-sided RDMA;
+// Conn.RegisterRegion allocates one, outside the Go heap. The peer reads
+// or writes it, as its Access allows, through its Key; this side moves
+// data between it and the peer's regions with RemoteRegion.ReadAtContext
+// and WriteAtContext. Close revokes it and unmaps its memory.
 //
-// The connection's end (its Close, a failure, the device's removal)
-// revokes its regions too, but leaves their memory mapped until each
-// region's Close: the application may still hold the slice Bytes
-// returned, and memory unmapped under it would fault the next time it is
-// used, which kills the process. So a region's memory is given back only
-// by its Close, whatever happens to the connection.
+// Only Close gives the memory back. The connection's end (its Close, a
+// failure, the device's removal) revokes the region but leaves it mapped:
+// the application may still hold the slice Bytes returned, and memory
+// unmapped under it would fault the next time it is used, which kills the
+// process.
 type Region struct {
 	c      *Conn
 	mem    []byte // the whole mapping (whole pages); nil once unmapped
@@ -279,8 +264,9 @@ func (c *Conn) RegisterRegion(size int, access Access) (*Region, error) {
 }
 
 // RemoteRegion is a peer's region as this side reads and writes it: an
-// io.ReaderAt and io.WriterAt over the connection. Its methods may be
-// called from several goroutines at once.
+// io.ReaderAt and io.WriterAt over the connection. Conn.Remote returns one
+// for the RemoteKey the peer sent. Its methods may be called from several
+// goroutines at once.
 type RemoteRegion struct {
 	c   *Conn
 	key RemoteKey
@@ -361,6 +347,13 @@ func (r *RemoteRegion) WriteAt(p []byte, off int64) (int, error) {
 // (os.ErrDeadlineExceeded for a deadline, as net does); the read cannot be
 // recalled, so dst's bytes are undefined until it completes, and Close of
 // dst waits for that.
+//
+// On iWARP an RDMA READ's response is written into the reader's memory
+// under a key the READ names, so a region ReadAtContext reads into (and
+// the connection's memory ReadAt reads through) allows the peer remote
+// writes while it is registered. That is the transport's rule, not this
+// package's: keep data the peer must not change out of the regions
+// ReadAtContext reads into.
 func (r *RemoteRegion) ReadAtContext(ctx context.Context, dst *Region, dstOff int64, n int, off int64) error {
 	return r.oneSided(ctx, opRead, dst, dstOff, n, off)
 }

@@ -28,9 +28,14 @@ const (
 	// RefusedNoListener: no RDMA listener on that port (rdma_cm itself
 	// rejected the request; a listener never says this).
 	RefusedNoListener
-	numRefuseReasons
+
+	// NumRefuseReasons is the number of reasons above, and the length of
+	// ListenerStats.Refused: "for r := range NumRefuseReasons" visits
+	// every reason.
+	NumRefuseReasons
 )
 
+// String says what the reason means, as a dialer's error reports it.
 func (r RefuseReason) String() string {
 	switch r {
 	case RefusedLockedMemory:
@@ -82,7 +87,7 @@ func parseReject(b []byte) RefuseReason {
 	if len(b) < rejectLen || binary.BigEndian.Uint32(b) != helloMagic {
 		return RefusedUnknown
 	}
-	if r := RefuseReason(b[5]); r < numRefuseReasons {
+	if r := RefuseReason(b[5]); r < NumRefuseReasons {
 		return r
 	}
 	return RefusedUnknown
@@ -94,9 +99,10 @@ func parseReject(b []byte) RefuseReason {
 // syscall.EAGAIN (backlog), syscall.ESHUTDOWN (shutting down), ErrProtocol
 // (protocol version).
 type RefusedError struct {
-	Reason RefuseReason
+	Reason RefuseReason // why, as the listener said (RefusedUnknown if it did not)
 }
 
+// Error returns "connection refused", and the reason if there is one.
 func (e *RefusedError) Error() string {
 	if e.Reason == RefusedUnknown {
 		return "connection refused"
@@ -125,22 +131,6 @@ func refuseReasonOf(err error) RefuseReason {
 		return RefusedShutdown
 	}
 	return RefusedResources
-}
-
-// ListenerStats are a listener's counters since it started.
-type ListenerStats struct {
-	Accepted uint64 // connections established and queued for Accept
-	// Refused counts the connection requests refused, by reason
-	// (RefusedLockedMemory, RefusedBacklog, ...).
-	Refused [numRefuseReasons]uint64
-	// Evicted counts handshakes given up to make room for new requests
-	// (their dialer never confirmed the connection).
-	Evicted uint64
-	// HalfOpen is how many handshakes are in progress now.
-	HalfOpen int
-	// AcceptedTCP counts the TCP connections accepted by a listener with
-	// ListenConfig.FallbackTCP.
-	AcceptedTCP uint64
 }
 
 // refusedCause is what the Refused hook gets when the listener's own setup

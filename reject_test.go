@@ -12,7 +12,7 @@ import (
 )
 
 func TestRejectRoundTrip(t *testing.T) {
-	for r := RefusedUnknown; r < numRefuseReasons; r++ {
+	for r := RefusedUnknown; r < NumRefuseReasons; r++ {
 		require.Equal(t, r, parseReject(marshalReject(r)))
 		// Providers may pad the private data.
 		require.Equal(t, r, parseReject(append(marshalReject(r), make([]byte, 40)...)))
@@ -80,7 +80,7 @@ func FuzzParseReject(f *testing.F) {
 	f.Add(make([]byte, 56))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r := parseReject(b)
-		if r >= numRefuseReasons {
+		if r >= NumRefuseReasons {
 			t.Fatalf("reason %d out of range", r)
 		}
 		if r != RefusedUnknown && parseReject(marshalReject(r)) != r {

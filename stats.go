@@ -2,9 +2,12 @@ package rdma
 
 import "time"
 
-// ConnStats are a connection's counters since it was set up. They are plain
-// fields kept under the connection's lock, always on: reading them costs a
-// lock, keeping them nothing measurable.
+// Counting is always on: the counters are plain fields under the
+// connection's mutex, so a Stats call costs a lock and keeping them
+// nothing measurable.
+
+// ConnStats are a connection's counters since it was set up, as
+// Conn.Stats returns them.
 type ConnStats struct {
 	BytesWritten     uint64 // payload bytes Writes accepted
 	BytesRead        uint64 // payload bytes Reads returned
@@ -55,6 +58,37 @@ func (c *Conn) Stats() ConnStats {
 	defer c.mu.Unlock()
 	s := c.st
 	s.RegisteredBytes += len(c.mem) + c.ownedBytes() // the rings; c.st counts the regions
+	return s
+}
+
+// ListenerStats are a listener's counters since it started, as
+// Listener.Stats returns them.
+type ListenerStats struct {
+	Accepted uint64 // connections established and queued for Accept
+	// Refused counts the connection requests refused, indexed by
+	// reason: Refused[RefusedBacklog], say.
+	Refused [NumRefuseReasons]uint64
+	// Evicted counts handshakes given up to make room for new requests
+	// (their dialer never confirmed the connection).
+	Evicted uint64
+	// HalfOpen is how many handshakes are in progress now.
+	HalfOpen int
+	// AcceptedTCP counts the TCP connections accepted by a listener with
+	// ListenConfig.FallbackTCP.
+	AcceptedTCP uint64
+}
+
+// Stats returns the listener's counters: connections accepted, requests
+// refused by reason, handshakes evicted, and those in progress. On a nil or
+// zero Listener it returns zeros.
+func (l *Listener) Stats() ListenerStats {
+	if !l.ok() {
+		return ListenerStats{}
+	}
+	l.statsMu.Lock()
+	s := l.st
+	l.statsMu.Unlock()
+	s.HalfOpen = l.halfOpenNow()
 	return s
 }
 

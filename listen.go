@@ -1,0 +1,95 @@
+package rdma
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"time"
+)
+
+// ListenConfig holds options for listening, like net.ListenConfig.
+type ListenConfig struct {
+	// Backlog is the most connections that may be in their handshake or
+	// established and waiting for Accept (and the rdma_listen backlog);
+	// requests beyond it are refused. Default 128.
+	Backlog int
+	// KeepAlive and KeepAliveConfig configure the keepalive probes of
+	// accepted connections, as the Dialer's fields of those names do.
+	KeepAlive       time.Duration
+	KeepAliveConfig net.KeepAliveConfig
+	// Refused, if not nil, is called for every connection request the
+	// listener refuses, with the dialer's address and a *net.OpError
+	// (Op "accept") whose chain holds a *RefusedError (the reason the
+	// dialer was told) and, when the listener's own setup failed, the
+	// error that says what to do (the locked-memory limit to raise, say).
+	// It runs on a goroutine of the listener's, one call after another,
+	// when the refusal is decided on arrival (backlog full, another
+	// protocol), so a call that blocks holds up that listener's later
+	// refusals and not the process's other connections (but for a flood:
+	// past 256 refusals waiting, the goroutine that answers every
+	// connection request of the process makes them), and on the goroutine
+	// that set the connection up when its setup failed (out of locked
+	// memory, say): it may be called from several goroutines at once,
+	// must be safe for that, return quickly (log, count) and not call the
+	// listener. Listener.Stats counts the refusals either way. Both
+	// happen before the reject is sent, so a dialer that has been refused
+	// finds its refusal counted.
+	Refused func(remote net.Addr, err error)
+	// FallbackTCP, if set, makes the listener accept TCP connections too,
+	// on the same address and port number (from dialers on hosts without
+	// RDMA, or whose FallbackTCP found no RDMA route), and makes Listen
+	// succeed over TCP alone where no RDMA device serves the address (or
+	// the build has no RDMA). Accept returns a *net.TCPConn for those;
+	// IsRDMA tells them apart, and Listener.Stats counts them
+	// (AcceptedTCP).
+	FallbackTCP bool
+	Options
+}
+
+// Listen announces on the local address: "host:port" with an address of an
+// RDMA-capable interface, or an empty host for all of them. Port 0 picks a
+// free port; Listener.Addr reports it.
+func Listen(network, address string) (*Listener, error) {
+	var lc ListenConfig
+	return lc.listen(context.Background(), network, address)
+}
+
+// Listen announces on the local address; see the package-level Listen.
+func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (net.Listener, error) {
+	l, err := lc.listen(ctx, network, address)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+func (lc *ListenConfig) listen(ctx context.Context, network, address string) (*Listener, error) {
+	opErr := func(addr net.Addr, err error) error {
+		return &net.OpError{Op: "listen", Net: "rdma", Addr: addr, Err: err}
+	}
+	opts, err := lc.Options.normalized()
+	if err != nil {
+		return nil, opErr(nil, err)
+	}
+	backlog := lc.Backlog
+	if backlog <= 0 {
+		backlog = 128
+	}
+	ap, err := resolve(ctx, network, address)
+	if err != nil {
+		return nil, opErr(nil, err)
+	}
+	var l *Listener
+	if lc.FallbackTCP {
+		l, err = lc.listenFallback(ctx, network, ap, func(ap netip.AddrPort) (*Listener, error) {
+			return listen(ap, backlog, opts, lc.Refused)
+		})
+	} else {
+		l, err = listen(ap, backlog, opts, lc.Refused)
+	}
+	if err != nil {
+		return nil, opErr(addrFrom(ap), err)
+	}
+	l.keepAlive = keepAliveFrom(lc.KeepAlive, lc.KeepAliveConfig)
+	return l, nil
+}
