@@ -41,6 +41,7 @@ type codeFacts struct {
 	targets  map[string]bool            // the Makefile's targets
 	docDecls []*ast.CommentGroup        // the doc comments of the root package's exported declarations
 	docNames []string                   // ... and what they document, for messages
+	docOwn   []map[string]bool          // ... and the names of their parameters and results
 }
 
 var flagCall = regexp.MustCompile(`\.(?:String|Int|Int64|Uint|Uint64|Bool|Duration|Float64|Func|Text|BoolFunc)?(?:Var)?\(\s*(?:[^,"()]+(?:\([^()]*\))?,\s*)?"([\w-]+)"`)
@@ -122,8 +123,20 @@ func (f *codeFacts) declare(file *ast.File, root, test bool) {
 				member(recvType(d.Recv.List[0].Type), d.Name.Name)
 			}
 			if root && !test && d.Name.IsExported() && d.Doc != nil {
+				own := map[string]bool{}
+				for _, fl := range []*ast.FieldList{d.Type.Params, d.Type.Results} {
+					if fl == nil {
+						continue
+					}
+					for _, p := range fl.List {
+						for _, n := range p.Names {
+							own[n.Name] = true
+						}
+					}
+				}
 				f.docDecls = append(f.docDecls, d.Doc)
 				f.docNames = append(f.docNames, d.Name.Name)
+				f.docOwn = append(f.docOwn, own)
 			}
 		case *ast.GenDecl:
 			for _, s := range d.Specs {
@@ -150,6 +163,7 @@ func (f *codeFacts) declare(file *ast.File, root, test bool) {
 						if doc != nil {
 							f.docDecls = append(f.docDecls, doc)
 							f.docNames = append(f.docNames, s.Name.Name)
+							f.docOwn = append(f.docOwn, nil)
 						}
 					}
 				case *ast.ValueSpec:
@@ -300,4 +314,37 @@ func TestDocsNameRealThings(t *testing.T) {
 	}
 	sort.Strings(wrong)
 	require.Empty(t, wrong, "the docs name things the code does not have")
+}
+
+// The public API's docs are for its users: they name no file of the
+// package and none of its unexported identifiers (those whose names are
+// not also words: tryPoll, readMu), which belong in comments for its
+// maintainers.
+func TestDocsForUsers(t *testing.T) {
+	f := readFacts(t)
+	camel := regexp.MustCompile(`^[a-z]+[A-Z]\w*$`)
+	internal := map[string]bool{}
+	for n := range f.root {
+		if camel.MatchString(n) {
+			internal[n] = true
+		}
+	}
+	for _, ms := range f.members {
+		for n := range ms {
+			if camel.MatchString(n) {
+				internal[n] = true
+			}
+		}
+	}
+	word := regexp.MustCompile(`[A-Za-z_][\w]*(?:\.go\b)?`)
+	var wrong []string
+	for i, cg := range f.docDecls {
+		for _, w := range word.FindAllString(cg.Text(), -1) {
+			if strings.HasSuffix(w, ".go") || internal[w] && !f.docOwn[i][w] {
+				wrong = append(wrong, "the doc of "+f.docNames[i]+" names "+w)
+			}
+		}
+	}
+	sort.Strings(wrong)
+	require.Empty(t, wrong)
 }
