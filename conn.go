@@ -315,10 +315,11 @@ func (c *Conn) SetReadDeadline(t time.Time) error {
 	if !c.ok() {
 		return errInvalid("set")
 	}
-	if c.isClosed() {
+	// A Close between the check and set stops the deadline: set then
+	// does nothing and says so.
+	if c.isClosed() || !c.rdl.set(t) {
 		return c.opErr("set", net.ErrClosed)
 	}
-	c.rdl.set(t)
 	return nil
 }
 
@@ -328,10 +329,11 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 	if !c.ok() {
 		return errInvalid("set")
 	}
-	if c.isClosed() {
+	// A Close between the check and set stops the deadline: set then
+	// does nothing and says so.
+	if c.isClosed() || !c.wdl.set(t) {
 		return c.opErr("set", net.ErrClosed)
 	}
-	c.wdl.set(t)
 	return nil
 }
 

@@ -170,3 +170,54 @@ func TestConnCloseBesideRemovalRelease(t *testing.T) {
 	}
 	require.ErrorIs(t, c.Close(), net.ErrClosed, "a second Close")
 }
+
+// TestConnSetDeadlineRacingClose: deadline setters that run beside Close
+// return, with nil or net.ErrClosed, and never block. They used to check
+// for the close and then set the deadline with nothing held across the
+// two; a Close in between stopped the timer, and the set waited forever
+// for it to fire.
+func TestConnSetDeadlineRacingClose(t *testing.T) {
+	defer func(d time.Duration) { drainTimeout = d }(drainTimeout)
+	drainTimeout = time.Millisecond
+	for range 200 {
+		p := newFakeConn(t, 2, 64)
+		c := p.c
+		c.mu.Lock()
+		c.life.set(shutPeerGone) // no linger: Close goes straight to the release
+		c.mu.Unlock()
+		setters := []func(time.Time) error{c.SetReadDeadline, c.SetWriteDeadline, c.SetDeadline}
+		errs := make(chan error, len(setters))
+		running := make(chan struct{}, len(setters))
+		for _, set := range setters {
+			go func() {
+				running <- struct{}{}
+				for {
+					if err := set(time.Now().Add(time.Hour)); err != nil {
+						errs <- err
+						return
+					}
+					if err := set(time.Time{}); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+		for range setters {
+			<-running
+		}
+		require.NoError(t, c.Close())
+		for range setters {
+			select {
+			case err := <-errs:
+				require.ErrorIs(t, err, net.ErrClosed)
+				var oe *net.OpError
+				require.ErrorAs(t, err, &oe)
+				require.Equal(t, "set", oe.Op)
+			case <-time.After(5 * time.Second):
+				t.Fatal("a deadline setter racing Close blocked")
+			}
+		}
+	}
+	releasing.Wait()
+}

@@ -452,6 +452,46 @@ func TestDeadlineClear(t *testing.T) {
 	require.False(t, d.expired())
 }
 
+// A set after stop (a setter that raced the connection's Close) returns
+// at once and reports the stop, whatever the timer was doing: stop used to
+// leave a stopped timer recorded, which the next set took for one that had
+// fired, waiting forever for its close with the lock held.
+func TestDeadlineSetAfterStop(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		armed time.Duration // the deadline before stop, from now
+	}{
+		{"pending", time.Hour},
+		{"fired", -time.Second},
+		{"firing", time.Microsecond},
+		{"unset", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDeadline()
+			if tc.armed != 0 {
+				require.True(t, d.set(time.Now().Add(tc.armed)))
+			}
+			d.stop()
+			done := make(chan bool, 1)
+			go func() {
+				ok := d.set(time.Time{})
+				ok = d.set(time.Now().Add(time.Hour)) || ok
+				d.stop()
+				done <- ok
+			}()
+			select {
+			case ok := <-done:
+				require.False(t, ok, "a set after stop does nothing")
+			case <-time.After(5 * time.Second):
+				t.Fatal("set after stop blocked")
+			}
+			d.mu.Lock()
+			require.Nil(t, d.timer, "nothing armed after stop")
+			d.mu.Unlock()
+		})
+	}
+}
+
 func TestDeadlineEarlierWakesWaiter(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
