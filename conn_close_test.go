@@ -221,3 +221,49 @@ func TestConnSetDeadlineRacingClose(t *testing.T) {
 	}
 	releasing.Wait()
 }
+
+// TestConnRemovalReleaseBesideBlockedCopies: a device's removal releases
+// the connection while a WriteTo waits in its Writer and a ReadFrom in
+// its Reader (an idle io.Copy(conn, os.Stdin)): the release no longer
+// waits behind readMu and writeMu, which they hold meanwhile, and
+// neither touches the rings while it waits in the application. Once the
+// application returns, both fail with the removal's error.
+func TestConnRemovalReleaseBesideBlockedCopies(t *testing.T) {
+	defer func(d time.Duration) { drainTimeout = d }(drainTimeout)
+	drainTimeout = 50 * time.Millisecond
+	p := newFakeConn(t, 4, 64)
+	p.deliver(header{typ: msgData}, []byte("to the writer"))
+	unblock := make(chan struct{})
+	inWriter, inReader := make(chan struct{}), make(chan struct{})
+	wrote, read := make(chan error, 1), make(chan error, 1)
+	go func() {
+		_, err := p.c.WriteTo(writerFunc(func(b []byte) (int, error) {
+			close(inWriter)
+			<-unblock
+			return len(b), nil
+		}))
+		wrote <- err
+	}()
+	go func() {
+		_, err := p.c.ReadFrom(readerFunc(func(b []byte) (int, error) {
+			close(inReader)
+			<-unblock
+			return copy(b, "from the reader"), nil
+		}))
+		read <- err
+	}()
+	<-inWriter
+	<-inReader
+	p.c.deviceRemoved()
+	p.eventually(func(c *Conn) bool { return c.life.has(shutQPGone) && c.mem == nil })
+	close(unblock)
+	for _, ch := range []chan error{wrote, read} {
+		select {
+		case err := <-ch:
+			require.ErrorIs(t, err, ErrNoDevice)
+		case <-time.After(5 * time.Second):
+			t.Fatal("a copy did not return once the application did")
+		}
+	}
+	releasing.Wait()
+}
