@@ -16,6 +16,7 @@ func FuzzParseHello(f *testing.F) {
 	f.Add(hello{flags: helloMessages, recvDepth: 1, ctrlDepth: 1, bufSize: 1, ringSize: minRing}.marshal())
 	f.Add(hello{flags: helloMessages | helloHeaders, recvDepth: 1, ctrlDepth: 1, bufSize: 1, ringSize: minRing}.marshal())
 	f.Add(append(hello{recvDepth: 0xffff, ctrlDepth: 0xff, bufSize: 0xffffffff, ringSize: maxRing, ringAddr: 1 << 40, rkey: 0xffffffff}.marshal(), make([]byte, 26)...))
+	f.Add(hello{recvDepth: 0xffff, ctrlDepth: 0xff, bufSize: maxBufferSize, ringSize: maxRing, rkey: 0xffffffff}.marshal())
 	f.Add(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096, ringSize: 8192 + 32}.marshal())
 	f.Add([]byte("GVRD"))
 	f.Add([]byte{})
@@ -29,6 +30,9 @@ func FuzzParseHello(f *testing.F) {
 		}
 		if h.recvDepth == 0 || h.ctrlDepth == 0 || h.bufSize == 0 || h.flags&^(helloMessages|helloHeaders) != 0 {
 			t.Fatalf("accepted a hello that grants nothing or has unknown flags: %+v", h)
+		}
+		if h.bufSize > maxBufferSize {
+			t.Fatalf("accepted a buffer size no Options allow: %+v", h)
 		}
 		if h.ringSize < minRing || h.ringSize > maxRing || h.ringSize%ringAlign != 0 || h.ringAddr+uint64(h.ringSize) < h.ringAddr {
 			t.Fatalf("accepted a ring that cannot be placed in: %+v", h)
