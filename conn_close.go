@@ -432,7 +432,6 @@ func (c *Conn) releaseAll() {
 	// Nothing queued can be read once the memory is gone.
 	c.rx.n = 0
 	c.tx.dropPending()
-	mem := c.mem
 	c.mem = nil
 	c.rx.buf = [2][]byte{}
 	c.tx.buf = nil
@@ -442,5 +441,5 @@ func (c *Conn) releaseAll() {
 	c.waitDisconnects()
 	// The rings registered apart, before the arena goes back to the pool.
 	c.freeRings()
-	c.freeVerbs(len(mem))
+	c.freeVerbs()
 }
