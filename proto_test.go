@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -567,4 +568,28 @@ func TestProtocolError(t *testing.T) {
 	var pe *protocolError
 	require.ErrorAs(t, wrapped, &pe)
 	require.Equal(t, "bad magic 0x1", pe.detail)
+}
+
+// Only ENODEV from a look for the host's devices means that there is
+// none: a transient ENOMEM or EIO stays the call's error, never
+// ErrNoDevice (which a Dialer with FallbackTCP takes as a reason to use
+// TCP), and a rescan that failed so says nothing about what is left.
+func TestHostDeviceError(t *testing.T) {
+	for _, errno := range []syscall.Errno{syscall.ENOMEM, syscall.EIO, syscall.EMFILE, syscall.EACCES} {
+		err := hostDeviceError(os.NewSyscallError("rdma_create_event_channel", errno))
+		require.NotErrorIs(t, err, ErrNoDevice, "%v", errno)
+		var se *os.SyscallError
+		require.ErrorAs(t, err, &se)
+		require.Equal(t, "rdma_create_event_channel", se.Syscall)
+		require.ErrorIs(t, err, errno)
+		require.False(t, noDeviceLeft(0, os.NewSyscallError("rdma_get_devices", errno)), "%v", errno)
+	}
+	err := hostDeviceError(os.NewSyscallError("rdma_create_event_channel", syscall.ENODEV))
+	require.ErrorIs(t, err, ErrNoDevice)
+	require.ErrorIs(t, err, syscall.ENODEV)
+	var se *os.SyscallError
+	require.ErrorAs(t, err, &se, "the call stays reachable")
+	require.True(t, noDeviceLeft(0, os.NewSyscallError("rdma_get_devices", syscall.ENODEV)))
+	require.True(t, noDeviceLeft(0, nil))
+	require.False(t, noDeviceLeft(2, nil))
 }
