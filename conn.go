@@ -60,11 +60,13 @@ var (
 // in between (to post sends, which is a system call on rxe, to copy
 // payload, or to wait); their callers must re-check what they rely on.
 // Two things are touched without mu by design: the payload of queued
-// received messages (a Read copies it out while the completion side only
-// appends behind it) and the send ring from its tail on, which a Write
-// fills while tx.filling is set (flush leaves it alone). Once the teardown owns the send queue
-// (tx.draining), it posts its drain marker with mu held: nobody else posts
-// then.
+// received messages (a Read or WriteTo copies it out while rx.copying is
+// set; the completion side only appends behind it) and the send ring from
+// its tail on, which a Write or ReadFrom fills while tx.filling is set
+// (flush leaves it alone). The release waits for both flags to clear
+// before the memory goes; neither is ever set across a call into the
+// application. Once the teardown owns the send queue (tx.draining), it
+// posts its drain marker with mu held: nobody else posts then.
 type Conn struct {
 	connSys
 
