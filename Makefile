@@ -30,8 +30,9 @@ deps:
 	$(VM) --prepare
 	$(GO) mod download
 
-# The API is declared once for every platform: the builds without cgo and
-# for darwin must vet too (api_test.go calls every export).
+# The API is declared once for every platform: the builds without cgo, for
+# darwin and for 32-bit targets must vet too (api_test.go calls every
+# export).
 check: verbs-note
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 ifeq ($(HAVE_VERBS),yes)
@@ -40,6 +41,8 @@ ifeq ($(HAVE_VERBS),yes)
 	$(GO) run $(STATICCHECK) ./...
 endif
 	CGO_ENABLED=0 $(GO) vet ./...
+	CGO_ENABLED=0 GOARCH=386 $(GO) vet ./...
+	CGO_ENABLED=0 GOARCH=arm $(GO) vet ./...
 	GOOS=darwin GOARCH=arm64 $(GO) vet ./...
 
 # Host tests: the pure types and the data path over fakes; device tests

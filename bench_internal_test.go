@@ -8,6 +8,8 @@ package rdma
 
 import (
 	"context"
+	"errors"
+	"strconv"
 	"testing"
 
 	"github.com/goverbs/rdma/internal/ibv"
@@ -191,5 +193,55 @@ func BenchmarkGoOneSided64(b *testing.B) {
 		if err := remote.ReadAtContext(ctx, local, 0, 64, 128); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkGoWriteTo is a message of the peer's arriving and WriteTo
+// handing it to a Writer (which stops the call once it has it, so each
+// op is one WriteTo call, as one io.Copy(w, conn) makes): its per-byte
+// cost, and what a call allocates (the Writer's error, wrapped, is one
+// allocation). 8192 is the largest message of the small ring a
+// connection starts with.
+func BenchmarkGoWriteTo(b *testing.B) {
+	for _, size := range []int{64, 4096, 8192} {
+		b.Run(strconv.Itoa(size), func(b *testing.B) {
+			c, q := benchConn(b)
+			w := writerFunc(func(p []byte) (int, error) { return len(p), errBenchStop })
+			b.SetBytes(int64(size))
+			b.ReportAllocs()
+			for b.Loop() {
+				q.peerSends(msgData, size)
+				if n, err := c.WriteTo(w); n != int64(size) || !errors.Is(err, errBenchStop) {
+					b.Fatal(n, err)
+				}
+			}
+		})
+	}
+}
+
+var errBenchStop = errors.New("enough")
+
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(b []byte) (int, error) { return f(b) }
+
+// BenchmarkGoReadFrom is ReadFrom taking one Read of its Reader (which
+// stops the call there) and sending it as a message, the peer's credit
+// message coming back after each (a ReadFrom waits for room for a whole
+// message before it reads, and the small ring holds two of 8 KiB).
+func BenchmarkGoReadFrom(b *testing.B) {
+	for _, size := range []int{64, 4096, 8192} {
+		b.Run(strconv.Itoa(size), func(b *testing.B) {
+			c, q := benchConn(b)
+			r := readerFunc(func(p []byte) (int, error) { return size, errBenchStop })
+			b.SetBytes(int64(size))
+			b.ReportAllocs()
+			for b.Loop() {
+				if n, err := c.ReadFrom(r); n != int64(size) || !errors.Is(err, errBenchStop) {
+					b.Fatal(n, err)
+				}
+				q.peerSends(msgCredit, 0)
+			}
+		})
 	}
 }

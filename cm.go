@@ -6,7 +6,6 @@ import (
 	"errors"
 	"os"
 	"sync"
-	"syscall"
 
 	"github.com/goverbs/rdma/internal/rdmacm"
 )
@@ -65,11 +64,7 @@ func acquireCM() (*cmLoop, error) {
 	if theCM == nil {
 		ch, err := rdmacm.NewEventChannel()
 		if err != nil {
-			if errors.Is(err, syscall.ENODEV) {
-				// librdmacm found no RDMA device on this host.
-				err = &deviceError{err}
-			}
-			return nil, err
+			return nil, hostDeviceError(err)
 		}
 		theCM = &cmLoop{ch: ch, done: make(chan struct{}), stop: make(chan struct{}), handlers: make(map[uintptr]cmHandler)}
 		go theCM.run()

@@ -60,11 +60,13 @@ var (
 // in between (to post sends, which is a system call on rxe, to copy
 // payload, or to wait); their callers must re-check what they rely on.
 // Two things are touched without mu by design: the payload of queued
-// received messages (a Read copies it out while the completion side only
-// appends behind it) and the send ring from its tail on, which a Write
-// fills while tx.filling is set (flush leaves it alone). Once the teardown owns the send queue
-// (tx.draining), it posts its drain marker with mu held: nobody else posts
-// then.
+// received messages (a Read or WriteTo copies it out while rx.copying is
+// set; the completion side only appends behind it) and the send ring from
+// its tail on, which a Write or ReadFrom fills while tx.filling is set
+// (flush leaves it alone). The release waits for both flags to clear
+// before the memory goes; neither is ever set across a call into the
+// application. Once the teardown owns the send queue (tx.draining), it
+// posts its drain marker with mu held: nobody else posts then.
 
 // Conn is an RDMA connection; it implements net.Conn. Dial returns one, and
 // so does a Listener's Accept. Its methods may be called from several
@@ -113,11 +115,11 @@ type Conn struct {
 	// leaves the release to dial (removedDialing).
 	dialing, removedDialing bool
 	// releasedLater: a removal of the device started the release on a
-	// goroutine of its own (releaseLater), which holds readMu and writeMu
-	// until it is done. Close then does not wait for it: the release
-	// destroys the id last, and a kernel that keeps a removed device's
-	// id from being destroyed (seen once in the test bed, during the
-	// device's deletion) would otherwise hold Close forever. Under mu.
+	// goroutine of its own (releaseLater). Close then does not wait for
+	// it: the release destroys the id last, and a kernel that keeps a
+	// removed device's id from being destroyed (seen once in the test
+	// bed, during the device's deletion) would otherwise hold Close
+	// forever. Under mu.
 	releasedLater bool
 	st            ConnStats
 	os            oneSided // regions and one-sided operations (region.go)
@@ -319,10 +321,11 @@ func (c *Conn) SetReadDeadline(t time.Time) error {
 	if !c.ok() {
 		return errInvalid("set")
 	}
-	if c.isClosed() {
+	// A Close between the check and set stops the deadline: set then
+	// does nothing and says so.
+	if c.isClosed() || !c.rdl.set(t) {
 		return c.opErr("set", net.ErrClosed)
 	}
-	c.rdl.set(t)
 	return nil
 }
 
@@ -332,10 +335,11 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 	if !c.ok() {
 		return errInvalid("set")
 	}
-	if c.isClosed() {
+	// A Close between the check and set stops the deadline: set then
+	// does nothing and says so.
+	if c.isClosed() || !c.wdl.set(t) {
 		return c.opErr("set", net.ErrClosed)
 	}
-	c.wdl.set(t)
 	return nil
 }
 
@@ -345,10 +349,13 @@ func (c *Conn) isClosed() bool {
 	return c.life.has(shutClosed)
 }
 
-// The zero-copy paths io.Copy takes: ReadFrom reads from a Reader straight
-// into the registered send ring, WriteTo hands received messages to a
-// Writer straight from the registered receive ring. Both go through the
-// same credits, rings, deadlines and errors as Write and Read.
+// The paths io.Copy takes: ReadFrom sends what each Read of a Reader
+// returns as a message of its own, WriteTo hands each received message to
+// a Writer. Both move the bytes through a buffer of the call's own (one
+// copy more than Read and Write make): the rings are registered memory,
+// which the peer may rewrite (the receive ring) and a device's removal
+// takes away while the application's Reader or Writer still runs. Both go
+// through the same credits, rings, deadlines and errors as Write and Read.
 
 var (
 	_ io.ReaderFrom = (*Conn)(nil)
@@ -360,16 +367,16 @@ var (
 var errInvalidWrite = errors.New("invalid write result")
 
 // ReadFrom implements io.ReaderFrom: it reads from r until io.EOF or an
-// error, straight into the connection's registered send ring (one Read of
-// r fills at most one message), and sends each Read's bytes as a message
-// as soon as the peer has a receive free: io.Copy(conn, r) then copies each
-// byte once. Unlike small Writes, Reads of r never gather: r.Read may
-// block (a socket waiting for the next request) and what it returned must
-// not wait behind it. To a message-oriented peer each Read of r is one
-// message. While r.Read runs, a
-// Close of the connection waits for it to return (the ring it fills is
-// registered memory that Close releases). The error of r, if any, is
-// returned wrapped like the connection's own.
+// error, and sends each Read's bytes as a message (one Read of r fills at
+// most one message) as soon as the peer has a receive free. Unlike small
+// Writes, Reads of r never gather: r.Read may block (a socket waiting for
+// the next request) and what it returned must not wait behind it. To a
+// message-oriented peer each Read of r is one message. r.Read is called
+// once the peer has room for what it returns, and never into registered
+// memory. While r.Read runs, a Close of the connection waits for it to
+// return (so that the fin follows what it returns); a device's removal
+// does not. The error of r, if any, is returned wrapped like the
+// connection's own.
 func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 	if !c.ok() {
 		return 0, errInvalid("readfrom")
@@ -382,11 +389,13 @@ func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 
 // WriteTo implements io.WriterTo: it writes what arrives to w until the
 // peer closes (then it returns a nil error, as io.Copy expects) or an error,
-// calling w.Write with each message straight from the registered receive
-// ring it arrived in, and giving its ring bytes back to the peer once
-// w.Write returns: io.Copy(w, conn) then copies each byte once. w must not keep
-// the slice. While w.Write runs, a Close of the connection waits for it
-// to return. An error of w is returned wrapped like the connection's own.
+// calling w.Write with each message, copied out of the receive ring into a
+// buffer of the call's own (the peer may rewrite its ring at any moment),
+// and giving the message's ring bytes back to the peer once w.Write has
+// taken all of it; what w does not take stays for the next Read or
+// WriteTo. w must not keep the slice. While w.Write runs, a Close of the
+// connection waits for it to return; a device's removal does not. An
+// error of w is returned wrapped like the connection's own.
 func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 	if !c.ok() {
 		return 0, errInvalid("writeto")

@@ -402,13 +402,13 @@ func (c *Conn) releaseLater() {
 	releasing.Add(1)
 	go func() {
 		defer releasing.Done()
-		// Reads and Writes in progress use the registered memory: they
-		// have been failed, so they leave soon.
-		c.writeMu.Lock()
-		c.readMu.Lock()
+		// Not behind readMu and writeMu: a WriteTo or ReadFrom holds
+		// one while it waits in the application's Writer or Reader (an
+		// idle io.Copy(conn, os.Stdin)), for as long as that takes, and
+		// the device's removal would wait with it. The release waits
+		// only for a copy in or out of the rings (see releaseAll); the
+		// calls have been failed, so they leave once they look.
 		c.release()
-		c.readMu.Unlock()
-		c.writeMu.Unlock()
 	}()
 }
 
@@ -465,13 +465,21 @@ func (c *Conn) releaseAll() {
 	if c.hasQP() {
 		c.drainDroppingLock()
 	}
+	// A Read, Write, WriteTo or ReadFrom copying between its buffer and a
+	// ring without the lock is using the memory about to go: wait for
+	// the copy (none calls into the application meanwhile), and keep the
+	// lock from its end to the memory's reset below, so that no copy
+	// starts in between (a Read copies out what is queued before it looks
+	// at failures).
+	for c.rx.copying || c.tx.filling {
+		c.waitDroppingLock(drainTimeout, func() bool { return !c.rx.copying && !c.tx.filling })
+	}
 	// From here on a disconnect event must not touch the QP: destroying
 	// it while rdma_disconnect moves it to the error state fails (EBUSY).
 	c.life.set(shutQPGone)
 	// Nothing queued can be read once the memory is gone.
 	c.rx.n = 0
 	c.tx.dropPending()
-	mem := c.mem
 	c.mem = nil
 	c.rx.buf = [2][]byte{}
 	c.tx.buf = nil
@@ -481,5 +489,5 @@ func (c *Conn) releaseAll() {
 	c.waitDisconnects()
 	// The rings registered apart, before the arena goes back to the pool.
 	c.freeRings()
-	c.freeVerbs(len(mem))
+	c.freeVerbs()
 }

@@ -213,3 +213,100 @@ func TestAbortConnsSkipsTheLinger(t *testing.T) {
 		p.c.mu.Unlock()
 	}
 }
+
+// TestConnSetDeadlineRacingClose: deadline setters that run beside Close
+// return, with nil or net.ErrClosed, and never block. They used to check
+// for the close and then set the deadline with nothing held across the
+// two; a Close in between stopped the timer, and the set waited forever
+// for it to fire.
+func TestConnSetDeadlineRacingClose(t *testing.T) {
+	defer func(d time.Duration) { drainTimeout = d }(drainTimeout)
+	drainTimeout = time.Millisecond
+	for range 200 {
+		p := newFakeConn(t, 2, 64)
+		c := p.c
+		c.mu.Lock()
+		c.life.set(shutPeerGone) // no linger: Close goes straight to the release
+		c.mu.Unlock()
+		setters := []func(time.Time) error{c.SetReadDeadline, c.SetWriteDeadline, c.SetDeadline}
+		errs := make(chan error, len(setters))
+		running := make(chan struct{}, len(setters))
+		for _, set := range setters {
+			go func() {
+				running <- struct{}{}
+				for {
+					if err := set(time.Now().Add(time.Hour)); err != nil {
+						errs <- err
+						return
+					}
+					if err := set(time.Time{}); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+		for range setters {
+			<-running
+		}
+		require.NoError(t, c.Close())
+		for range setters {
+			select {
+			case err := <-errs:
+				require.ErrorIs(t, err, net.ErrClosed)
+				var oe *net.OpError
+				require.ErrorAs(t, err, &oe)
+				require.Equal(t, "set", oe.Op)
+			case <-time.After(5 * time.Second):
+				t.Fatal("a deadline setter racing Close blocked")
+			}
+		}
+	}
+	releasing.Wait()
+}
+
+// TestConnRemovalReleaseBesideBlockedCopies: a device's removal releases
+// the connection while a WriteTo waits in its Writer and a ReadFrom in
+// its Reader (an idle io.Copy(conn, os.Stdin)): the release no longer
+// waits behind readMu and writeMu, which they hold meanwhile, and
+// neither touches the rings while it waits in the application. Once the
+// application returns, both fail with the removal's error.
+func TestConnRemovalReleaseBesideBlockedCopies(t *testing.T) {
+	defer func(d time.Duration) { drainTimeout = d }(drainTimeout)
+	drainTimeout = 50 * time.Millisecond
+	p := newFakeConn(t, 4, 64)
+	p.deliver(header{typ: msgData}, []byte("to the writer"))
+	unblock := make(chan struct{})
+	inWriter, inReader := make(chan struct{}), make(chan struct{})
+	wrote, read := make(chan error, 1), make(chan error, 1)
+	go func() {
+		_, err := p.c.WriteTo(writerFunc(func(b []byte) (int, error) {
+			close(inWriter)
+			<-unblock
+			return len(b), nil
+		}))
+		wrote <- err
+	}()
+	go func() {
+		_, err := p.c.ReadFrom(readerFunc(func(b []byte) (int, error) {
+			close(inReader)
+			<-unblock
+			return copy(b, "from the reader"), nil
+		}))
+		read <- err
+	}()
+	<-inWriter
+	<-inReader
+	p.c.deviceRemoved()
+	p.eventually(func(c *Conn) bool { return c.life.has(shutQPGone) && c.mem == nil })
+	close(unblock)
+	for _, ch := range []chan error{wrote, read} {
+		select {
+		case err := <-ch:
+			require.ErrorIs(t, err, ErrNoDevice)
+		case <-time.After(5 * time.Second):
+			t.Fatal("a copy did not return once the application did")
+		}
+	}
+	releasing.Wait()
+}

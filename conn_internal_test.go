@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -922,6 +923,38 @@ func TestConnRepostFails(t *testing.T) {
 	p.c.returnCredits(true)
 	p.c.mu.Unlock()
 	require.Len(t, p.q.recvs, posted, "nothing reposted for a peer that is gone")
+}
+
+// WriteTo hands its Writer bytes of its own, never the receive ring: the
+// peer may rewrite its ring at any moment (an RDMA WRITE needs no credit
+// and completes nothing here), and a Writer that reads its argument twice
+// (io.MultiWriter(file, hash)) would then store bytes other than those it
+// hashed. The Writer here checks where its argument is, and reads it
+// again after the peer rewrote the ring under it.
+func TestConnWriteToOwnsItsBytes(t *testing.T) {
+	p := newFakeConn(t, 8, 64)
+	arena := p.c.mem
+	ring := p.c.mem[p.lay.recvOff() : p.lay.recvOff()+p.lay.ring]
+	for _, msg := range []string{"first message", "second one"} {
+		p.deliver(header{typ: msgData}, []byte(msg))
+		var got string
+		w := writerFunc(func(b []byte) (int, error) {
+			start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+			lo := uintptr(unsafe.Pointer(unsafe.SliceData(arena)))
+			require.False(t, start >= lo && start < lo+uintptr(len(arena)), "the Writer got the connection's registered memory")
+			got = string(b)
+			// The peer writes into its ring meanwhile.
+			for i := range ring {
+				ring[i] = 'X'
+			}
+			require.Equal(t, got, string(b), "the Writer's argument changed under it")
+			return len(b), errBenchStop
+		})
+		n, err := p.c.WriteTo(w)
+		require.ErrorIs(t, err, errBenchStop)
+		require.Equal(t, int64(len(msg)), n)
+		require.Equal(t, msg, got)
+	}
 }
 
 // WriteTo's Writer that takes less than a message, or claims more than it

@@ -126,8 +126,7 @@ func (c *Conn) setup(opts Options) error {
 			return err
 		}
 	}
-	c.ar = ar
-	dev.addRegistered(len(c.ar.mem))
+	c.useArena(ar)
 	if ar.qp != nil {
 		// A pooled QP, on cqs: the id takes it as it would a new one.
 		qp := ar.qp
@@ -598,10 +597,29 @@ func (c *Conn) keepQP() {
 	c.ar.qp, c.ar.qpShard = c.vqp, c.cqs
 }
 
-// freeVerbs destroys the QP and the id and gives the memory (memLen
-// bytes), the regions and the device's shared objects back, in the order
-// the device's removal needs (see release). The QP has been drained.
-func (c *Conn) freeVerbs(memLen int) {
+// useArena makes ar the connection's arena and counts its memory in the
+// device's registered bytes; dropArena, on every path from here on
+// (setup's failures too, before the data path has the memory), takes the
+// same count back.
+func (c *Conn) useArena(ar *arena) {
+	c.ar = ar
+	c.dev.addRegistered(len(ar.mem))
+}
+
+// dropArena takes back what useArena counted and gives the arena to the
+// device's pool (or frees it).
+func (c *Conn) dropArena() {
+	if c.ar == nil {
+		return
+	}
+	c.dev.addRegistered(-len(c.ar.mem))
+	c.dev.keepArena(c.ar)
+}
+
+// freeVerbs destroys the QP and the id and gives the memory, the regions
+// and the device's shared objects back, in the order the device's
+// removal needs (see release). The QP has been drained.
+func (c *Conn) freeVerbs() {
 	if c.id == nil {
 		return // a Conn built on fakes (host tests) has no verbs objects
 	}
@@ -622,10 +640,7 @@ func (c *Conn) freeVerbs(memLen int) {
 	c.qpMu.Unlock()
 	// Before the arena (and its PD) may go to another connection.
 	c.releaseRegions()
-	if c.ar != nil {
-		c.dev.addRegistered(-memLen)
-		c.dev.keepArena(c.ar)
-	}
+	c.dropArena()
 	// Before the device's release: the device must stay open, its
 	// asynchronous events with it, until its port is back.
 	c.waitPortBack()

@@ -11,9 +11,10 @@ import (
 // the deadline while a call waits takes effect at once: a later deadline
 // re-arms the timer on the same channel, an earlier (or past) one closes it.
 type deadline struct {
-	mu     sync.Mutex // serializes set and stop
-	timer  *time.Timer
-	cancel atomic.Pointer[chan struct{}] // closed when the deadline passes
+	mu      sync.Mutex // serializes set and stop
+	timer   *time.Timer
+	stopped bool                          // by stop: the connection is closed, set does nothing
+	cancel  atomic.Pointer[chan struct{}] // closed when the deadline passes
 }
 
 // newDeadline returns a deadline that is not set. Its channel is read
@@ -26,16 +27,18 @@ func newDeadline() *deadline {
 	return d
 }
 
-// set arms the deadline for t; the zero time clears it.
-func (d *deadline) set(t time.Time) {
+// set arms the deadline for t; the zero time clears it. It reports false,
+// and does nothing, once stop has run: a setter that raced the
+// connection's Close then reports the close.
+func (d *deadline) set(t time.Time) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	cancel := *d.cancel.Load()
-	if d.timer != nil && !d.timer.Stop() {
-		<-cancel // the timer fired; wait for its close to land
+	if d.stopped {
+		return false
 	}
-	d.timer = nil
+	d.disarm()
 
+	cancel := *d.cancel.Load()
 	closed := isClosed(cancel)
 	var dur time.Duration
 	if !t.IsZero() {
@@ -51,11 +54,22 @@ func (d *deadline) set(t time.Time) {
 		if dur > 0 {
 			d.timer = time.AfterFunc(dur, func() { close(cancel) })
 		}
-		return
+		return true
 	}
 	if !closed {
 		close(cancel)
 	}
+	return true
+}
+
+// disarm stops the timer, if any, and forgets it; mu is held. A timer
+// that already fired has its close of the channel landed when disarm
+// returns, so the caller sees the channel as the timer left it.
+func (d *deadline) disarm() {
+	if d.timer != nil && !d.timer.Stop() {
+		<-*d.cancel.Load() // the timer fired; wait for its close to land
+	}
+	d.timer = nil
 }
 
 // wait returns a channel that is closed when the deadline passes.
@@ -64,13 +78,14 @@ func (d *deadline) wait() chan struct{} { return *d.cancel.Load() }
 // expired reports whether the deadline has passed.
 func (d *deadline) expired() bool { return isClosed(d.wait()) }
 
-// stop releases the timer.
+// stop releases the timer for good: a later set does nothing. A timer
+// left recorded after its Stop would look fired to the next set, which
+// would then wait for a close that never comes.
 func (d *deadline) stop() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.timer != nil {
-		d.timer.Stop()
-	}
+	d.disarm()
+	d.stopped = true
 }
 
 func isClosed(c chan struct{}) bool {

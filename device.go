@@ -526,7 +526,7 @@ func forgetRemovedLocked(verbs unsafe.Pointer) {
 		return
 	}
 	delete(removed, verbs)
-	if n, err := rdmacm.Rescan(); err != nil || n == 0 {
+	if noDeviceLeft(rdmacm.Rescan()) {
 		ibv.ContextFrom(verbs).ReleaseFiles()
 	}
 }

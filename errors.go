@@ -3,6 +3,7 @@ package rdma
 import (
 	"errors"
 	"os"
+	"syscall"
 )
 
 // ErrNoDevice is wrapped by the error Dial and Listen return when no RDMA
@@ -46,6 +47,29 @@ type deviceError struct{ err error }
 
 func (e *deviceError) Error() string   { return ErrNoDevice.Error() + " (" + e.err.Error() + ")" }
 func (e *deviceError) Unwrap() []error { return []error{ErrNoDevice, e.err} }
+
+// hostDeviceError is the error of a call that looks for the host's RDMA
+// devices (opening the connection manager's event channel): ErrNoDevice
+// when it failed with ENODEV, librdmacm having found none, and the call's
+// own error (an *os.SyscallError naming it) for anything else. ENOMEM or
+// EIO says nothing about the devices, and ErrNoDevice would send a Dialer
+// with FallbackTCP to TCP over a transient failure.
+func hostDeviceError(err error) error {
+	if errors.Is(err, syscall.ENODEV) {
+		return &deviceError{err}
+	}
+	return err
+}
+
+// noDeviceLeft reports whether a rescan of the host's devices (n found,
+// or err) says that none is left: none found, or ENODEV. Any other
+// failure says nothing about the devices.
+func noDeviceLeft(n int, err error) bool {
+	if err != nil {
+		return errors.Is(err, syscall.ENODEV)
+	}
+	return n == 0
+}
 
 // protocolError says what was wrong with the peer's handshake.
 type protocolError struct{ detail string }

@@ -2,7 +2,11 @@ package rdma
 
 import (
 	"encoding/binary"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/goverbs/rdma/internal/ibv"
 )
@@ -16,6 +20,7 @@ func FuzzParseHello(f *testing.F) {
 	f.Add(hello{flags: helloMessages, recvDepth: 1, ctrlDepth: 1, bufSize: 1, ringSize: minRing}.marshal())
 	f.Add(hello{flags: helloMessages | helloHeaders, recvDepth: 1, ctrlDepth: 1, bufSize: 1, ringSize: minRing}.marshal())
 	f.Add(append(hello{recvDepth: 0xffff, ctrlDepth: 0xff, bufSize: 0xffffffff, ringSize: maxRing, ringAddr: 1 << 40, rkey: 0xffffffff}.marshal(), make([]byte, 26)...))
+	f.Add(hello{recvDepth: 0xffff, ctrlDepth: 0xff, bufSize: maxBufferSize, ringSize: maxRing, rkey: 0xffffffff}.marshal())
 	f.Add(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096, ringSize: 8192 + 32}.marshal())
 	f.Add([]byte("GVRD"))
 	f.Add([]byte{})
@@ -29,6 +34,9 @@ func FuzzParseHello(f *testing.F) {
 		}
 		if h.recvDepth == 0 || h.ctrlDepth == 0 || h.bufSize == 0 || h.flags&^(helloMessages|helloHeaders) != 0 {
 			t.Fatalf("accepted a hello that grants nothing or has unknown flags: %+v", h)
+		}
+		if h.bufSize > maxBufferSize {
+			t.Fatalf("accepted a buffer size no Options allow: %+v", h)
 		}
 		if h.ringSize < minRing || h.ringSize > maxRing || h.ringSize%ringAlign != 0 || h.ringAddr+uint64(h.ringSize) < h.ringAddr {
 			t.Fatalf("accepted a ring that cannot be placed in: %+v", h)
@@ -78,6 +86,23 @@ func FuzzConnCompletions(f *testing.F) {
 	f.Add(cat(rec(9, 0, 0, 5, 0)))
 	f.Add(cat(rec(msgData, 0, 0, 5, 2), rec(msgData, 0, 0, 5, 3)))
 	f.Add(cat(rec(msgFin, 0, 0, 0, 0), rec(msgData, 0, 0, 1, 0)))
+	// A stream of largest messages, read as they come: this side grows
+	// its receive ring and offers it.
+	read256 := rec(0, 0, 0, 0, 1)
+	read256[7] = 255
+	var stream [][]byte
+	for range 12 {
+		stream = append(stream, rec(msgData, 0, 0, 2048, 0))
+		for range 8 {
+			stream = append(stream, read256)
+		}
+	}
+	f.Add(cat(stream...))
+	// The peer offers a ring of 16 KiB (the record after the offer is its
+	// descriptor: address, key, size), then another before the answer.
+	desc := make([]byte, ringDescLen)
+	ringDesc{addr: 1 << 40, rkey: 9, size: 16 << 10}.put(desc)
+	f.Add(cat(rec(msgRing, 0, 0, ringDescLen, 0), desc, rec(0, 0, 0, 0, 5), rec(msgData, 0, 1, 64, 0), rec(msgRing, 0, 0, ringDescLen, 0), desc))
 	f.Fuzz(func(t *testing.T, data []byte) { fuzzConn(t, data, false) })
 }
 
@@ -106,6 +131,22 @@ func FuzzConnHeaders(f *testing.F) {
 func fuzzConn(t *testing.T, data []byte, headers bool) {
 	const depth, bufSize = 4, 2048 // four largest messages overrun the 4 KiB ring
 	p := newFakeConnMode(t, Options{BufferSize: bufSize, SendDepth: depth, RecvDepth: depth, Poll: PollEvent}, false, headers)
+	// Rings registered apart, as the real connection has (resize.go): the
+	// peer's offers, switches and declines, and this side's growth, meet
+	// the hostile stream too.
+	rings := &fuzzRings{t: t, live: map[*ringMem]bool{}}
+	p.c.mu.Lock()
+	p.c.rs.alloc = rings
+	p.c.mu.Unlock()
+	defer func() {
+		// The release's part: every ring registered apart goes back.
+		p.c.freeRings()
+		rings.mu.Lock()
+		defer rings.mu.Unlock()
+		if len(rings.live) > 0 {
+			t.Fatalf("%d rings registered apart never freed", len(rings.live))
+		}
+	}()
 	failed := false
 	for ; len(data) >= 8; data = data[8:] {
 		imm := binary.BigEndian.Uint32(data)
@@ -142,9 +183,26 @@ func fuzzConn(t *testing.T, data []byte, headers bool) {
 					}
 				}
 			} else { // an RDMA WRITE with immediate into the ring
+				// Its payload, where the placement rule puts it, is
+				// the input's next bytes: a ring offer the peer forged.
+				p.c.mu.Lock()
+				if rx := &p.c.rx; rx.opened() {
+					buf := rx.buf[rx.ep]
+					if off := int(ringPlace(rx.tail, rx.span, rx.maxMsg) % uint64(rx.span)); off < len(buf) {
+						copy(buf[off:min(len(buf), off+int(n))], data[8:])
+					}
+				}
+				p.c.mu.Unlock()
 				p.deliverRaw(ibv.WC{Opcode: ibv.WCOpRecvWriteImm, ByteLen: n, Flags: ibv.WCWithImm, Imm: imm})
 			}
 		}
+		// The ring worker registers what the event asked for before the
+		// next one: each input runs the same way every time.
+		require.Eventually(t, func() bool {
+			p.c.mu.Lock()
+			defer p.c.mu.Unlock()
+			return !p.c.rs.working
+		}, 10*time.Second, 10*time.Microsecond)
 		p.c.mu.Lock()
 		c := p.c
 		if c.rx.posted < 0 || c.rx.posted > p.lay.recvSlots {
@@ -178,4 +236,35 @@ func (p *fakePeer) deliverRaw(wc ibv.WC) {
 	p.nextRx++
 	wc.WRID = wr.ID
 	p.complete(wc)
+}
+
+// fuzzRings registers rings apart for the fuzzed connection: plain memory
+// at made-up addresses, each freed once.
+type fuzzRings struct {
+	t    *testing.T
+	mu   sync.Mutex
+	live map[*ringMem]bool
+	next uint64
+}
+
+func (r *fuzzRings) allocRing(size int, remote bool) (*ringMem, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.next += 1 << 32
+	m := &ringMem{buf: make([]byte, size), base: r.next, lkey: 3}
+	if remote {
+		m.rkey = uint32(r.next >> 32)
+	}
+	m.reg = m
+	r.live[m] = true
+	return m, nil
+}
+
+func (r *fuzzRings) freeRing(m *ringMem) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.live[m] {
+		r.t.Errorf("freeRing of a ring not registered (or freed twice): %#x", m.base)
+	}
+	delete(r.live, m)
 }

@@ -223,6 +223,11 @@ func parseHello(b []byte) (hello, error) {
 	if h.recvDepth < 1 || h.ctrlDepth < 1 || h.bufSize < 1 {
 		return hello{}, &protocolError{fmt.Sprintf("bad geometry %+v", h)}
 	}
+	if h.bufSize > maxBufferSize {
+		// No Options announce more; as an int on a 32-bit platform a
+		// size of 2 GiB or more would be negative.
+		return hello{}, &protocolError{fmt.Sprintf("buffer size %d over the largest, %d", h.bufSize, maxBufferSize)}
+	}
 	if h.ringSize < minRing || h.ringSize > maxRing || h.ringSize%ringAlign != 0 {
 		return hello{}, &protocolError{fmt.Sprintf("bad ring size %d", h.ringSize)}
 	}

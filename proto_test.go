@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -23,9 +24,9 @@ func TestHelloRoundTrip(t *testing.T) {
 		{"defaults", hello{recvDepth: DefaultRecvDepth, ctrlDepth: ctrlDepth, bufSize: DefaultBufferSize,
 			ringSize: 128 << 10, ringAddr: 0x7f0012340000, rkey: 0x1234}},
 		{"smallest", hello{recvDepth: 1, ctrlDepth: 1, bufSize: 1, ringSize: minRing}},
-		{"largest", hello{recvDepth: 0xffff, ctrlDepth: 0xff, bufSize: 0xffffffff, ringSize: maxRing,
+		{"largest", hello{recvDepth: 0xffff, ctrlDepth: 0xff, bufSize: maxBufferSize, ringSize: maxRing,
 			ringAddr: ^uint64(0) - maxRing, rkey: 0xffffffff}},
-		{"mixed", hello{recvDepth: 0x1234, ctrlDepth: 0x56, bufSize: 0x789abcde, ringSize: 0x12340, ringAddr: 0x0102030405060708, rkey: 0x9abcdef0}},
+		{"mixed", hello{recvDepth: 0x1234, ctrlDepth: 0x56, bufSize: 0x789abc, ringSize: 0x12340, ringAddr: 0x0102030405060708, rkey: 0x9abcdef0}},
 		{"messages", hello{flags: helloMessages, recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096, ringSize: 8192, ringAddr: 4096, rkey: 1}},
 		{"headers as SENDs", hello{flags: helloMessages | helloHeaders, recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096, ringSize: 8192, ringAddr: 4096, rkey: 1}},
 	} {
@@ -76,6 +77,8 @@ func TestHelloRejected(t *testing.T) {
 		{"zero recvDepth", with(hello{recvDepth: 0, ctrlDepth: ctrlDepth, bufSize: 4096}), "bad geometry"},
 		{"zero ctrlDepth", with(hello{recvDepth: 16, ctrlDepth: 0, bufSize: 4096}), "bad geometry"},
 		{"zero bufSize", with(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 0, ringSize: 8192}), "bad geometry"},
+		{"bufSize over the largest Options allow", with(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: maxBufferSize + 1, ringSize: 8192}), "buffer size 16777217"},
+		{"bufSize 4 GiB - 1", with(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 0xffffffff, ringSize: 8192}), "buffer size 4294967295"},
 		{"no ring", with(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096}), "bad ring size 0"},
 		{"ring too small", with(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096, ringSize: minRing - ringAlign}), "bad ring size"},
 		{"ring too large", with(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096, ringSize: maxRing + ringAlign}), "bad ring size"},
@@ -452,6 +455,46 @@ func TestDeadlineClear(t *testing.T) {
 	require.False(t, d.expired())
 }
 
+// A set after stop (a setter that raced the connection's Close) returns
+// at once and reports the stop, whatever the timer was doing: stop used to
+// leave a stopped timer recorded, which the next set took for one that had
+// fired, waiting forever for its close with the lock held.
+func TestDeadlineSetAfterStop(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		armed time.Duration // the deadline before stop, from now
+	}{
+		{"pending", time.Hour},
+		{"fired", -time.Second},
+		{"firing", time.Microsecond},
+		{"unset", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDeadline()
+			if tc.armed != 0 {
+				require.True(t, d.set(time.Now().Add(tc.armed)))
+			}
+			d.stop()
+			done := make(chan bool, 1)
+			go func() {
+				ok := d.set(time.Time{})
+				ok = d.set(time.Now().Add(time.Hour)) || ok
+				d.stop()
+				done <- ok
+			}()
+			select {
+			case ok := <-done:
+				require.False(t, ok, "a set after stop does nothing")
+			case <-time.After(5 * time.Second):
+				t.Fatal("set after stop blocked")
+			}
+			d.mu.Lock()
+			require.Nil(t, d.timer, "nothing armed after stop")
+			d.mu.Unlock()
+		})
+	}
+}
+
 func TestDeadlineEarlierWakesWaiter(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -525,4 +568,28 @@ func TestProtocolError(t *testing.T) {
 	var pe *protocolError
 	require.ErrorAs(t, wrapped, &pe)
 	require.Equal(t, "bad magic 0x1", pe.detail)
+}
+
+// Only ENODEV from a look for the host's devices means that there is
+// none: a transient ENOMEM or EIO stays the call's error, never
+// ErrNoDevice (which a Dialer with FallbackTCP takes as a reason to use
+// TCP), and a rescan that failed so says nothing about what is left.
+func TestHostDeviceError(t *testing.T) {
+	for _, errno := range []syscall.Errno{syscall.ENOMEM, syscall.EIO, syscall.EMFILE, syscall.EACCES} {
+		err := hostDeviceError(os.NewSyscallError("rdma_create_event_channel", errno))
+		require.NotErrorIs(t, err, ErrNoDevice, "%v", errno)
+		var se *os.SyscallError
+		require.ErrorAs(t, err, &se)
+		require.Equal(t, "rdma_create_event_channel", se.Syscall)
+		require.ErrorIs(t, err, errno)
+		require.False(t, noDeviceLeft(0, os.NewSyscallError("rdma_get_devices", errno)), "%v", errno)
+	}
+	err := hostDeviceError(os.NewSyscallError("rdma_create_event_channel", syscall.ENODEV))
+	require.ErrorIs(t, err, ErrNoDevice)
+	require.ErrorIs(t, err, syscall.ENODEV)
+	var se *os.SyscallError
+	require.ErrorAs(t, err, &se, "the call stays reachable")
+	require.True(t, noDeviceLeft(0, os.NewSyscallError("rdma_get_devices", syscall.ENODEV)))
+	require.True(t, noDeviceLeft(0, nil))
+	require.False(t, noDeviceLeft(2, nil))
 }

@@ -3,6 +3,7 @@ package rdma
 import (
 	"io"
 	"net"
+	"sync"
 	"syscall"
 
 	"github.com/goverbs/rdma/internal/ibv"
@@ -106,9 +107,11 @@ func (c *Conn) copyOutDroppingLock(b []byte) (int, bool, error) {
 		return 0, false, nil
 	}
 	head, avail, off := c.rx.readable()
+	c.rx.copying = true
 	c.mu.Unlock()
 	n, used, off, ended := c.rx.copyOut(b, head, avail, off, c.msgRead)
 	c.mu.Lock()
+	c.copiedOut()
 	c.rx.consume(used, off)
 	c.ringDrained()
 	if used > 0 {
@@ -118,8 +121,26 @@ func (c *Conn) copyOutDroppingLock(b []byte) (int, bool, error) {
 	return n, ended, nil
 }
 
+// copiedOut ends a copy out of the receive ring made without the lock
+// (rx.copying): a release waiting for it goes on.
+func (c *Conn) copiedOut() {
+	c.rx.copying = false
+	if c.life.phase == phaseDead {
+		signal(c.drained)
+	}
+}
+
+// writeTo hands each message to w from a buffer of the call's own, never
+// from the ring: the peer can rewrite its receive ring at any moment (an
+// RDMA WRITE needs no credit and completes nothing here), so a Writer
+// that reads its argument twice (a file and a hash of it) could otherwise
+// see two different contents. The message is consumed once w has taken
+// it; what w leaves stays queued for the next Read. readMu is held
+// throughout, but the copy is what a release waits for, not w.
 func (c *Conn) writeTo(w io.Writer) (int64, error) {
 	var total int64
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for {
@@ -137,11 +158,27 @@ func (c *Conn) writeTo(w io.Writer) (int64, error) {
 				return total, nil
 			}
 			// The head message is the reader's while readMu is held (see
-			// Read): hand it to w without the lock.
-			b := c.rx.payload(c.rx.q[c.rx.head], c.rx.off)
+			// Read): copy it out without the lock.
+			src := c.rx.payload(c.rx.q[c.rx.head], c.rx.off)
+			b := growBuf(bp, len(src), c.rx.maxMsg)
+			c.rx.copying = true
+			c.mu.Unlock()
+			copy(b, src)
+			c.mu.Lock()
+			c.copiedOut()
 			c.mu.Unlock()
 			n, werr := w.Write(b)
 			c.mu.Lock()
+			if c.life.has(shutQPGone) {
+				// A device's removal released the connection while w
+				// ran (it does not wait for w): nothing is queued any
+				// more.
+				total += int64(max(0, min(n, len(b))))
+				if err := c.life.readFailed(0); err != nil {
+					return total, err
+				}
+				return total, net.ErrClosed
+			}
 			if n < 0 || n > len(b) {
 				n = 0
 				if werr == nil {
@@ -170,6 +207,20 @@ func (c *Conn) writeTo(w io.Writer) (int64, error) {
 			return total, err
 		}
 	}
+}
+
+// copyBufs holds the buffers WriteTo and ReadFrom move data through, so
+// that a call in the steady state allocates none.
+var copyBufs = sync.Pool{New: func() any { return new([]byte) }}
+
+// growBuf returns the first n bytes of *bp, growing it (to at least
+// hint bytes, the largest message the connection takes now) when it is
+// too small.
+func growBuf(bp *[]byte, n, hint int) []byte {
+	if cap(*bp) < n {
+		*bp = make([]byte, max(n, hint))
+	}
+	return (*bp)[:n]
 }
 
 func (c *Conn) recvDone(wc ibv.WC) {

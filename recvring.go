@@ -70,6 +70,9 @@ type recvRing struct {
 	// discarding is set once CloseRead has dropped the queue while
 	// holding the read side: from then on arrivals are dropped at once.
 	discarding bool
+	// copying: a Read or WriteTo is copying queued payload out of the
+	// ring without the lock; the release waits for it to end.
+	copying bool
 }
 
 func newRecvRing(slots int, ring []byte) recvRing {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"sync"
 	"syscall"
@@ -53,11 +54,16 @@ func (a Access) String() string {
 
 // Limits of regions and operations.
 const (
-	// MaxRegionSize is the largest region RegisterRegion takes.
-	MaxRegionSize = 1 << 40
+	// MaxRegionSize is the largest region RegisterRegion takes: 1 TiB,
+	// or the largest int where that is smaller (32-bit platforms).
+	MaxRegionSize = min(maxRemoteRegion, math.MaxInt)
 	// MaxTransfer is the most bytes one ReadAtContext or WriteAtContext
 	// moves (one work request; RC allows 2 GiB).
 	MaxTransfer = 1 << 30
+
+	// maxRemoteRegion is the largest region a peer's key may name: what
+	// a 64-bit peer registers at most, whatever this platform's int.
+	maxRemoteRegion = 1 << 40
 )
 
 // inBounds reports whether n bytes at off lie within size bytes.

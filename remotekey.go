@@ -49,8 +49,9 @@ func (k RemoteKey) MarshalBinary() ([]byte, error) {
 
 // UnmarshalBinary decodes a key of exactly RemoteKeyLen bytes and checks
 // it: magic, version, reserved bytes, an access of at least one known
-// right, a size of 1 to MaxRegionSize bytes that does not wrap the address
-// space. It leaves k unchanged on error.
+// right, a size of 1 byte to 1 TiB (the largest region a 64-bit peer
+// registers, see MaxRegionSize) that does not wrap the address space. It
+// leaves k unchanged on error.
 func (k *RemoteKey) UnmarshalBinary(b []byte) error {
 	if len(b) != RemoteKeyLen {
 		return fmt.Errorf("rdma: remote key of %d bytes, want %d", len(b), RemoteKeyLen)
@@ -82,8 +83,8 @@ func (k RemoteKey) validate() error {
 	switch {
 	case k.Access == 0 || k.Access&^accessMask != 0:
 		return fmt.Errorf("rdma: remote key with access %v: %w", k.Access, syscall.EINVAL)
-	case k.Size == 0 || k.Size > MaxRegionSize:
-		return fmt.Errorf("rdma: remote key of size %d outside [1, %d]: %w", k.Size, uint64(MaxRegionSize), syscall.EINVAL)
+	case k.Size == 0 || k.Size > maxRemoteRegion:
+		return fmt.Errorf("rdma: remote key of size %d outside [1, %d]: %w", k.Size, uint64(maxRemoteRegion), syscall.EINVAL)
 	case k.Addr > ^uint64(0)-k.Size:
 		return fmt.Errorf("rdma: remote key at %#x of %d bytes wraps the address space: %w", k.Addr, k.Size, syscall.EINVAL)
 	}

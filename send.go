@@ -115,7 +115,7 @@ func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
 		pend = 0
 	}
 	c.mu.Lock()
-	c.tx.filling = false
+	c.filled()
 	if c.life.has(shutClosed) || c.life.werr != nil {
 		return n
 	}
@@ -183,9 +183,21 @@ func (c *Conn) SetNoDelay(noDelay bool) error {
 	return nil
 }
 
+// readFrom reads r into a buffer of the call's own, never into the send
+// ring: r.Read may block for as long as it likes (an idle os.Stdin), and
+// the ring is registered memory that a device's release takes away
+// without waiting for the connection's calls to return. What each Read
+// of r returned is then copied into the ring and sent, as Write's fill
+// does.
 func (c *Conn) readFrom(r io.Reader) (int64, error) {
 	var total int64
 	waited := false
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	var (
+		buf  []byte // what r returned, not yet in the ring
+		rerr error  // and the error r returned with it
+	)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for {
@@ -195,8 +207,10 @@ func (c *Conn) readFrom(r io.Reader) (int64, error) {
 		if c.wdl.expired() {
 			return total, errTimeout
 		}
-		// While r.Read fills the ring's tail nothing else may send from
-		// there (see planReadFrom).
+		// Before r.Read is called, what is pending goes, and a whole
+		// message's room is there for what it returns: only this call
+		// (writeMu) spends room, so the room stays while r.Read runs
+		// (see planReadFrom).
 		switch step, noCredit := c.tx.planReadFrom(c.cr.credits); step {
 		case stepSendPending:
 			c.queuePending()
@@ -206,32 +220,53 @@ func (c *Conn) readFrom(r io.Reader) (int64, error) {
 			c.waitSendRoomDroppingLock(noCredit, &waited)
 			continue
 		}
+		if len(buf) == 0 {
+			if rerr == io.EOF {
+				return total, nil
+			}
+			if rerr != nil {
+				return total, rerr
+			}
+			b := growBuf(bp, c.tx.ring.maxMsg, 0)
+			c.mu.Unlock()
+			n, err := r.Read(b)
+			c.mu.Lock()
+			buf, rerr = b[:max(0, min(n, len(b)))], err
+			// Again from the top: the ring may have moved meanwhile
+			// (resize.go), and the connection failed or closed.
+			continue
+		}
+		// One message per Read of r, but for a ring that moved to
+		// smaller messages while r.Read ran.
+		k := min(len(buf), c.tx.ring.maxMsg)
 		start := c.tx.pendOff()
-		dst := c.tx.buf[start : start+c.tx.ring.maxMsg]
+		dst := c.tx.buf[start : start+k]
 		c.tx.filling = true
 		c.mu.Unlock()
-		n, rerr := r.Read(dst)
+		copy(dst, buf[:k])
 		c.mu.Lock()
-		c.tx.filling = false
+		c.filled()
 		if err := c.life.writeEnded(); err != nil {
 			return total, err
 		}
-		if n > 0 {
-			c.cr.short = n < c.tx.ring.maxMsg
-			total += int64(n)
-			c.st.BytesWritten += uint64(n)
-			c.tx.setPending(n, false)
-			if c.cr.credits > 0 && c.tx.free() > 0 {
-				c.queuePending()
-			}
+		buf = buf[k:]
+		c.cr.short = k < c.tx.ring.maxMsg
+		total += int64(k)
+		c.st.BytesWritten += uint64(k)
+		c.tx.setPending(k, false)
+		if c.cr.credits > 0 && c.tx.free() > 0 {
+			c.queuePending()
 		}
 		c.flushDroppingLock()
-		if rerr == io.EOF {
-			return total, nil
-		}
-		if rerr != nil {
-			return total, rerr
-		}
+	}
+}
+
+// filled ends a copy into the send ring made without the lock
+// (tx.filling): a release waiting for it goes on.
+func (c *Conn) filled() {
+	c.tx.filling = false
+	if c.life.phase == phaseDead {
+		signal(c.drained)
 	}
 }
 

@@ -142,7 +142,7 @@ type sendRing struct {
 
 	pendLen   int  // bytes of the message gathering at the tail, waiting for a credit
 	pendMore  bool // the pending bytes are a fragment: their Write goes on
-	filling   bool // a Write is copying into the ring without the lock
+	filling   bool // a Write or ReadFrom is copying into the ring without the lock; the release waits for it
 	finQueued bool // the fin waits behind pending data
 
 	sends    []ibv.SendWR // prepared, not yet posted

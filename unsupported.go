@@ -22,7 +22,7 @@ import (
 type connSys struct{}
 
 func (connSys) disconnect()               {}
-func (c *Conn) freeVerbs(int)             {}
+func (c *Conn) freeVerbs()                {}
 func (c *Conn) markDeviceRemoved()        {}
 func wcStatusString(status uint32) string { return fmt.Sprintf("status %d", status) }
 

@@ -418,10 +418,7 @@ func (c *EventChannel) Quiet(f func()) {
 func NewEventChannel() (*EventChannel, error) {
 	ch, err := C.rdma_create_event_channel()
 	if ch == nil {
-		if err == nil {
-			err = syscall.ENODEV
-		}
-		return nil, os.NewSyscallError("rdma_create_event_channel", err)
+		return nil, callError("rdma_create_event_channel", err)
 	}
 	fd, err := pollfd.New(int(C.gv_channel_fd(ch)), "rdma_cm")
 	if err != nil {
