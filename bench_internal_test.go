@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/goverbs/rdma/internal/ibv"
+	"github.com/goverbs/rdma/internal/wire"
 )
 
 // benchQP stands in for the QP and for what the peer learns from our
@@ -40,13 +41,13 @@ func (q *benchQP) PostSends(wrs []ibv.SendWR) error {
 			}
 			continue
 		}
-		h := headerOf(wr.Imm)
-		q.grant += int(h.credits)
-		q.peerCtrl += int(h.ctrlAck)
-		switch h.typ {
-		case msgData, msgDataMore:
+		h := wire.HeaderOf(wr.Imm)
+		q.grant += int(h.Credits)
+		q.peerCtrl += int(h.CtrlAck)
+		switch h.Type {
+		case wire.MsgData, wire.MsgDataMore:
 			q.dataOut++
-		case msgCredit:
+		case wire.MsgCredit:
 			q.ctrlOut++
 		}
 		if wr.Flags&ibv.SendSignaled != 0 {
@@ -75,11 +76,11 @@ func benchConn(b testing.TB) (*Conn, *benchQP) {
 	if err := c.initDataPath(q, make([]byte, lay.size()), lay, testBase+uint64(lay.sendOff()), testLKey, 0, opts, nopSpinner{}); err != nil {
 		b.Fatal(err)
 	}
-	c.open(hello{recvDepth: uint16(opts.RecvDepth), ctrlDepth: ctrlDepth, bufSize: uint32(opts.BufferSize),
-		ringSize: uint32(lay.ring), ringAddr: testRAddr, rkey: testRKey}, lay)
+	c.open(wire.Hello{RecvDepth: uint16(opts.RecvDepth), CtrlDepth: wire.CtrlDepth, BufSize: uint32(opts.BufferSize),
+		RingSize: uint32(lay.ring), RingAddr: testRAddr, RKey: testRKey}, lay)
 	c.mu.Unlock()
-	q.grant = lay.recvSlots - ctrlDepth - finSlots
-	q.peerCtrl = ctrlDepth
+	q.grant = lay.recvSlots - wire.CtrlDepth - wire.FinSlots
+	q.peerCtrl = wire.CtrlDepth
 	return c, q
 }
 
@@ -93,10 +94,10 @@ func (q *benchQP) complete(wc ibv.WC) {
 // peerSends delivers a message of the peer's, carrying every credit and
 // acknowledgement it owes us, and its NIC's completion of our sends.
 func (q *benchQP) peerSends(typ uint8, n int) {
-	h := header{typ: typ, credits: uint16(q.dataOut), ctrlAck: uint8(q.ctrlOut)}
+	h := wire.Header{Type: typ, Credits: uint16(q.dataOut), CtrlAck: uint8(q.ctrlOut)}
 	q.dataOut, q.ctrlOut = 0, 0
 	op := uint32(ibv.WCOpRecv)
-	if typ == msgData {
+	if typ == wire.MsgData {
 		op = ibv.WCOpRecvWriteImm
 		q.grant--
 	} else {
@@ -106,7 +107,7 @@ func (q *benchQP) peerSends(typ uint8, n int) {
 		q.complete(ibv.WC{WRID: q.lastSig})
 		q.lastSig = 0
 	}
-	q.complete(ibv.WC{WRID: recvWRID, Opcode: op, ByteLen: uint32(n), Imm: h.imm(), Flags: ibv.WCWithImm})
+	q.complete(ibv.WC{WRID: recvWRID, Opcode: op, ByteLen: uint32(n), Imm: h.Imm(), Flags: ibv.WCWithImm})
 }
 
 // BenchmarkGoWrite64 is a 64 B Write posted at once (SetNoDelay), the
@@ -127,7 +128,7 @@ func benchWrites(b *testing.B, noDelay bool, catchUp int) {
 			b.Fatal(err)
 		}
 		if i++; i%catchUp == 0 {
-			q.peerSends(msgCredit, 0)
+			q.peerSends(wire.MsgCredit, 0)
 		}
 	}
 	b.ReportMetric(float64(q.posts)/float64(i), "posts/op")
@@ -150,7 +151,7 @@ func BenchmarkGoRead64(b *testing.B) {
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
-		q.peerSends(msgData, 64)
+		q.peerSends(wire.MsgData, 64)
 		if n, err := c.Read(buf); n != 64 || err != nil {
 			b.Fatal(n, err)
 		}
@@ -171,7 +172,7 @@ func BenchmarkGoRoundTrip64(b *testing.B) {
 		if _, err := c.Write(buf); err != nil {
 			b.Fatal(err)
 		}
-		q.peerSends(msgData, 64)
+		q.peerSends(wire.MsgData, 64)
 		if n, err := c.Read(buf); n != 64 || err != nil {
 			b.Fatal(n, err)
 		}

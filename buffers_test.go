@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/goverbs/rdma/internal/wire"
 )
 
 func TestLayout(t *testing.T) {
@@ -26,9 +28,9 @@ func TestLayout(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			l := newLayout(tc.o)
 			require.Equal(t, tc.o.BufferSize, l.bufSize, "BufferSize is the largest message, payload only")
-			require.Equal(t, tc.o.RecvDepth+ctrlDepth+finSlots, l.recvSlots)
+			require.Equal(t, tc.o.RecvDepth+wire.CtrlDepth+wire.FinSlots, l.recvSlots)
 			require.Equal(t, tc.o.SendDepth, l.sendSlots)
-			require.Equal(t, ctrlDepth+finSlots, l.ctrlSlots)
+			require.Equal(t, wire.CtrlDepth+wire.FinSlots, l.ctrlSlots)
 			require.Equal(t, min(tc.ring, initRing), l.ring, "a connection starts small: two of the largest messages, in whole pages, or 16 KiB")
 			require.GreaterOrEqual(t, l.bigRing, 2*tc.o.BufferSize)
 			require.Equal(t, tc.big, l.bigRing, "and grows to 16 of them, at most 1 MiB (at least two)")

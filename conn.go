@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/goverbs/rdma/internal/ibv"
+	"github.com/goverbs/rdma/internal/wire"
 )
 
 // Compile-time checks that the types fit the interfaces code relies on.
@@ -199,16 +200,16 @@ func (c *Conn) initDataPath(qp queuePair, mem []byte, lay layout, sendBase uint6
 
 // open takes the peer's hello once the handshake is done (mu is held):
 // its grant, its Reads' mode, and its receive ring, whose geometry both
-// sides derive alike (ringGeometry). Messages that arrived before (a
+// sides derive alike (wire.RingGeometry). Messages that arrived before (a
 // listener may write as soon as it is established, before the dialer has
 // read the reply) are handled now, in order.
-func (c *Conn) open(peer hello, lay layout) {
-	span, maxMsg := ringGeometry(lay.ring, lay.bufSize, int(peer.ringSize), int(peer.bufSize))
+func (c *Conn) open(peer wire.Hello, lay layout) {
+	span, maxMsg := wire.RingGeometry(lay.ring, lay.bufSize, int(peer.RingSize), int(peer.BufSize))
 	c.openRings(span, peer)
-	c.msgWrite = peer.flags&helloMessages != 0
-	c.cr.open(int(peer.recvDepth), int(peer.ctrlDepth))
+	c.msgWrite = peer.Flags&wire.HelloMessages != 0
+	c.cr.open(int(peer.RecvDepth), int(peer.CtrlDepth))
 	c.cr.noMerge = c.msgWrite
-	c.tx.open(peer.ringAddr, peer.rkey, span, maxMsg, int(peer.recvDepth), peer.flags&helloHeaders != 0)
+	c.tx.open(peer.RingAddr, peer.RKey, span, maxMsg, int(peer.RecvDepth), peer.Flags&wire.HelloHeaders != 0)
 	c.rx.open(span, maxMsg)
 	for _, wc := range c.early {
 		c.recvMsg(wc)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goverbs/rdma/internal/ibv"
+	"github.com/goverbs/rdma/internal/wire"
 )
 
 // The teardown over the fake QP: the test plays the peer's NIC, which
@@ -18,7 +19,7 @@ import (
 // finPosted reports whether a fin is among the posted sends.
 func (p *fakePeer) finPosted() bool {
 	for _, wr := range p.q.posted() {
-		if wr.Flags&ibv.SendWriteImm == 0 && headerOf(wr.Imm).typ == msgFin {
+		if wr.Flags&ibv.SendWriteImm == 0 && wire.HeaderOf(wr.Imm).Type == wire.MsgFin {
 			return true
 		}
 	}
@@ -100,7 +101,7 @@ func TestConnCloseReportsUndelivered(t *testing.T) {
 // what came and then fail with a reset, Writes fail at once.
 func TestConnPeerDisconnected(t *testing.T) {
 	p := newFakeConn(t, 4, 64)
-	p.deliver(header{typ: msgData}, []byte("before"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("before"))
 	p.c.peerDisconnected(true)
 	b := make([]byte, 16)
 	n, err := p.c.Read(b)

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/goverbs/rdma/internal/wire"
 )
 
 // chunkReader returns its chunks one per Read, recording the room each Read
@@ -100,7 +102,7 @@ func TestConnReadFromDoesNotStallBehindABlockingSource(t *testing.T) {
 		t.Fatal("ReadFrom blocked in the source on top of bytes it had not sent")
 	case <-time.After(10 * time.Millisecond):
 	}
-	p.deliver(header{typ: msgCredit, credits: 1}, nil)
+	p.deliver(wire.Header{Type: wire.MsgCredit, Credits: 1}, nil)
 	<-r.blocked
 	s := p.sent()
 	require.Len(t, s, 1)
@@ -117,7 +119,7 @@ func TestConnReadFromMessages(t *testing.T) {
 	s := p.sent()
 	require.Len(t, s, 2, "to a message-oriented peer each Read of r is a message")
 	require.Equal(t, "one", p.payload(s[0]))
-	require.Equal(t, uint8(msgData), headerOf(s[0].Imm).typ)
+	require.Equal(t, uint8(wire.MsgData), wire.HeaderOf(s[0].Imm).Type)
 }
 
 func TestConnReadFromErrors(t *testing.T) {
@@ -149,10 +151,10 @@ func (w *recordWriter) Write(p []byte) (int, error) {
 
 func TestConnWriteToHandsOverMessages(t *testing.T) {
 	p := newFakeConn(t, 8, 64)
-	p.deliver(header{typ: msgData}, []byte("first"))
-	p.deliver(header{typ: msgData}, []byte("second"))
-	p.deliver(header{typ: msgData}, []byte("third"))
-	p.deliver(header{typ: msgFin}, nil)
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("first"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("second"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("third"))
+	p.deliver(wire.Header{Type: wire.MsgFin}, nil)
 	posted := len(p.q.recvs)
 	var w recordWriter
 	n, err := p.c.WriteTo(&w)
@@ -167,7 +169,7 @@ func TestConnWriteToHandsOverMessages(t *testing.T) {
 
 func TestConnWriteToErrors(t *testing.T) {
 	p := newFakeConn(t, 8, 64)
-	p.deliver(header{typ: msgData}, []byte("lost?"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("lost?"))
 	fail := errors.New("sink failed")
 	_, err := p.c.WriteTo(&recordWriter{fail: fail})
 	require.ErrorIs(t, err, fail)

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goverbs/rdma/internal/ibv"
+	"github.com/goverbs/rdma/internal/wire"
 )
 
 // The data path of a Conn over a fake QP: the test plays the peer and the
@@ -69,13 +70,13 @@ func newFakeConnMode(t testing.TB, opts Options, peerMessages, headers bool) *fa
 	require.Len(t, q.recvs, lay.recvSlots, "every receive is posted at setup")
 	var flags uint8
 	if peerMessages {
-		flags = helloMessages
+		flags = wire.HelloMessages
 	}
 	if headers {
-		flags |= helloHeaders
+		flags |= wire.HelloHeaders
 	}
-	c.open(hello{flags: flags, recvDepth: uint16(depth), ctrlDepth: ctrlDepth, bufSize: uint32(bufSize),
-		ringSize: uint32(lay.ring), ringAddr: testRAddr, rkey: testRKey}, lay)
+	c.open(wire.Hello{Flags: flags, RecvDepth: uint16(depth), CtrlDepth: wire.CtrlDepth, BufSize: uint32(bufSize),
+		RingSize: uint32(lay.ring), RingAddr: testRAddr, RKey: testRKey}, lay)
 	c.mu.Unlock()
 	require.Equal(t, bufSize, c.tx.ring.maxMsg)
 	return &fakePeer{t: t, c: c, q: q, lay: lay, headers: headers}
@@ -83,9 +84,9 @@ func newFakeConnMode(t testing.TB, opts Options, peerMessages, headers bool) *fa
 
 // deliver completes the next posted receive with a message from the peer,
 // as the device would: a data message as an RDMA WRITE with immediate
-// whose payload the peer placed in our receive ring (ringPlace), anything
+// whose payload the peer placed in our receive ring (wire.RingPlace), anything
 // else as a SEND.
-func (p *fakePeer) deliver(h header, payload []byte) {
+func (p *fakePeer) deliver(h wire.Header, payload []byte) {
 	p.t.Helper()
 	wr, ok := p.q.recvAt(p.nextRx)
 	require.True(p.t, ok, "the peer sent with no receive posted")
@@ -94,19 +95,19 @@ func (p *fakePeer) deliver(h header, payload []byte) {
 	}
 	p.nextRx++
 	op := uint32(ibv.WCOpRecv)
-	if isData(h.typ) {
+	if wire.IsData(h.Type) {
 		op = ibv.WCOpRecvWriteImm
-		start := ringPlace(p.tail, p.c.rx.span, p.c.rx.maxMsg)
+		start := wire.RingPlace(p.tail, p.c.rx.span, p.c.rx.maxMsg)
 		copy(p.c.mem[p.lay.recvOff()+int(start%uint64(p.c.rx.span)):], payload)
-		p.tail = ringEnd(start, len(payload))
+		p.tail = wire.RingEnd(start, len(payload))
 	}
 	if p.headers {
 		// The RDMA WRITE placed the payload; the SEND brings the header
 		// and length into the receive's slot.
-		p.sendHeader(wr, h.imm(), uint32(len(payload)))
+		p.sendHeader(wr, h.Imm(), uint32(len(payload)))
 		return
 	}
-	p.complete(ibv.WC{WRID: wr.ID, Opcode: op, ByteLen: uint32(len(payload)), Imm: h.imm(), Flags: ibv.WCWithImm})
+	p.complete(ibv.WC{WRID: wr.ID, Opcode: op, ByteLen: uint32(len(payload)), Imm: h.Imm(), Flags: ibv.WCWithImm})
 }
 
 // sendHeader completes receive wr with a SEND of a header (imm, n) into
@@ -174,7 +175,7 @@ func TestConnWriteRead(t *testing.T) {
 	require.Equal(t, 5, n)
 	s := p.sent()
 	require.Len(t, s, 1)
-	require.Equal(t, header{typ: msgData}, headerOf(s[0].Imm))
+	require.Equal(t, wire.Header{Type: wire.MsgData}, wire.HeaderOf(s[0].Imm))
 	require.Equal(t, "hello", p.payload(s[0]))
 	require.Equal(t, 7, p.c.cr.credits)
 
@@ -189,23 +190,23 @@ func TestConnWriteRead(t *testing.T) {
 	require.Len(t, s, 3)
 	require.Equal(t, []uint32{1024, 1024, 452}, []uint32{s[0].Len, s[1].Len, s[2].Len})
 	require.Len(t, p.q.sends, 2, "one post per Write")
-	require.False(t, headerOf(s[2].Imm).wants, "a large Write's")
+	require.False(t, wire.HeaderOf(s[2].Imm).Wants, "a large Write's")
 	_, err = p.c.Write([]byte("y"))
 	require.NoError(t, err)
 	s = p.sent()
 	require.Len(t, s, 1, "the peer was not told: not held")
-	require.True(t, headerOf(s[0].Imm).wants, "a small Write, four unconsumed before it: hold may hold")
+	require.True(t, wire.HeaderOf(s[0].Imm).Wants, "a small Write, four unconsumed before it: hold may hold")
 	_, err = p.c.Write([]byte("z"))
 	require.NoError(t, err)
 	require.Empty(t, p.sent())
 	require.Equal(t, 1, p.c.tx.pendLen, "five messages unconsumed at the peer, which was told: the Write is held")
 
-	p.deliver(header{typ: msgData, credits: 5}, []byte("world"))
+	p.deliver(wire.Header{Type: wire.MsgData, Credits: 5}, []byte("world"))
 	s = p.sent()
 	require.Len(t, s, 1, "the peer consumed everything: the held buffer goes")
 	require.Equal(t, uint32(1), s[0].Len)
 	require.Equal(t, 7, p.c.cr.credits)
-	p.deliver(header{typ: msgData}, []byte("!"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("!"))
 	n, err = p.c.Read(nil)
 	require.Zero(t, n)
 	require.NoError(t, err)
@@ -260,7 +261,7 @@ func TestConnCreditsAtZeroGather(t *testing.T) {
 	require.Equal(t, 3, p.c.tx.pendLen)
 
 	// The credit that comes back sends them as one message.
-	p.deliver(header{typ: msgCredit, credits: 1}, nil)
+	p.deliver(wire.Header{Type: wire.MsgCredit, Credits: 1}, nil)
 	s := p.sent()
 	require.Len(t, s, 1)
 	require.Equal(t, "cde", p.payload(s[0]))
@@ -276,13 +277,13 @@ func TestConnHoldReleasedByReturningCredits(t *testing.T) {
 	require.Len(t, p.sent(), 2, "two unconsumed at the peer: the rest gather")
 	require.Equal(t, 2, p.c.tx.pendLen)
 
-	p.deliver(header{typ: msgCredit, credits: 1}, nil)
+	p.deliver(wire.Header{Type: wire.MsgCredit, Credits: 1}, nil)
 	require.Empty(t, p.sent(), "one consumed: still streaming")
-	p.deliver(header{typ: msgCredit, credits: 1}, nil)
+	p.deliver(wire.Header{Type: wire.MsgCredit, Credits: 1}, nil)
 	s := p.sent()
 	require.Len(t, s, 1, "all consumed: the held buffer goes")
 	require.Equal(t, "34", p.payload(s[0]))
-	require.Equal(t, header{typ: msgData, ctrlAck: 2}, headerOf(s[0].Imm), "it acknowledges the two credit messages")
+	require.Equal(t, wire.Header{Type: wire.MsgData, CtrlAck: 2}, wire.HeaderOf(s[0].Imm), "it acknowledges the two credit messages")
 
 	// SetNoDelay sends a held buffer at once.
 	for _, w := range []string{"5", "6"} {
@@ -296,7 +297,7 @@ func TestConnHoldReleasedByReturningCredits(t *testing.T) {
 func TestConnReturnsCreditsInBatches(t *testing.T) {
 	p := newFakeConn(t, 8, 64) // batch 2
 	for range 3 {
-		p.deliver(header{typ: msgData}, []byte("m"))
+		p.deliver(wire.Header{Type: wire.MsgData}, []byte("m"))
 	}
 	b := make([]byte, 1)
 	p.c.Read(b)
@@ -304,7 +305,7 @@ func TestConnReturnsCreditsInBatches(t *testing.T) {
 	p.c.Read(b)
 	s := p.sent()
 	require.Len(t, s, 1)
-	require.Equal(t, header{typ: msgCredit, credits: 2}, headerOf(s[0].Imm))
+	require.Equal(t, wire.Header{Type: wire.MsgCredit, Credits: 2}, wire.HeaderOf(s[0].Imm))
 	require.Len(t, p.q.recvs, p.lay.recvSlots+2, "the consumed buffers were posted again")
 }
 
@@ -326,7 +327,7 @@ func TestConnWaitingReaderReturnsCreditsWhenWanted(t *testing.T) {
 		return got
 	}
 
-	p.deliver(header{typ: msgData}, []byte("req1"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("req1"))
 	_, err := p.c.Read(b)
 	require.NoError(t, err)
 	got := readInBackground()
@@ -335,21 +336,21 @@ func TestConnWaitingReaderReturnsCreditsWhenWanted(t *testing.T) {
 	require.NoError(t, err)
 	s := p.sent()
 	require.Len(t, s, 1)
-	require.Equal(t, header{typ: msgData, credits: 1}, headerOf(s[0].Imm), "the reply carries the credit")
+	require.Equal(t, wire.Header{Type: wire.MsgData, Credits: 1}, wire.HeaderOf(s[0].Imm), "the reply carries the credit")
 
-	p.deliver(header{typ: msgData, wants: true}, []byte("req2"))
+	p.deliver(wire.Header{Type: wire.MsgData, Wants: true}, []byte("req2"))
 	require.Equal(t, "req2", <-got)
 	got = readInBackground()
 	s = p.sent()
 	require.Len(t, s, 1, "the peer may be waiting for the credit: it goes before the reader waits")
-	require.Equal(t, header{typ: msgCredit, credits: 1}, headerOf(s[0].Imm))
-	p.deliver(header{typ: msgData}, []byte("req3"))
+	require.Equal(t, wire.Header{Type: wire.MsgCredit, Credits: 1}, wire.HeaderOf(s[0].Imm))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("req3"))
 	require.Equal(t, "req3", <-got)
 }
 
 func TestConnPastReadDeadlineReturnsCredits(t *testing.T) {
 	p := newFakeConn(t, 8, 64)
-	p.deliver(header{typ: msgData}, []byte("m"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("m"))
 	b := make([]byte, 8)
 	_, err := p.c.Read(b)
 	require.NoError(t, err)
@@ -363,26 +364,26 @@ func TestConnPastReadDeadlineReturnsCredits(t *testing.T) {
 	require.True(t, ne.Timeout())
 	s := p.sent()
 	require.Len(t, s, 1, "a reader polling with a past deadline still gives its credits back")
-	require.Equal(t, header{typ: msgCredit, credits: 1}, headerOf(s[0].Imm))
+	require.Equal(t, wire.Header{Type: wire.MsgCredit, Credits: 1}, wire.HeaderOf(s[0].Imm))
 }
 
 func TestConnCloseReadDiscardsAndReturnsCredits(t *testing.T) {
 	p := newFakeConn(t, 8, 64)
-	p.deliver(header{typ: msgData}, []byte("a"))
-	p.deliver(header{typ: msgData}, []byte("b"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("a"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("b"))
 	posted := len(p.q.recvs)
 	require.NoError(t, p.c.CloseRead())
 	require.Len(t, p.q.recvs, posted+2)
 	s := p.sent()
 	require.Len(t, s, 1)
-	require.Equal(t, header{typ: msgCredit, credits: 2}, headerOf(s[0].Imm))
+	require.Equal(t, wire.Header{Type: wire.MsgCredit, Credits: 2}, wire.HeaderOf(s[0].Imm))
 	_, err := p.c.Read(make([]byte, 8))
 	require.Equal(t, io.EOF, err)
 
 	// Later data is discarded and its buffers go back too.
 	p.ack()
-	p.deliver(header{typ: msgData}, []byte("c"))
-	p.deliver(header{typ: msgData}, []byte("d"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("c"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("d"))
 	require.Zero(t, p.c.rx.n)
 	require.Len(t, p.sent(), 1)
 
@@ -392,8 +393,8 @@ func TestConnCloseReadDiscardsAndReturnsCredits(t *testing.T) {
 
 func TestConnFinThenEOF(t *testing.T) {
 	p := newFakeConn(t, 8, 64)
-	p.deliver(header{typ: msgData}, []byte("last"))
-	p.deliver(header{typ: msgFin}, nil)
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("last"))
+	p.deliver(wire.Header{Type: wire.MsgFin}, nil)
 	b := make([]byte, 64)
 	n, err := p.c.Read(b)
 	require.NoError(t, err)
@@ -418,11 +419,11 @@ func TestConnCloseWrite(t *testing.T) {
 	require.ErrorIs(t, err, syscall.EPIPE)
 	requireNetOpError(t, err, "write")
 
-	p.deliver(header{typ: msgCredit, credits: 1}, nil)
+	p.deliver(wire.Header{Type: wire.MsgCredit, Credits: 1}, nil)
 	s := p.sent()
 	require.Len(t, s, 2)
 	require.Equal(t, "pending", p.payload(s[0]))
-	require.Equal(t, uint8(msgFin), headerOf(s[1].Imm).typ)
+	require.Equal(t, uint8(wire.MsgFin), wire.HeaderOf(s[1].Imm).Type)
 	require.NotZero(t, s[1].Flags&ibv.SendSignaled)
 	require.NoError(t, p.c.CloseWrite(), "a second CloseWrite is a no-op")
 }
@@ -441,47 +442,47 @@ func TestConnProtocolViolations(t *testing.T) {
 		send func(p *fakePeer)
 		want string
 	}{
-		{"unknown message type", func(p *fakePeer) { p.deliver(header{typ: 9}, nil) }, "unknown message type"},
-		{"more credits than sent", func(p *fakePeer) { p.deliver(header{typ: msgCredit, credits: 1}, nil) }, "more credits"},
-		{"empty data message", func(p *fakePeer) { p.deliver(header{typ: msgData}, nil) }, "empty data message"},
+		{"unknown message type", func(p *fakePeer) { p.deliver(wire.Header{Type: 9}, nil) }, "unknown message type"},
+		{"more credits than sent", func(p *fakePeer) { p.deliver(wire.Header{Type: wire.MsgCredit, Credits: 1}, nil) }, "more credits"},
+		{"empty data message", func(p *fakePeer) { p.deliver(wire.Header{Type: wire.MsgData}, nil) }, "empty data message"},
 		{"more data messages than granted", func(p *fakePeer) {
 			for range 5 { // 4 granted
-				p.deliver(header{typ: msgData}, []byte("x"))
+				p.deliver(wire.Header{Type: wire.MsgData}, []byte("x"))
 			}
 		}, "a data message beyond those granted"},
 		{"more credit messages than granted", func(p *fakePeer) {
-			for range ctrlDepth + 1 {
-				p.deliver(header{typ: msgCredit}, nil)
+			for range wire.CtrlDepth + 1 {
+				p.deliver(wire.Header{Type: wire.MsgCredit}, nil)
 			}
 		}, "a credit message beyond those granted"},
 		{"data after the fin", func(p *fakePeer) {
-			p.deliver(header{typ: msgFin}, nil)
-			p.deliver(header{typ: msgData}, []byte("x"))
+			p.deliver(wire.Header{Type: wire.MsgFin}, nil)
+			p.deliver(wire.Header{Type: wire.MsgData}, []byte("x"))
 		}, "after the fin"},
 		{"no header", func(p *fakePeer) {
 			p.complete(ibv.WC{WRID: p.q.recvs[0].ID, ByteLen: 1})
 		}, "without immediate data"},
 		{"unknown buffer", func(p *fakePeer) {
-			p.complete(ibv.WC{WRID: 999, ByteLen: 1, Flags: ibv.WCWithImm, Imm: header{typ: msgData}.imm()})
+			p.complete(ibv.WC{WRID: 999, ByteLen: 1, Flags: ibv.WCWithImm, Imm: wire.Header{Type: wire.MsgData}.Imm()})
 		}, "without immediate data"},
 		{"more messages than receives", func(p *fakePeer) {
 			for range p.lay.recvSlots {
-				p.deliver(header{typ: msgData}, []byte("x"))
+				p.deliver(wire.Header{Type: wire.MsgData}, []byte("x"))
 			}
 			p.c.rx.push(rxMsg{n: 1}) // unreachable through deliver: every receive is used
-			p.complete(ibv.WC{WRID: recvWRID, Opcode: ibv.WCOpRecvWriteImm, ByteLen: 1, Flags: ibv.WCWithImm, Imm: header{typ: msgData}.imm()})
+			p.complete(ibv.WC{WRID: recvWRID, Opcode: ibv.WCOpRecvWriteImm, ByteLen: 1, Flags: ibv.WCWithImm, Imm: wire.Header{Type: wire.MsgData}.Imm()})
 		}, "overran its credits"},
 		{"data as a SEND", func(p *fakePeer) {
-			p.complete(ibv.WC{WRID: recvWRID, Opcode: ibv.WCOpRecv, ByteLen: 1, Flags: ibv.WCWithImm, Imm: header{typ: msgData}.imm()})
+			p.complete(ibv.WC{WRID: recvWRID, Opcode: ibv.WCOpRecv, ByteLen: 1, Flags: ibv.WCWithImm, Imm: wire.Header{Type: wire.MsgData}.Imm()})
 		}, "not an RDMA WRITE"},
 		{"credit with payload", func(p *fakePeer) {
-			p.complete(ibv.WC{WRID: recvWRID, Opcode: ibv.WCOpRecv, ByteLen: 1, Flags: ibv.WCWithImm, Imm: header{typ: msgCredit}.imm()})
+			p.complete(ibv.WC{WRID: recvWRID, Opcode: ibv.WCOpRecv, ByteLen: 1, Flags: ibv.WCWithImm, Imm: wire.Header{Type: wire.MsgCredit}.Imm()})
 		}, "control message with payload"},
 		{"fin as a write", func(p *fakePeer) {
-			p.complete(ibv.WC{WRID: recvWRID, Opcode: ibv.WCOpRecvWriteImm, Flags: ibv.WCWithImm, Imm: header{typ: msgFin}.imm()})
+			p.complete(ibv.WC{WRID: recvWRID, Opcode: ibv.WCOpRecvWriteImm, Flags: ibv.WCWithImm, Imm: wire.Header{Type: wire.MsgFin}.Imm()})
 		}, "not a SEND"},
 		{"message larger than agreed", func(p *fakePeer) {
-			p.deliver(header{typ: msgData}, make([]byte, 65))
+			p.deliver(wire.Header{Type: wire.MsgData}, make([]byte, 65))
 		}, "larger than the largest"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -561,12 +562,12 @@ func TestConnFailedPost(t *testing.T) {
 	p.q.mu.Lock()
 	p.q.recvErr = os.NewSyscallError("ibv_post_recv", syscall.ENOMEM)
 	p.q.mu.Unlock()
-	p.deliver(header{typ: msgData}, []byte("abc"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("abc"))
 	got := make([]byte, 8)
 	n, err := p.c.Read(got)
 	require.NoError(t, err, "what arrived is read")
 	require.Equal(t, "abc", string(got[:n]))
-	p.deliver(header{typ: msgData}, []byte("def"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("def"))
 	for err == nil {
 		_, err = p.c.Read(got)
 	}
@@ -671,7 +672,7 @@ func TestConnLingerWaitsForTheFin(t *testing.T) {
 	case <-time.After(10 * time.Millisecond):
 	}
 	s := p.q.posted()
-	require.Equal(t, uint8(msgFin), headerOf(s[len(s)-1].Imm).typ)
+	require.Equal(t, uint8(wire.MsgFin), wire.HeaderOf(s[len(s)-1].Imm).Type)
 	p.c.mu.Lock()
 	p.c.life.phase = phaseDead // completions now signal drained, as in the teardown
 	p.c.mu.Unlock()
@@ -728,7 +729,7 @@ func TestConnWriteWaitsForRingRoom(t *testing.T) {
 	p.c.mu.Unlock()
 
 	p.ack()
-	p.deliver(header{typ: msgCredit, credits: 1}, nil) // the first message was read
+	p.deliver(wire.Header{Type: wire.MsgCredit, Credits: 1}, nil) // the first message was read
 	require.NoError(t, <-done)
 	s = p.sent()
 	require.Len(t, s, 1)
@@ -741,9 +742,9 @@ func TestConnWriteWaitsForRingRoom(t *testing.T) {
 func TestConnRingOverrun(t *testing.T) {
 	p := newFakeConn(t, 8, 1024)
 	for range 4 {
-		p.deliver(header{typ: msgData}, bytes.Repeat([]byte("o"), 1024))
+		p.deliver(wire.Header{Type: wire.MsgData}, bytes.Repeat([]byte("o"), 1024))
 	}
-	p.deliver(header{typ: msgData}, []byte("over the first"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("over the first"))
 	_, err := p.c.Write([]byte("x"))
 	require.ErrorIs(t, err, ErrProtocol)
 	require.ErrorContains(t, err, "overran the receive ring")
@@ -767,11 +768,11 @@ func TestConnMessagesBeforeOpen(t *testing.T) {
 	require.NoError(t, c.initDataPath(q, make([]byte, lay.size()), lay, testBase+uint64(lay.sendOff()), testLKey, 0, opts, nopSpinner{}))
 	c.mu.Unlock()
 	copy(c.mem, "early")
-	c.complete(ibv.WC{WRID: recvWRID, Opcode: ibv.WCOpRecvWriteImm, ByteLen: 5, Flags: ibv.WCWithImm, Imm: header{typ: msgData}.imm()})
-	c.complete(ibv.WC{WRID: recvWRID, Opcode: ibv.WCOpRecv, Flags: ibv.WCWithImm, Imm: header{typ: msgFin}.imm()})
+	c.complete(ibv.WC{WRID: recvWRID, Opcode: ibv.WCOpRecvWriteImm, ByteLen: 5, Flags: ibv.WCWithImm, Imm: wire.Header{Type: wire.MsgData}.Imm()})
+	c.complete(ibv.WC{WRID: recvWRID, Opcode: ibv.WCOpRecv, Flags: ibv.WCWithImm, Imm: wire.Header{Type: wire.MsgFin}.Imm()})
 	c.mu.Lock()
 	require.Zero(t, c.rx.n, "nothing is placed before the geometry is known")
-	c.open(hello{recvDepth: 4, ctrlDepth: ctrlDepth, bufSize: 1024, ringSize: uint32(lay.ring), ringAddr: testRAddr, rkey: testRKey}, lay)
+	c.open(wire.Hello{RecvDepth: 4, CtrlDepth: wire.CtrlDepth, BufSize: 1024, RingSize: uint32(lay.ring), RingAddr: testRAddr, RKey: testRKey}, lay)
 	c.mu.Unlock()
 	b := make([]byte, 16)
 	n, err := c.Read(b)
@@ -785,21 +786,21 @@ func TestConnMessagesBeforeOpen(t *testing.T) {
 // of messages: the writer's next large message needs the room.
 func TestConnReturnsCreditsAtHalfRing(t *testing.T) {
 	p := newFakeConn(t, 16, 1024) // batch 4; a ring of 4096 bytes
-	p.deliver(header{typ: msgData}, []byte("small"))
-	p.deliver(header{typ: msgData}, []byte("small"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("small"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("small"))
 	b := make([]byte, 4096)
 	_, err := p.c.Read(b)
 	require.NoError(t, err)
 	require.Empty(t, p.sent(), "two small messages read: less than a batch, a fraction of the ring")
 
-	p.deliver(header{typ: msgData}, bytes.Repeat([]byte("L"), 1024))
-	p.deliver(header{typ: msgData}, bytes.Repeat([]byte("L"), 1024))
+	p.deliver(wire.Header{Type: wire.MsgData}, bytes.Repeat([]byte("L"), 1024))
+	p.deliver(wire.Header{Type: wire.MsgData}, bytes.Repeat([]byte("L"), 1024))
 	n, err := p.c.Read(b)
 	require.NoError(t, err)
 	require.Equal(t, 2048, n)
 	s := p.sent()
 	require.Len(t, s, 1, "half the ring read: its credits go back at once")
-	require.Equal(t, header{typ: msgCredit, credits: 4}, headerOf(s[0].Imm))
+	require.Equal(t, wire.Header{Type: wire.MsgCredit, Credits: 4}, wire.HeaderOf(s[0].Imm))
 }
 
 // A failed receive (a peer's SEND with payload, a refused RDMA access)
@@ -844,7 +845,7 @@ func TestConnFailedReceiveWakesWriter(t *testing.T) {
 // allow, never overruns the ring.
 func TestConnCloseReadDuringRead(t *testing.T) {
 	p := newFakeConn(t, 8, 64)
-	p.deliver(header{typ: msgData}, bytes.Repeat([]byte("a"), 64))
+	p.deliver(wire.Header{Type: wire.MsgData}, bytes.Repeat([]byte("a"), 64))
 	hold := make(chan struct{})
 	held := make(chan struct{})
 	w := writerFunc(func(b []byte) (int, error) {
@@ -863,8 +864,8 @@ func TestConnCloseReadDuringRead(t *testing.T) {
 	p.eventually(func(c *Conn) bool { return c.life.has(shutRead) })
 	read := p.c.rx.read
 	// The peer writes on while the reader holds its message.
-	p.deliver(header{typ: msgData}, bytes.Repeat([]byte("b"), 64))
-	p.deliver(header{typ: msgData}, bytes.Repeat([]byte("c"), 64))
+	p.deliver(wire.Header{Type: wire.MsgData}, bytes.Repeat([]byte("b"), 64))
+	p.deliver(wire.Header{Type: wire.MsgData}, bytes.Repeat([]byte("c"), 64))
 	p.c.mu.Lock()
 	require.Equal(t, read, p.c.rx.read, "no ring byte past the held message is freed")
 	p.c.mu.Unlock()
@@ -878,7 +879,7 @@ func TestConnCloseReadDuringRead(t *testing.T) {
 	// The peer fills the ring again, as the credits it got back allow:
 	// no overrun.
 	for range 4 {
-		p.deliver(header{typ: msgData}, bytes.Repeat([]byte("d"), 64))
+		p.deliver(wire.Header{Type: wire.MsgData}, bytes.Repeat([]byte("d"), 64))
 	}
 	p.c.mu.Lock()
 	require.Nil(t, p.c.life.rerr, "the peer's later messages are taken")
@@ -899,7 +900,7 @@ func TestConnRepostFails(t *testing.T) {
 	p.q.recvErr = os.NewSyscallError("ibv_post_recv", syscall.EIO)
 	p.q.mu.Unlock()
 	for range 4 {
-		p.deliver(header{typ: msgData}, []byte("x"))
+		p.deliver(wire.Header{Type: wire.MsgData}, []byte("x"))
 	}
 	b := make([]byte, 8)
 	for {
@@ -912,7 +913,7 @@ func TestConnRepostFails(t *testing.T) {
 	}
 
 	p = newFakeConn(t, 4, 64)
-	p.deliver(header{typ: msgData}, []byte("x"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("x"))
 	posted := len(p.q.recvs)
 	p.c.mu.Lock()
 	p.c.life.set(shutPeerGone)
@@ -962,7 +963,7 @@ func TestConnWriteToOwnsItsBytes(t *testing.T) {
 // error is io.ErrShortWrite or the invalid count's.
 func TestConnWriteToShortAndInvalid(t *testing.T) {
 	p := newFakeConn(t, 8, 64)
-	p.deliver(header{typ: msgData}, []byte("abcdef"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("abcdef"))
 	_, err := p.c.WriteTo(writerFunc(func(b []byte) (int, error) { return 2, nil }))
 	require.ErrorIs(t, err, io.ErrShortWrite)
 	_, err = p.c.WriteTo(writerFunc(func(b []byte) (int, error) { return len(b) + 1, nil }))

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goverbs/rdma/internal/ibv"
+	"github.com/goverbs/rdma/internal/wire"
 )
 
 func TestConnMessagesWritesNeverMerge(t *testing.T) {
@@ -22,8 +23,8 @@ func TestConnMessagesWritesNeverMerge(t *testing.T) {
 	require.NoError(t, err)
 	s := p.sent()
 	require.Len(t, s, 3, "a message-oriented peer gets every fragment at once: nothing is held")
-	for i, typ := range []uint8{msgDataMore, msgDataMore, msgData} {
-		require.Equal(t, typ, headerOf(s[i].Imm).typ, "fragment %d", i)
+	for i, typ := range []uint8{wire.MsgDataMore, wire.MsgDataMore, wire.MsgData} {
+		require.Equal(t, typ, wire.HeaderOf(s[i].Imm).Type, "fragment %d", i)
 	}
 	require.Equal(t, uint32(452), s[2].Len)
 
@@ -44,7 +45,7 @@ func TestConnMessagesWritesNeverMerge(t *testing.T) {
 	require.Len(t, s, 3)
 	require.Equal(t, posts+1, p.q.postCalls(), "the corked messages go in one post")
 	for i, wr := range s {
-		require.Equal(t, uint8(msgData), headerOf(wr.Imm).typ)
+		require.Equal(t, uint8(wire.MsgData), wire.HeaderOf(wr.Imm).Type)
 		require.Equal(t, uint32(1), wr.Len)
 		require.Equal(t, string("bcd"[i]), p.payload(wr))
 	}
@@ -76,7 +77,7 @@ func TestConnMessagesPendingWriteWaits(t *testing.T) {
 		t.Fatal("the Write merged with the pending one")
 	case <-time.After(20 * time.Millisecond):
 	}
-	p.deliver(header{typ: msgCredit, credits: 1}, nil)
+	p.deliver(wire.Header{Type: wire.MsgCredit, Credits: 1}, nil)
 	<-done
 	s := p.sent()
 	require.Len(t, s, 1)
@@ -96,25 +97,25 @@ func TestConnMessagesPendingFragment(t *testing.T) {
 		close(done)
 	}()
 	p.eventually(func(c *Conn) bool { return c.tx.pendLen == 64 })
-	p.deliver(header{typ: msgCredit, credits: 1}, nil)
+	p.deliver(wire.Header{Type: wire.MsgCredit, Credits: 1}, nil)
 	<-done
 	s := p.sent()
 	require.Len(t, s, 1)
-	require.Equal(t, uint8(msgDataMore), headerOf(s[0].Imm).typ, "the pending fragment is marked as one")
+	require.Equal(t, uint8(wire.MsgDataMore), wire.HeaderOf(s[0].Imm).Type, "the pending fragment is marked as one")
 	require.Equal(t, 36, p.c.tx.pendLen)
 	p.ack()
-	p.deliver(header{typ: msgCredit, credits: 1}, nil)
+	p.deliver(wire.Header{Type: wire.MsgCredit, Credits: 1}, nil)
 	s = p.sent()
 	require.Len(t, s, 1)
-	require.Equal(t, uint8(msgData), headerOf(s[0].Imm).typ)
+	require.Equal(t, uint8(wire.MsgData), wire.HeaderOf(s[0].Imm).Type)
 }
 
 func TestConnMessagesReads(t *testing.T) {
 	p := newFakeConnOpts(t, Options{BufferSize: 8, SendDepth: 8, RecvDepth: 8, Poll: PollEvent, Messages: true}, false)
 	require.True(t, p.c.msgRead)
-	p.deliver(header{typ: msgDataMore}, []byte("hello, w"))
-	p.deliver(header{typ: msgData}, []byte("orld"))
-	p.deliver(header{typ: msgData}, []byte("next"))
+	p.deliver(wire.Header{Type: wire.MsgDataMore}, []byte("hello, w"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("orld"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("next"))
 	b := make([]byte, 100)
 	n, err := p.c.Read(b)
 	require.NoError(t, err)
@@ -128,7 +129,7 @@ func TestConnMessagesReads(t *testing.T) {
 
 	// A Read with room for the whole message waits for its last fragment,
 	// giving back the buffers of those that came.
-	p.deliver(header{typ: msgDataMore}, []byte("abcdefgh"))
+	p.deliver(wire.Header{Type: wire.MsgDataMore}, []byte("abcdefgh"))
 	got := make(chan string)
 	go func() {
 		n, err := p.c.Read(b)
@@ -144,11 +145,11 @@ func TestConnMessagesReads(t *testing.T) {
 		t.Fatalf("the Read returned %q before the message ended", s)
 	case <-time.After(10 * time.Millisecond):
 	}
-	p.deliver(header{typ: msgData}, []byte("ij"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("ij"))
 	require.Equal(t, "abcdefghij", <-got)
 
-	p.deliver(header{typ: msgData}, []byte("z"))
-	p.deliver(header{typ: msgFin}, nil)
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("z"))
+	p.deliver(wire.Header{Type: wire.MsgFin}, nil)
 	n, err = p.c.Read(b)
 	require.NoError(t, err)
 	require.Equal(t, "z", string(b[:n]))
@@ -172,7 +173,7 @@ func TestConnMessagesCutByDeadlineEndsWrites(t *testing.T) {
 
 	// The rest of the connection goes on: Reads, the credits they give
 	// back, one-sided operations. No fin may end the cut message.
-	p.deliver(header{typ: msgData}, []byte("reply"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("reply"))
 	b := make([]byte, 8)
 	n, err = p.c.Read(b)
 	require.NoError(t, err)
@@ -209,7 +210,7 @@ func TestConnMessagesCork(t *testing.T) {
 	// ...until a completion: here the peer's credits for a and b (its
 	// answer comes before c's completion).
 	posts := p.q.postCalls()
-	p.deliver(header{typ: msgCredit, credits: 2}, nil)
+	p.deliver(wire.Header{Type: wire.MsgCredit, Credits: 2}, nil)
 	s = p.sent()
 	require.Len(t, s, 2)
 	require.Equal(t, posts+1, p.q.postCalls(), "one post for the corked Writes")
@@ -221,7 +222,7 @@ func TestConnMessagesCork(t *testing.T) {
 	write("f")
 	s = p.sent()
 	require.Len(t, s, 1)
-	require.Equal(t, uint8(1), headerOf(s[0].Imm).ctrlAck)
+	require.Equal(t, uint8(1), wire.HeaderOf(s[0].Imm).CtrlAck)
 
 	// SetNoDelay(true) posts every Write at once.
 	require.NoError(t, p.c.SetNoDelay(true))
@@ -252,7 +253,7 @@ func TestConnMessagesCork(t *testing.T) {
 		require.Equal(t, string("ij"[i]), p.payload(wr))
 	}
 	p.ack()
-	p.deliver(header{typ: msgCredit, credits: 8}, nil)
+	p.deliver(wire.Header{Type: wire.MsgCredit, Credits: 8}, nil)
 	<-done
 	s = p.sent()
 	require.Len(t, s, 2, "the peer caught up: nothing is corked")
@@ -267,9 +268,9 @@ func TestConnMessagesCork(t *testing.T) {
 // that takes it, and the CM goroutine behind them.)
 func TestConnMessagesFinAfterFragments(t *testing.T) {
 	p := newFakeConnOpts(t, Options{BufferSize: 8, SendDepth: 8, RecvDepth: 8, Poll: PollEvent, Messages: true}, false)
-	p.deliver(header{typ: msgDataMore}, []byte("abcdefgh"))
-	p.deliver(header{typ: msgDataMore}, []byte("ijklmnop"))
-	p.deliver(header{typ: msgFin}, nil)
+	p.deliver(wire.Header{Type: wire.MsgDataMore}, []byte("abcdefgh"))
+	p.deliver(wire.Header{Type: wire.MsgDataMore}, []byte("ijklmnop"))
+	p.deliver(wire.Header{Type: wire.MsgFin}, nil)
 	type result struct {
 		s   string
 		err error
@@ -295,10 +296,10 @@ func TestConnMessagesFinAfterFragments(t *testing.T) {
 
 	// The same when the fin comes while the Read waits for the rest.
 	p = newFakeConnOpts(t, Options{BufferSize: 8, SendDepth: 8, RecvDepth: 8, Poll: PollEvent, Messages: true}, false)
-	p.deliver(header{typ: msgDataMore}, []byte("abcdefgh"))
+	p.deliver(wire.Header{Type: wire.MsgDataMore}, []byte("abcdefgh"))
 	readAsync()
 	p.eventually(func(c *Conn) bool { return c.rx.n == 0 })
-	p.deliver(header{typ: msgFin}, nil)
+	p.deliver(wire.Header{Type: wire.MsgFin}, nil)
 	select {
 	case r := <-got:
 		require.NoError(t, r.err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/goverbs/rdma/internal/ibv"
 	"github.com/goverbs/rdma/internal/rdmacm"
+	"github.com/goverbs/rdma/internal/wire"
 )
 
 // connSys is the verbs side of a Conn: what the handshake sets up and the
@@ -165,7 +166,7 @@ func (c *Conn) setup(opts Options) error {
 }
 
 // start records the peer's geometry once the handshake is done.
-func (c *Conn) start(peer hello) {
+func (c *Conn) start(peer wire.Hello) {
 	c.laddr = addrFrom(c.id.LocalAddr())
 	c.raddr = addrFrom(c.id.PeerAddr())
 	c.mu.Lock()
@@ -174,16 +175,16 @@ func (c *Conn) start(peer hello) {
 	signal(c.txReady)
 }
 
-func (c *Conn) hello() hello {
+func (c *Conn) hello() wire.Hello {
 	var flags uint8
 	if c.msgRead {
-		flags = helloMessages
+		flags = wire.HelloMessages
 	}
 	if c.lay.headers() {
-		flags |= helloHeaders
+		flags |= wire.HelloHeaders
 	}
-	return hello{flags: flags, recvDepth: uint16(c.lay.recvSlots - ctrlDepth - finSlots), ctrlDepth: ctrlDepth, bufSize: uint32(c.lay.bufSize),
-		ringSize: uint32(c.lay.ring), ringAddr: c.ar.base + uint64(c.lay.recvOff()), rkey: c.ar.recvMR.RKey}
+	return wire.Hello{Flags: flags, RecvDepth: uint16(c.lay.recvSlots - wire.CtrlDepth - wire.FinSlots), CtrlDepth: wire.CtrlDepth, BufSize: uint32(c.lay.bufSize),
+		RingSize: uint32(c.lay.ring), RingAddr: c.ar.base + uint64(c.lay.recvOff()), RKey: c.ar.recvMR.RKey}
 }
 
 // dial runs the active side of the handshake.
@@ -338,7 +339,7 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 	}
 	peer, err := parseHello(ev.PrivateData)
 	if err == nil {
-		err = peer.sendable(c.lay.headers())
+		err = sendable(peer, c.lay.headers())
 	}
 	if err != nil {
 		return err
@@ -414,7 +415,7 @@ var errEventLost = fmt.Errorf("librdmacm could not process the event: %w", sysca
 // an OS thread, a QP and its registered memory until it returns); past
 // that a Dial waits for its call, as it would without the goroutine.
 func (c *Conn) connect(ctx context.Context) error {
-	call := func() error { return c.id.ConnectRead(c.hello().marshal(), c.dev.initDepth, c.dev.respDepth) }
+	call := func() error { return c.id.ConnectRead(c.hello().Marshal(), c.dev.initDepth, c.dev.respDepth) }
 	if !c.dev.iwarp {
 		return call() // returns at once: the outcome comes as an event
 	}

@@ -1,5 +1,7 @@
 package rdma
 
+import "github.com/goverbs/rdma/internal/wire"
+
 // holdDepth is how many unconsumed messages at the peer make small Writes
 // gather (see ledger.hold): a burst of two Writes (a length, then the
 // payload) goes out at once; in a longer one, the third may wait. A peer
@@ -7,10 +9,10 @@ package rdma
 // half its window).
 const holdDepth = 2
 
-// ledger is a connection's credit accounting (see proto.go): what this side
-// may send, what it owes the peer, when a credit message is due, and when
-// small Writes gather. It is plain arithmetic: no locks, no verbs; Conn.mu
-// guards it.
+// ledger is a connection's credit accounting (see internal/wire): what
+// this side may send, what it owes the peer, when a credit message is due,
+// and when small Writes gather. It is plain arithmetic: no locks, no
+// verbs; Conn.mu guards it.
 type ledger struct {
 	credits     int // data messages the peer has receives for
 	ctrlCredits int // credit messages the peer has receives for
@@ -41,7 +43,7 @@ type ledger struct {
 // trip of request-response traffic at RecvDepth 4 to 7). A reader that is
 // about to wait returns whatever it has when the peer wants it (peerWants).
 func newLedger(recvDepth int) ledger {
-	return ledger{batch: max(2, recvDepth/4), peerCredits: recvDepth, peerCtrl: ctrlDepth}
+	return ledger{batch: max(2, recvDepth/4), peerCredits: recvDepth, peerCtrl: wire.CtrlDepth}
 }
 
 // arrived accounts for a message of type typ from the peer against what
@@ -50,12 +52,12 @@ func newLedger(recvDepth int) ledger {
 // receive kept for something else, or find none: receiver not ready).
 func (l *ledger) arrived(typ uint8) error {
 	switch typ {
-	case msgData, msgDataMore, msgRing:
+	case wire.MsgData, wire.MsgDataMore, wire.MsgRing:
 		if l.peerCredits == 0 {
 			return &protocolError{"peer overran its credits: a data message beyond those granted"}
 		}
 		l.peerCredits--
-	case msgCredit, msgSwitched, msgDecline:
+	case wire.MsgCredit, wire.MsgSwitched, wire.MsgDecline:
 		if l.peerCtrl == 0 {
 			return &protocolError{"peer overran its credits: a credit message beyond those granted"}
 		}
@@ -69,7 +71,7 @@ func (l *ledger) open(peerRecv, peerCtrl int) {
 	l.credits += peerRecv
 	l.peerWindow = peerRecv
 	l.holdAt = max(1, min(holdDepth, peerRecv/2))
-	l.ctrlWindow = min(peerCtrl, ctrlDepth)
+	l.ctrlWindow = min(peerCtrl, wire.CtrlDepth)
 	l.ctrlCredits += l.ctrlWindow
 }
 
@@ -77,16 +79,16 @@ func (l *ledger) open(peerRecv, peerCtrl int) {
 // there were any (a writer waiting for them should be woken). It fails on
 // a header that returns more than was ever spent: a peer that overruns
 // its own grants.
-func (l *ledger) received(h header) (bool, error) {
-	l.peerWants = h.wants
-	if h.credits == 0 && h.ctrlAck == 0 {
+func (l *ledger) received(h wire.Header) (bool, error) {
+	l.peerWants = h.Wants
+	if h.Credits == 0 && h.CtrlAck == 0 {
 		return false, nil
 	}
-	if l.credits+int(h.credits) > l.peerWindow || l.ctrlCredits+int(h.ctrlAck) > l.ctrlWindow {
+	if l.credits+int(h.Credits) > l.peerWindow || l.ctrlCredits+int(h.CtrlAck) > l.ctrlWindow {
 		return false, &protocolError{"peer returned more credits than it was sent"}
 	}
-	l.credits += int(h.credits)
-	l.ctrlCredits += int(h.ctrlAck)
+	l.credits += int(h.Credits)
+	l.ctrlCredits += int(h.CtrlAck)
 	return true, nil
 }
 
@@ -126,22 +128,22 @@ func (l *ledger) spend() { l.credits-- }
 // Writes to small ones: hold holds only once a data message's header with
 // the flag went (told), so the first small Write after large ones goes at
 // once, and its header says so.
-func (l *ledger) header(typ uint8, tight bool) header {
-	h := header{typ: typ, ctrlAck: uint8(l.ctrlOwed), credits: uint16(l.unreported),
-		wants: tight || l.credits <= l.peerWindow/4 || (l.mayHold() && l.short && (l.streaming || l.outstanding() >= l.holdAt))}
+func (l *ledger) header(typ uint8, tight bool) wire.Header {
+	h := wire.Header{Type: typ, CtrlAck: uint8(l.ctrlOwed), Credits: uint16(l.unreported),
+		Wants: tight || l.credits <= l.peerWindow/4 || (l.mayHold() && l.short && (l.streaming || l.outstanding() >= l.holdAt))}
 	l.peerCredits += l.unreported
 	l.peerCtrl += l.ctrlOwed
 	l.unreported, l.ctrlOwed, l.wantCredit = 0, 0, false
 	switch typ {
-	case msgData, msgDataMore:
-		l.told = h.wants
+	case wire.MsgData, wire.MsgDataMore:
+		l.told = h.Wants
 	default:
 		// Only a data message wakes a reader parked at the peer, which
 		// then looks at the flag before it waits again: another
 		// message's flag may withdraw the promise (the peer goes by the
 		// latest header), never make it. (Its flag can be newly set
 		// without data in between: a small Write made short true.)
-		l.told = l.told && h.wants
+		l.told = l.told && h.Wants
 	}
 	return h
 }
@@ -160,7 +162,7 @@ func (l *ledger) repostNow(n int, force bool) bool {
 // creditDue reports whether a credit message should be queued now, and if
 // so spends the control credit it takes. One is due once a batch of
 // reposted receives is unreported, or any is when force is set. It cannot
-// go while the peer has no control receive for it or ctrlDepth control
+// go while the peer has no control receive for it or wire.CtrlDepth control
 // messages of ours are in flight (ctrlInFlight): then wantCredit records
 // the debt for the completion that frees one. open is false once the
 // connection can no longer send (the peer left, or sending failed).
@@ -169,7 +171,7 @@ func (l *ledger) creditDue(force, open bool, ctrlInFlight int) bool {
 	if l.unreported == 0 || (!force && l.unreported < l.batch) || !open {
 		return false
 	}
-	if l.ctrlCredits == 0 || ctrlInFlight >= ctrlDepth {
+	if l.ctrlCredits == 0 || ctrlInFlight >= wire.CtrlDepth {
 		l.wantCredit = true
 		return false
 	}
@@ -182,7 +184,7 @@ func (l *ledger) creditDue(force, open bool, ctrlInFlight int) bool {
 // credit; otherwise it waits for the completion or acknowledgement that
 // frees one.
 func (l *ledger) ctrlFree(ctrlInFlight int) bool {
-	if l.ctrlCredits == 0 || ctrlInFlight >= ctrlDepth {
+	if l.ctrlCredits == 0 || ctrlInFlight >= wire.CtrlDepth {
 		return false
 	}
 	l.ctrlCredits--
@@ -214,7 +216,7 @@ func (l *ledger) hold(n, maxMsg int, finQueued bool) bool {
 	case out >= l.holdAt:
 		l.streaming = true
 	}
-	return l.streaming && l.told && n < maxMsg && l.mayHold() && !finQueued && l.ctrlOwed < ctrlDepth/2
+	return l.streaming && l.told && n < maxMsg && l.mayHold() && !finQueued && l.ctrlOwed < wire.CtrlDepth/2
 }
 
 // corkMax bounds the messages a Write leaves queued unposted (see cork):

@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/goverbs/rdma/internal/wire"
 )
 
 func openLedger(recvDepth, peerRecv, peerCtrl int) ledger {
@@ -18,11 +20,11 @@ func TestLedgerOpen(t *testing.T) {
 		recv, peerRecv, peerCtrl int
 		batch, holdAt, ctrl      int
 	}{
-		{"defaults", 16, 16, ctrlDepth, 4, holdDepth, ctrlDepth},
-		{"small window holds at one", 2, 2, ctrlDepth, 2, 1, ctrlDepth},
+		{"defaults", 16, 16, wire.CtrlDepth, 4, holdDepth, wire.CtrlDepth},
+		{"small window holds at one", 2, 2, wire.CtrlDepth, 2, 1, wire.CtrlDepth},
 		{"three receives", 3, 3, 1, 2, 1, 1},
-		{"a request is never reported on its own", 4, 4, ctrlDepth, 2, holdDepth, ctrlDepth},
-		{"peer grants more control credits than we use", 64, 64, 200, 16, holdDepth, ctrlDepth},
+		{"a request is never reported on its own", 4, 4, wire.CtrlDepth, 2, holdDepth, wire.CtrlDepth},
+		{"peer grants more control credits than we use", 64, 64, 200, 16, holdDepth, wire.CtrlDepth},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := openLedger(tc.recv, tc.peerRecv, tc.peerCtrl)
@@ -36,8 +38,8 @@ func TestLedgerOpen(t *testing.T) {
 }
 
 func TestLedgerReceived(t *testing.T) {
-	l := openLedger(16, 8, ctrlDepth)
-	more, err := l.received(header{typ: msgData})
+	l := openLedger(16, 8, wire.CtrlDepth)
+	more, err := l.received(wire.Header{Type: wire.MsgData})
 	require.NoError(t, err)
 	require.False(t, more, "a header without credits wakes no writer")
 
@@ -45,29 +47,29 @@ func TestLedgerReceived(t *testing.T) {
 		l.spend()
 	}
 	l.ctrlCredits -= 2
-	more, err = l.received(header{typ: msgCredit, credits: 5, ctrlAck: 2})
+	more, err = l.received(wire.Header{Type: wire.MsgCredit, Credits: 5, CtrlAck: 2})
 	require.NoError(t, err)
 	require.True(t, more)
 	require.Equal(t, 8, l.credits)
-	require.Equal(t, ctrlDepth, l.ctrlCredits)
+	require.Equal(t, wire.CtrlDepth, l.ctrlCredits)
 
 	// A peer returning credits it was never sent breaks the protocol.
-	_, err = l.received(header{typ: msgData, credits: 1})
+	_, err = l.received(wire.Header{Type: wire.MsgData, Credits: 1})
 	require.ErrorIs(t, err, ErrProtocol)
 	require.ErrorContains(t, err, "more credits")
-	_, err = l.received(header{typ: msgData, ctrlAck: 1})
+	_, err = l.received(wire.Header{Type: wire.MsgData, CtrlAck: 1})
 	require.ErrorIs(t, err, ErrProtocol)
 	require.Equal(t, 8, l.credits, "a refused header changes nothing")
 }
 
 func TestLedgerHeaderPiggybacksDebt(t *testing.T) {
-	l := openLedger(16, 16, ctrlDepth)
+	l := openLedger(16, 16, wire.CtrlDepth)
 	l.unreported, l.ctrlOwed, l.wantCredit = 7, 2, true
-	require.Equal(t, header{typ: msgData, ctrlAck: 2, credits: 7}, l.header(msgData, false))
+	require.Equal(t, wire.Header{Type: wire.MsgData, CtrlAck: 2, Credits: 7}, l.header(wire.MsgData, false))
 	require.Zero(t, l.unreported)
 	require.Zero(t, l.ctrlOwed)
 	require.False(t, l.wantCredit, "the debt travelled with the message")
-	require.Equal(t, header{typ: msgFin}, l.header(msgFin, false))
+	require.Equal(t, wire.Header{Type: wire.MsgFin}, l.header(wire.MsgFin, false))
 }
 
 // The wants flag: set whenever this side may come to wait for the
@@ -75,65 +77,65 @@ func TestLedgerHeaderPiggybacksDebt(t *testing.T) {
 // traffic), and what the peer's latest header said is what a reader about
 // to wait goes by.
 func TestLedgerHeaderWants(t *testing.T) {
-	l := openLedger(16, 16, ctrlDepth) // holdAt 2
-	l.short = true                     // small Writes
+	l := openLedger(16, 16, wire.CtrlDepth) // holdAt 2
+	l.short = true                          // small Writes
 	l.spend()
-	require.False(t, l.header(msgData, false).wants, "one message outstanding: nothing to wait for")
-	require.True(t, l.header(msgData, true).wants, "the ring might not take the next message")
+	require.False(t, l.header(wire.MsgData, false).Wants, "one message outstanding: nothing to wait for")
+	require.True(t, l.header(wire.MsgData, true).Wants, "the ring might not take the next message")
 	l.spend()
-	require.True(t, l.header(msgData, false).wants, "holdAt messages outstanding: hold may hold")
+	require.True(t, l.header(wire.MsgData, false).Wants, "holdAt messages outstanding: hold may hold")
 
 	// A message-oriented peer's writer never holds, and its cork waits
 	// for a signaled send of its own: it wants credits only when it runs
 	// low on them. So does a writer with SetNoDelay.
 	for _, set := range []func(*ledger){func(l *ledger) { l.noMerge = true }, func(l *ledger) { l.noDelay = true }} {
-		l := openLedger(16, 16, ctrlDepth)
+		l := openLedger(16, 16, wire.CtrlDepth)
 		set(&l)
 		for range 11 {
 			l.spend()
 		}
-		require.False(t, l.header(msgData, false).wants, "5 credits left of 16")
+		require.False(t, l.header(wire.MsgData, false).Wants, "5 credits left of 16")
 		l.spend()
-		require.True(t, l.header(msgData, false).wants, "a quarter of the window left")
+		require.True(t, l.header(wire.MsgData, false).Wants, "a quarter of the window left")
 	}
 
-	l = openLedger(16, 16, ctrlDepth)
+	l = openLedger(16, 16, wire.CtrlDepth)
 	l.spend()
 	l.short = true
 	l.streaming = true // it streamed small Writes, and one message is still unconsumed
-	require.True(t, l.header(msgCredit, false).wants, "a streaming side holds small Writes")
+	require.True(t, l.header(wire.MsgCredit, false).Wants, "a streaming side holds small Writes")
 
 	// Writes of the largest message size: hold never holds them, so a
 	// stream of them wants credits only when the ring is tight or they
 	// run low; so do the control messages between them.
-	l = openLedger(16, 16, ctrlDepth)
+	l = openLedger(16, 16, wire.CtrlDepth)
 	l.streaming = true
 	for range 4 {
 		l.spend()
-		require.False(t, l.header(msgData, false).wants, "large Writes streaming")
+		require.False(t, l.header(wire.MsgData, false).Wants, "large Writes streaming")
 	}
-	require.False(t, l.header(msgCredit, false).wants, "the latest Write was large")
-	require.True(t, l.header(msgData, true).wants, "large, but the ring is tight")
+	require.False(t, l.header(wire.MsgCredit, false).Wants, "the latest Write was large")
+	require.True(t, l.header(wire.MsgData, true).Wants, "large, but the ring is tight")
 	l.short = true
 	l.spend()
-	require.True(t, l.header(msgData, false).wants, "a small Write after them")
+	require.True(t, l.header(wire.MsgData, false).Wants, "a small Write after them")
 
-	l = openLedger(16, 1, ctrlDepth) // a window of one: holdAt 1
+	l = openLedger(16, 1, wire.CtrlDepth) // a window of one: holdAt 1
 	l.spend()
-	require.True(t, l.header(msgData, false).wants, "out of credits")
+	require.True(t, l.header(wire.MsgData, false).Wants, "out of credits")
 
-	l = openLedger(16, 16, ctrlDepth)
+	l = openLedger(16, 16, wire.CtrlDepth)
 	require.False(t, l.peerWants)
-	_, err := l.received(header{typ: msgData, wants: true})
+	_, err := l.received(wire.Header{Type: wire.MsgData, Wants: true})
 	require.NoError(t, err)
 	require.True(t, l.peerWants)
-	_, err = l.received(header{typ: msgCredit})
+	_, err = l.received(wire.Header{Type: wire.MsgCredit})
 	require.NoError(t, err)
 	require.False(t, l.peerWants, "the latest header counts")
 }
 
 func TestLedgerRepostNow(t *testing.T) {
-	l := openLedger(16, 16, ctrlDepth) // batch 4
+	l := openLedger(16, 16, wire.CtrlDepth) // batch 4
 	for _, tc := range []struct {
 		n     int
 		force bool
@@ -159,11 +161,11 @@ func TestLedgerCreditDue(t *testing.T) {
 		{"a batch goes", 4, 4, false, true, 0, true, false},
 		{"a waiting reader forces it", 1, 4, true, true, 0, true, false},
 		{"credits at zero: owed until one comes back", 4, 0, false, true, 0, false, true},
-		{"every control send in flight: owed", 4, 4, false, true, ctrlDepth, false, true},
+		{"every control send in flight: owed", 4, 4, false, true, wire.CtrlDepth, false, true},
 		{"a dead connection owes nothing", 8, 4, true, false, 0, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l := openLedger(16, 16, ctrlDepth)
+			l := openLedger(16, 16, wire.CtrlDepth)
 			l.unreported, l.ctrlCredits = tc.unreported, tc.ctrlCredits
 			l.wantCredit = true
 			require.Equal(t, tc.due, l.creditDue(tc.force, tc.open, tc.ctrlInFlight))
@@ -179,11 +181,11 @@ func TestLedgerCreditDue(t *testing.T) {
 
 func TestLedgerHold(t *testing.T) {
 	const maxMsg = 1024
-	l := openLedger(16, 16, ctrlDepth) // holdAt 2
+	l := openLedger(16, 16, wire.CtrlDepth) // holdAt 2
 	l.short = true
 	send := func() {
 		l.spend()
-		l.header(msgData, false)
+		l.header(wire.MsgData, false)
 	}
 	require.False(t, l.hold(10, maxMsg, false), "the peer has consumed everything")
 	send()
@@ -194,10 +196,10 @@ func TestLedgerHold(t *testing.T) {
 	require.False(t, l.hold(10, maxMsg, true), "a queued fin ends the hold")
 
 	// The latch: one credit back does not end streaming; all of them do.
-	_, err := l.received(header{typ: msgData, credits: 1})
+	_, err := l.received(wire.Header{Type: wire.MsgData, Credits: 1})
 	require.NoError(t, err)
 	require.True(t, l.hold(10, maxMsg, false), "still streaming while anything is unconsumed")
-	_, err = l.received(header{typ: msgData, credits: 1})
+	_, err = l.received(wire.Header{Type: wire.MsgData, Credits: 1})
 	require.NoError(t, err)
 	require.False(t, l.hold(10, maxMsg, false), "the returned credits released the hold")
 
@@ -206,13 +208,13 @@ func TestLedgerHold(t *testing.T) {
 	l.noDelay = true
 	require.False(t, l.hold(10, maxMsg, false), "SetNoDelay")
 	l.noDelay = false
-	l.ctrlOwed = ctrlDepth / 2
+	l.ctrlOwed = wire.CtrlDepth / 2
 	require.False(t, l.hold(10, maxMsg, false), "the peer may need its control credits back to end the hold")
 
 	// It holds only once the peer was told: after large Writes, whose
 	// headers did not ask for credits, the first small one goes at once,
 	// and its header asks.
-	l = openLedger(16, 16, ctrlDepth)
+	l = openLedger(16, 16, wire.CtrlDepth)
 	for range 3 {
 		send()
 	}
@@ -220,36 +222,36 @@ func TestLedgerHold(t *testing.T) {
 	require.False(t, l.hold(10, maxMsg, false), "the peer was not told: it may keep its credits")
 	// A credit message now carries the flag, but it does not wake a reader
 	// parked at the peer, which went by the data before it: not told yet.
-	require.True(t, l.header(msgCredit, false).wants)
+	require.True(t, l.header(wire.MsgCredit, false).Wants)
 	require.False(t, l.hold(10, maxMsg, false), "a control message's flag does not tell")
 	send()
 	require.True(t, l.hold(10, maxMsg, false), "told")
 	// A later header without the flag withdraws it.
 	l.short = false
-	require.False(t, l.header(msgCredit, false).wants)
+	require.False(t, l.header(wire.MsgCredit, false).Wants)
 	l.short = true
 	require.False(t, l.hold(10, maxMsg, false), "the latest header said no")
 }
 
 func TestLedgerArrived(t *testing.T) {
 	l := newLedger(2)
-	require.NoError(t, l.arrived(msgData))
-	require.NoError(t, l.arrived(msgDataMore))
-	require.ErrorIs(t, l.arrived(msgData), ErrProtocol, "both data credits used")
+	require.NoError(t, l.arrived(wire.MsgData))
+	require.NoError(t, l.arrived(wire.MsgDataMore))
+	require.ErrorIs(t, l.arrived(wire.MsgData), ErrProtocol, "both data credits used")
 	// Reporting reposted receives grants them again.
 	l.unreported = 1
-	l.header(msgCredit, false)
-	require.NoError(t, l.arrived(msgData))
-	require.ErrorIs(t, l.arrived(msgData), ErrProtocol)
+	l.header(wire.MsgCredit, false)
+	require.NoError(t, l.arrived(wire.MsgData))
+	require.ErrorIs(t, l.arrived(wire.MsgData), ErrProtocol)
 
-	for range ctrlDepth {
-		require.NoError(t, l.arrived(msgCredit))
+	for range wire.CtrlDepth {
+		require.NoError(t, l.arrived(wire.MsgCredit))
 	}
-	require.ErrorIs(t, l.arrived(msgCredit), ErrProtocol)
+	require.ErrorIs(t, l.arrived(wire.MsgCredit), ErrProtocol)
 	l.ctrlOwed = 1
-	l.header(msgData, false)
-	require.NoError(t, l.arrived(msgCredit))
-	require.NoError(t, l.arrived(msgFin), "the fin has a receive of its own")
+	l.header(wire.MsgData, false)
+	require.NoError(t, l.arrived(wire.MsgCredit))
+	require.NoError(t, l.arrived(wire.MsgFin), "the fin has a receive of its own")
 }
 
 // cork: only toward a message-oriented peer that is behind, never with
@@ -257,7 +259,7 @@ func TestLedgerArrived(t *testing.T) {
 // signaled send whose completion posts what waits is the caller's to
 // check: TestConnMessagesCork.)
 func TestLedgerCork(t *testing.T) {
-	l := openLedger(16, 16, ctrlDepth) // holdAt 2
+	l := openLedger(16, 16, wire.CtrlDepth) // holdAt 2
 	require.False(t, l.cork(2, 1, false), "a byte-stream peer: hold gathers instead")
 	l.noMerge = true
 	require.True(t, l.cork(2, 1, false))

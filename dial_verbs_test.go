@@ -14,6 +14,7 @@ import (
 	"github.com/goverbs/rdma"
 	"github.com/goverbs/rdma/internal/ibv"
 	"github.com/goverbs/rdma/internal/rdmacm"
+	"github.com/goverbs/rdma/internal/wire"
 )
 
 // Device tests that need the rdma_cm layer itself (a server that does not
@@ -96,7 +97,7 @@ func TestRefusedProtocolVersion(t *testing.T) {
 	next(rdmacm.EventAddrResolved)
 	require.NoError(t, id.ResolveRoute(5000))
 	next(rdmacm.EventRouteResolved)
-	hello := rdma.MarshalHello(rdma.WireHello{RecvDepth: 16, CtrlDepth: rdma.CtrlDepth, BufSize: 4096, RingSize: 8192, RingAddr: 0x10000, RKey: 1})
+	hello := wire.Hello{RecvDepth: 16, CtrlDepth: wire.CtrlDepth, BufSize: 4096, RingSize: 8192, RingAddr: 0x10000, RKey: 1}.Marshal()
 	hello[4] = 2 // an older version of the protocol
 	// A QP of its own: iWARP's connect names one that must exist (iw_cm
 	// looks it up); it never carries anything.

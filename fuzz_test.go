@@ -9,50 +9,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goverbs/rdma/internal/ibv"
+	"github.com/goverbs/rdma/internal/wire"
 )
 
-// Fuzz targets for every parser of peer-supplied bytes: the hello in the
-// CM private data, and the message header with the completion it arrives
-// in. make test runs each for a bounded time (make fuzz for longer).
-
-func FuzzParseHello(f *testing.F) {
-	f.Add(hello{recvDepth: DefaultRecvDepth, ctrlDepth: ctrlDepth, bufSize: DefaultBufferSize, ringSize: 128 << 10, ringAddr: 0x7f0000000000, rkey: 7}.marshal())
-	f.Add(hello{flags: helloMessages, recvDepth: 1, ctrlDepth: 1, bufSize: 1, ringSize: minRing}.marshal())
-	f.Add(hello{flags: helloMessages | helloHeaders, recvDepth: 1, ctrlDepth: 1, bufSize: 1, ringSize: minRing}.marshal())
-	f.Add(append(hello{recvDepth: 0xffff, ctrlDepth: 0xff, bufSize: 0xffffffff, ringSize: maxRing, ringAddr: 1 << 40, rkey: 0xffffffff}.marshal(), make([]byte, 26)...))
-	f.Add(hello{recvDepth: 0xffff, ctrlDepth: 0xff, bufSize: maxBufferSize, ringSize: maxRing, rkey: 0xffffffff}.marshal())
-	f.Add(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096, ringSize: 8192 + 32}.marshal())
-	f.Add([]byte("GVRD"))
-	f.Add([]byte{})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		h, err := parseHello(b)
-		if err != nil {
-			if h != (hello{}) {
-				t.Fatalf("a rejected hello returned %+v", h)
-			}
-			return
-		}
-		if h.recvDepth == 0 || h.ctrlDepth == 0 || h.bufSize == 0 || h.flags&^(helloMessages|helloHeaders) != 0 {
-			t.Fatalf("accepted a hello that grants nothing or has unknown flags: %+v", h)
-		}
-		if h.bufSize > maxBufferSize {
-			t.Fatalf("accepted a buffer size no Options allow: %+v", h)
-		}
-		if h.ringSize < minRing || h.ringSize > maxRing || h.ringSize%ringAlign != 0 || h.ringAddr+uint64(h.ringSize) < h.ringAddr {
-			t.Fatalf("accepted a ring that cannot be placed in: %+v", h)
-		}
-		// Whatever the peer announced, the geometry keeps a largest
-		// message inside an empty ring.
-		span, maxMsg := ringGeometry(128<<10, DefaultBufferSize, int(h.ringSize), int(h.bufSize))
-		if maxMsg < 1 || 2*maxMsg > span || span%ringAlign != 0 {
-			t.Fatalf("geometry %d, %d from %+v", span, maxMsg, h)
-		}
-		again, err := parseHello(h.marshal())
-		if err != nil || again != h {
-			t.Fatalf("round trip of %+v: %+v, %v", h, again, err)
-		}
-	})
-}
+// Fuzz targets for the message header with the completion it arrives in,
+// through a connection; the parsers of the peer's other bytes (the hello,
+// the ring offer, the reject) are fuzzed in internal/wire, the region key
+// in region_internal_test.go. make test runs each for a bounded time (make
+// fuzz for longer).
 
 // FuzzConnCompletions feeds a connection (over a fake QP, the fuzzer
 // playing the peer's NIC) a stream of completions built from arbitrary
@@ -64,7 +28,7 @@ func FuzzParseHello(f *testing.F) {
 func FuzzConnCompletions(f *testing.F) {
 	rec := func(typ, ctrlAck uint8, credits uint16, n uint16, op uint8) []byte {
 		b := make([]byte, 8)
-		binary.BigEndian.PutUint32(b, header{typ: typ, ctrlAck: ctrlAck, credits: credits}.imm())
+		binary.BigEndian.PutUint32(b, wire.Header{Type: typ, CtrlAck: ctrlAck, Credits: credits}.Imm())
 		binary.BigEndian.PutUint16(b[4:], n)
 		b[6] = op
 		return b
@@ -76,23 +40,23 @@ func FuzzConnCompletions(f *testing.F) {
 		}
 		return out
 	}
-	f.Add(cat(rec(msgData, 0, 0, 5, 0), rec(0, 0, 0, 0, 1)))
-	f.Add(cat(rec(msgData, 0, 0, 64, 0), rec(msgData, 0, 0, 64, 0), rec(msgData, 0, 0, 64, 0), rec(msgData, 0, 0, 64, 0), rec(0, 0, 0, 0, 1)))
-	f.Add(cat(rec(msgData, 0, 0, 65, 0)))
-	f.Add(cat(rec(msgData, 0, 0, 5, 6), rec(msgCredit, 0, 0, 0, 0)))
-	f.Add(cat(rec(msgDataMore, 0, 0, 64, 0), rec(msgData, 0, 0, 1, 0), rec(0, 0, 0, 0, 1)))
-	f.Add(cat(rec(msgCredit, 1, 0, 0, 0), rec(msgFin, 0, 0, 0, 0), rec(0, 0, 0, 0, 1)))
-	f.Add(cat(rec(msgData, 0, 3, 5, 0)))
+	f.Add(cat(rec(wire.MsgData, 0, 0, 5, 0), rec(0, 0, 0, 0, 1)))
+	f.Add(cat(rec(wire.MsgData, 0, 0, 64, 0), rec(wire.MsgData, 0, 0, 64, 0), rec(wire.MsgData, 0, 0, 64, 0), rec(wire.MsgData, 0, 0, 64, 0), rec(0, 0, 0, 0, 1)))
+	f.Add(cat(rec(wire.MsgData, 0, 0, 65, 0)))
+	f.Add(cat(rec(wire.MsgData, 0, 0, 5, 6), rec(wire.MsgCredit, 0, 0, 0, 0)))
+	f.Add(cat(rec(wire.MsgDataMore, 0, 0, 64, 0), rec(wire.MsgData, 0, 0, 1, 0), rec(0, 0, 0, 0, 1)))
+	f.Add(cat(rec(wire.MsgCredit, 1, 0, 0, 0), rec(wire.MsgFin, 0, 0, 0, 0), rec(0, 0, 0, 0, 1)))
+	f.Add(cat(rec(wire.MsgData, 0, 3, 5, 0)))
 	f.Add(cat(rec(9, 0, 0, 5, 0)))
-	f.Add(cat(rec(msgData, 0, 0, 5, 2), rec(msgData, 0, 0, 5, 3)))
-	f.Add(cat(rec(msgFin, 0, 0, 0, 0), rec(msgData, 0, 0, 1, 0)))
+	f.Add(cat(rec(wire.MsgData, 0, 0, 5, 2), rec(wire.MsgData, 0, 0, 5, 3)))
+	f.Add(cat(rec(wire.MsgFin, 0, 0, 0, 0), rec(wire.MsgData, 0, 0, 1, 0)))
 	// A stream of largest messages, read as they come: this side grows
 	// its receive ring and offers it.
 	read256 := rec(0, 0, 0, 0, 1)
 	read256[7] = 255
 	var stream [][]byte
 	for range 12 {
-		stream = append(stream, rec(msgData, 0, 0, 2048, 0))
+		stream = append(stream, rec(wire.MsgData, 0, 0, 2048, 0))
 		for range 8 {
 			stream = append(stream, read256)
 		}
@@ -100,9 +64,9 @@ func FuzzConnCompletions(f *testing.F) {
 	f.Add(cat(stream...))
 	// The peer offers a ring of 16 KiB (the record after the offer is its
 	// descriptor: address, key, size), then another before the answer.
-	desc := make([]byte, ringDescLen)
-	ringDesc{addr: 1 << 40, rkey: 9, size: 16 << 10}.put(desc)
-	f.Add(cat(rec(msgRing, 0, 0, ringDescLen, 0), desc, rec(0, 0, 0, 0, 5), rec(msgData, 0, 1, 64, 0), rec(msgRing, 0, 0, ringDescLen, 0), desc))
+	desc := make([]byte, wire.RingDescLen)
+	wire.RingDesc{Addr: 1 << 40, RKey: 9, Size: 16 << 10}.Put(desc)
+	f.Add(cat(rec(wire.MsgRing, 0, 0, wire.RingDescLen, 0), desc, rec(0, 0, 0, 0, 5), rec(wire.MsgData, 0, 1, 64, 0), rec(wire.MsgRing, 0, 0, wire.RingDescLen, 0), desc))
 	f.Fuzz(func(t *testing.T, data []byte) { fuzzConn(t, data, false) })
 }
 
@@ -112,17 +76,17 @@ func FuzzConnCompletions(f *testing.F) {
 func FuzzConnHeaders(f *testing.F) {
 	rec := func(typ uint8, credits uint16, n uint16, op uint8) []byte {
 		b := make([]byte, 8)
-		binary.BigEndian.PutUint32(b, header{typ: typ, credits: credits}.imm())
+		binary.BigEndian.PutUint32(b, wire.Header{Type: typ, Credits: credits}.Imm())
 		binary.BigEndian.PutUint16(b[4:], n)
 		b[6] = op
 		return b
 	}
-	f.Add(append(rec(msgData, 0, 5, 0), rec(0, 0, 0, 1)...))
-	f.Add(append(rec(msgCredit, 0, 0, 0), rec(msgFin, 0, 0, 0)...))
-	f.Add(append(rec(msgDataMore, 0, 64, 0), rec(msgData, 0, 1, 0)...))
-	f.Add(append(rec(msgCredit, 0, 3, 0), rec(msgData, 0, 9, 6)...))
-	f.Add(rec(msgData, 0, 4097, 2))
-	f.Add(append(rec(msgData, 0, 5, 4), rec(msgData, 0, 72, 4)...))
+	f.Add(append(rec(wire.MsgData, 0, 5, 0), rec(0, 0, 0, 1)...))
+	f.Add(append(rec(wire.MsgCredit, 0, 0, 0), rec(wire.MsgFin, 0, 0, 0)...))
+	f.Add(append(rec(wire.MsgDataMore, 0, 64, 0), rec(wire.MsgData, 0, 1, 0)...))
+	f.Add(append(rec(wire.MsgCredit, 0, 3, 0), rec(wire.MsgData, 0, 9, 6)...))
+	f.Add(rec(wire.MsgData, 0, 4097, 2))
+	f.Add(append(rec(wire.MsgData, 0, 5, 4), rec(wire.MsgData, 0, 72, 4)...))
 	f.Fuzz(func(t *testing.T, data []byte) { fuzzConn(t, data, true) })
 }
 
@@ -188,7 +152,7 @@ func fuzzConn(t *testing.T, data []byte, headers bool) {
 				p.c.mu.Lock()
 				if rx := &p.c.rx; rx.opened() {
 					buf := rx.buf[rx.ep]
-					if off := int(ringPlace(rx.tail, rx.span, rx.maxMsg) % uint64(rx.span)); off < len(buf) {
+					if off := int(wire.RingPlace(rx.tail, rx.span, rx.maxMsg) % uint64(rx.span)); off < len(buf) {
 						copy(buf[off:min(len(buf), off+int(n))], data[8:])
 					}
 				}

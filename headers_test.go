@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goverbs/rdma/internal/ibv"
+	"github.com/goverbs/rdma/internal/wire"
 )
 
 // The data path on a transport without immediate data (iWARP): headers
@@ -32,10 +33,10 @@ func TestLayoutWithHeaders(t *testing.T) {
 }
 
 func TestHelloSendable(t *testing.T) {
-	require.NoError(t, hello{}.sendable(false), "immediate data to a peer that wants it")
-	require.NoError(t, hello{flags: helloHeaders}.sendable(false), "any transport sends SENDs")
-	require.NoError(t, hello{flags: helloHeaders}.sendable(true))
-	err := hello{}.sendable(true)
+	require.NoError(t, sendable(wire.Hello{}, false), "immediate data to a peer that wants it")
+	require.NoError(t, sendable(wire.Hello{Flags: wire.HelloHeaders}, false), "any transport sends SENDs")
+	require.NoError(t, sendable(wire.Hello{Flags: wire.HelloHeaders}, true))
+	err := sendable(wire.Hello{}, true)
 	require.ErrorIs(t, err, ErrProtocol)
 	require.ErrorContains(t, err, "immediate data")
 }
@@ -66,7 +67,7 @@ func TestConnHeadersWriteRead(t *testing.T) {
 	require.Equal(t, uint32(testRKey), write.RKey)
 	require.Equal(t, int32(ibv.SendHeader), hdr.Flags&^ibv.SendSignaled, "the header as a SEND")
 	require.Equal(t, uint32(5), hdr.Len, "the header's SEND carries the payload's length")
-	require.Equal(t, header{typ: msgData}, headerOf(hdr.Imm))
+	require.Equal(t, wire.Header{Type: wire.MsgData}, wire.HeaderOf(hdr.Imm))
 	require.Equal(t, write.ID, hdr.ID)
 
 	// The peer's messages, through more receives than there are slots: the
@@ -77,7 +78,7 @@ func TestConnHeadersWriteRead(t *testing.T) {
 	for i := range 3 * slots {
 		require.Positive(t, credits, "message %d: our Reads returned no credits", i)
 		credits--
-		p.deliver(header{typ: msgData, ctrlAck: uint8(ctrlSeen)}, []byte{'a' + byte(i%26), 'z'})
+		p.deliver(wire.Header{Type: wire.MsgData, CtrlAck: uint8(ctrlSeen)}, []byte{'a' + byte(i%26), 'z'})
 		ctrlSeen = 0
 		n, err := p.c.Read(buf)
 		require.NoError(t, err)
@@ -88,7 +89,7 @@ func TestConnHeadersWriteRead(t *testing.T) {
 			if wr.Flags&ibv.SendWrite == 0 {
 				require.NotZero(t, wr.Flags&ibv.SendHeader, "every message is a header SEND: %+v", wr)
 				require.Zero(t, wr.Len, "a control message announces no payload")
-				credits += int(headerOf(wr.Imm).credits)
+				credits += int(wire.HeaderOf(wr.Imm).Credits)
 				ctrlSeen++
 			}
 		}
@@ -99,17 +100,17 @@ func TestConnHeadersWriteRead(t *testing.T) {
 	}
 
 	// The fin ends the stream; our Close sends ours as a header SEND.
-	p.deliver(header{typ: msgFin}, nil)
+	p.deliver(wire.Header{Type: wire.MsgFin}, nil)
 	_, err = p.c.Read(buf)
 	require.Equal(t, io.EOF, err)
 	p.c.mu.Lock()
-	p.c.queueSend(msgFin, 0)
+	p.c.queueSend(wire.MsgFin, 0)
 	p.c.mu.Unlock()
 	p.c.lockAndFlush()
 	s = p.sent()
 	require.NotEmpty(t, s)
 	last := s[len(s)-1]
-	require.Equal(t, msgFin, int(headerOf(last.Imm).typ))
+	require.Equal(t, wire.MsgFin, int(wire.HeaderOf(last.Imm).Type))
 	require.NotZero(t, last.Flags&ibv.SendHeader)
 }
 
@@ -126,18 +127,18 @@ func TestConnHeadersFragments(t *testing.T) {
 	var got []byte
 	for i := 0; i < len(s); i += 2 {
 		got = append(got, p.payload(s[i])...)
-		want := uint8(msgDataMore)
+		want := uint8(wire.MsgDataMore)
 		if i == len(s)-2 {
-			want = msgData
+			want = wire.MsgData
 		}
-		require.Equal(t, want, headerOf(s[i+1].Imm).typ)
+		require.Equal(t, want, wire.HeaderOf(s[i+1].Imm).Type)
 		require.Equal(t, s[i].Len, s[i+1].Len)
 	}
 	require.Equal(t, big, got)
 
 	// Arriving fragments make one message for a message-oriented Read.
-	p.deliver(header{typ: msgDataMore}, big[:64])
-	p.deliver(header{typ: msgData}, big[64:100])
+	p.deliver(wire.Header{Type: wire.MsgDataMore}, big[:64])
+	p.deliver(wire.Header{Type: wire.MsgData}, big[64:100])
 	buf := make([]byte, 200)
 	n, err := p.c.Read(buf)
 	require.NoError(t, err)
@@ -160,10 +161,10 @@ func TestConnHeadersProtocolViolations(t *testing.T) {
 			p.complete(ibv.WC{WRID: next(p).ID, Opcode: ibv.WCOpRecv, ByteLen: 4})
 		}, "not a SEND of a header"},
 		{"header as immediate data", func(p *fakePeer) {
-			p.complete(ibv.WC{WRID: next(p).ID, Opcode: ibv.WCOpRecv, ByteLen: ibv.HeaderLen, Flags: ibv.WCWithImm, Imm: header{typ: msgCredit}.imm()})
+			p.complete(ibv.WC{WRID: next(p).ID, Opcode: ibv.WCOpRecv, ByteLen: ibv.HeaderLen, Flags: ibv.WCWithImm, Imm: wire.Header{Type: wire.MsgCredit}.Imm()})
 		}, "not a SEND of a header"},
 		{"RDMA WRITE with immediate", func(p *fakePeer) {
-			p.complete(ibv.WC{WRID: next(p).ID, Opcode: ibv.WCOpRecvWriteImm, ByteLen: 1, Flags: ibv.WCWithImm, Imm: header{typ: msgData}.imm()})
+			p.complete(ibv.WC{WRID: next(p).ID, Opcode: ibv.WCOpRecvWriteImm, ByteLen: 1, Flags: ibv.WCWithImm, Imm: wire.Header{Type: wire.MsgData}.Imm()})
 		}, "not a SEND of a header"},
 		{"no header slot", func(p *fakePeer) {
 			next(p)
@@ -173,23 +174,23 @@ func TestConnHeadersProtocolViolations(t *testing.T) {
 			p.complete(ibv.WC{WRID: next(p).ID, Opcode: ibv.WCOpRecv, ByteLen: ibv.HeaderSlot + 1})
 		}, "not a SEND of a header"},
 		{"inline data of another length", func(p *fakePeer) {
-			p.sendHeaderData(next(p), header{typ: msgData}.imm(), 6, []byte("hello"))
+			p.sendHeaderData(next(p), wire.Header{Type: wire.MsgData}.Imm(), 6, []byte("hello"))
 		}, "not its data message's"},
 		{"a credit with inline data", func(p *fakePeer) {
-			p.sendHeaderData(next(p), header{typ: msgCredit}.imm(), 5, []byte("hello"))
+			p.sendHeaderData(next(p), wire.Header{Type: wire.MsgCredit}.Imm(), 5, []byte("hello"))
 		}, "not its data message's"},
 		{"inline data past the largest message", func(p *fakePeer) {
-			p.sendHeaderData(next(p), header{typ: msgData}.imm(), 72, make([]byte, 72))
+			p.sendHeaderData(next(p), wire.Header{Type: wire.MsgData}.Imm(), 72, make([]byte, 72))
 		}, "larger than the largest"},
-		{"credit with a length", func(p *fakePeer) { p.sendHeader(next(p), header{typ: msgCredit}.imm(), 5) }, "control message with payload"},
-		{"fin with a length", func(p *fakePeer) { p.sendHeader(next(p), header{typ: msgFin}.imm(), 1) }, "control message with payload"},
-		{"empty data message", func(p *fakePeer) { p.sendHeader(next(p), header{typ: msgData}.imm(), 0) }, "empty data message"},
-		{"data longer than agreed", func(p *fakePeer) { p.sendHeader(next(p), header{typ: msgData}.imm(), 65) }, "larger than the largest"},
-		{"data past the ring", func(p *fakePeer) { p.sendHeader(next(p), header{typ: msgData}.imm(), 1<<31) }, "larger than the largest"},
-		{"unknown message type", func(p *fakePeer) { p.deliver(header{typ: 9}, nil) }, "unknown message type"},
+		{"credit with a length", func(p *fakePeer) { p.sendHeader(next(p), wire.Header{Type: wire.MsgCredit}.Imm(), 5) }, "control message with payload"},
+		{"fin with a length", func(p *fakePeer) { p.sendHeader(next(p), wire.Header{Type: wire.MsgFin}.Imm(), 1) }, "control message with payload"},
+		{"empty data message", func(p *fakePeer) { p.sendHeader(next(p), wire.Header{Type: wire.MsgData}.Imm(), 0) }, "empty data message"},
+		{"data longer than agreed", func(p *fakePeer) { p.sendHeader(next(p), wire.Header{Type: wire.MsgData}.Imm(), 65) }, "larger than the largest"},
+		{"data past the ring", func(p *fakePeer) { p.sendHeader(next(p), wire.Header{Type: wire.MsgData}.Imm(), 1<<31) }, "larger than the largest"},
+		{"unknown message type", func(p *fakePeer) { p.deliver(wire.Header{Type: 9}, nil) }, "unknown message type"},
 		{"more data messages than granted", func(p *fakePeer) {
 			for range 5 { // 4 granted
-				p.deliver(header{typ: msgData}, []byte("x"))
+				p.deliver(wire.Header{Type: wire.MsgData}, []byte("x"))
 			}
 		}, "a data message beyond those granted"},
 	} {
@@ -226,7 +227,7 @@ func TestConnHeadersInlineData(t *testing.T) {
 	require.Equal(t, int32(ibv.SendHeader|ibv.SendHeaderData), s[0].Flags&^ibv.SendSignaled)
 	require.Equal(t, uint32(len(small)), s[0].Len)
 	require.Equal(t, string(small), p.payload(s[0]), "the payload the C side copies behind the header")
-	require.Equal(t, header{typ: msgData}, headerOf(s[0].Imm))
+	require.Equal(t, wire.Header{Type: wire.MsgData}, wire.HeaderOf(s[0].Imm))
 
 	// One byte more than fits: the RDMA WRITE and the header SEND.
 	_, err = p.c.Write(append(small, 'x'))
@@ -244,14 +245,14 @@ func TestConnHeadersInlineData(t *testing.T) {
 		return w
 	}
 	place := func(n int) {
-		start := ringPlace(p.tail, p.c.rx.span, p.c.rx.maxMsg)
-		p.tail = ringEnd(start, n)
+		start := wire.RingPlace(p.tail, p.c.rx.span, p.c.rx.maxMsg)
+		p.tail = wire.RingEnd(start, n)
 	}
 	place(5)
-	p.sendHeaderData(wr(), header{typ: msgData}.imm(), 5, []byte("hello"))
-	p.deliver(header{typ: msgData}, []byte(", big "))
+	p.sendHeaderData(wr(), wire.Header{Type: wire.MsgData}.Imm(), 5, []byte("hello"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte(", big "))
 	place(5)
-	p.sendHeaderData(wr(), header{typ: msgData}.imm(), 5, []byte("world"))
+	p.sendHeaderData(wr(), wire.Header{Type: wire.MsgData}.Imm(), 5, []byte("world"))
 	buf := make([]byte, 64)
 	var got []byte
 	for len(got) < 16 {

@@ -20,6 +20,7 @@ import (
 	"github.com/goverbs/rdma"
 	"github.com/goverbs/rdma/internal/ibv"
 	"github.com/goverbs/rdma/internal/rdmacm"
+	"github.com/goverbs/rdma/internal/wire"
 )
 
 // Device tests of hostile and broken peers: a raw peer (rawpeer_test.go)
@@ -242,15 +243,15 @@ func TestHostileCreditsNeverOwed(t *testing.T) {
 	_, err := sc.Write([]byte("a"))
 	require.NoError(t, err)
 	m := p.waitRecv(1, 5*time.Second)[0]
-	require.Equal(t, rdma.MsgData, int(m.typ))
+	require.Equal(t, wire.MsgData, int(m.typ))
 	require.Equal(t, "a", string(m.data))
 	// ...gets it back, and goes on sending...
-	p.requireSent(p.send(rdma.MsgCredit, 0, 1, nil))
+	p.requireSent(p.send(wire.MsgCredit, 0, 1, nil))
 	_, err = sc.Write([]byte("b"))
 	require.NoError(t, err)
 	require.Equal(t, "b", string(p.waitRecv(2, 5*time.Second)[1].data))
 	// ...but two credits back for the one spent is one never owed.
-	p.requireSent(p.send(rdma.MsgCredit, 0, 2, nil))
+	p.requireSent(p.send(wire.MsgCredit, 0, 2, nil))
 	got, err := readAll(sc)
 	require.Empty(t, got)
 	requireFailed(t, err, "read", rdma.ErrProtocol, "more credits")
@@ -268,7 +269,7 @@ func TestHostileCreditsNeverOwed(t *testing.T) {
 func TestHostileSendWithPayload(t *testing.T) {
 	b := newHostileBed(t)
 	p, sc := b.hostile(t)
-	wc := p.waitSend(p.sendSEND(rdma.MsgData, 0, 0, []byte("a SEND with payload")), 5*time.Second)
+	wc := p.waitSend(p.sendSEND(wire.MsgData, 0, 0, []byte("a SEND with payload")), 5*time.Second)
 	t.Logf("the raw peer's SEND with payload completed with %q", ibv.StatusString(wc.Status))
 	requireRefused(t, wc, "a SEND with payload was acknowledged")
 	got, err := readAll(sc)
@@ -311,7 +312,7 @@ func TestHostileSendWithPayloadWakesWriter(t *testing.T) {
 		t.Fatalf("the Write returned before the peer broke the QP: %v", err)
 	default:
 	}
-	p.waitSend(p.sendSEND(rdma.MsgData, 0, 0, []byte("a SEND with payload")), 5*time.Second)
+	p.waitSend(p.sendSEND(wire.MsgData, 0, 0, []byte("a SEND with payload")), 5*time.Second)
 	err := <-wrote
 	if siw() {
 		// The 80-byte header slots take it: a protocol violation.
@@ -333,7 +334,7 @@ func TestHostileOversizedMessage(t *testing.T) {
 	p, sc := b.hostile(t)
 	require.EqualValues(t, rdma.DefaultBufferSize, p.server.BufSize)
 	require.Equal(t, rawBufSize, p.maxMsg, "the smaller BufferSize: the raw peer's")
-	p.requireSent(p.send(rdma.MsgData, 0, 0, make([]byte, p.maxMsg+1)))
+	p.requireSent(p.send(wire.MsgData, 0, 0, make([]byte, p.maxMsg+1)))
 	got, err := readAll(sc)
 	require.Empty(t, got)
 	requireFailed(t, err, "read", rdma.ErrProtocol, "larger than the largest")
@@ -351,7 +352,7 @@ func TestHostileRingOverrun(t *testing.T) {
 	fits := p.span / p.maxMsg
 	require.Less(t, fits, int(p.server.RecvDepth), "the credits allow more than the ring holds")
 	for i := range fits + 1 {
-		p.requireSent(p.send(rdma.MsgData, 0, 0, bytes.Repeat([]byte{byte('a' + i)}, p.maxMsg)))
+		p.requireSent(p.send(wire.MsgData, 0, 0, bytes.Repeat([]byte{byte('a' + i)}, p.maxMsg)))
 	}
 	require.Eventually(t, func() bool {
 		_, err := sc.Write([]byte("x"))
@@ -371,9 +372,9 @@ func TestHostileRingOverrun(t *testing.T) {
 func TestHostileDataAfterFin(t *testing.T) {
 	b := newHostileBed(t)
 	p, sc := b.hostile(t)
-	p.requireSent(p.send(rdma.MsgData, 0, 0, []byte("before the fin")))
-	p.requireSent(p.send(rdma.MsgFin, 0, 0, nil))
-	p.requireSent(p.send(rdma.MsgData, 0, 0, []byte("after the fin")))
+	p.requireSent(p.send(wire.MsgData, 0, 0, []byte("before the fin")))
+	p.requireSent(p.send(wire.MsgFin, 0, 0, nil))
+	p.requireSent(p.send(wire.MsgData, 0, 0, []byte("after the fin")))
 	got, err := readAll(sc)
 	require.Equal(t, "before the fin", string(got))
 	require.Equal(t, io.EOF, err, "the fin ends the stream cleanly; what came after it is never read")
@@ -451,7 +452,7 @@ func TestHostileRingIsolation(t *testing.T) {
 	pa, sa := b.hostile(t)
 	pb, sb := b.hostile(t)
 	const msg = "for the second connection only"
-	pb.requireSent(pb.send(rdma.MsgData, 0, 0, []byte(msg))) // unread at offset 0 of its ring
+	pb.requireSent(pb.send(wire.MsgData, 0, 0, []byte(msg))) // unread at offset 0 of its ring
 
 	// Into its own ring: allowed, and only its own data could suffer.
 	copy(pa.mem[rawRing:], bytes.Repeat([]byte("Z"), 64))
@@ -493,7 +494,7 @@ func TestHostileOverrun(t *testing.T) {
 		if i < granted {
 			want.WriteString(msg)
 		}
-		p.requireSent(p.send(rdma.MsgData, 0, 0, []byte(msg)))
+		p.requireSent(p.send(wire.MsgData, 0, 0, []byte(msg)))
 	}
 	// The server must not read (and so return credits) before it has
 	// handled all of them: a credit returned before the 17th arrives would

@@ -1,6 +1,9 @@
 package rdma
 
-import "github.com/goverbs/rdma/internal/ibv"
+import (
+	"github.com/goverbs/rdma/internal/ibv"
+	"github.com/goverbs/rdma/internal/wire"
+)
 
 // layout places a connection's memory in one arena of two rings:
 //
@@ -10,9 +13,10 @@ import "github.com/goverbs/rdma/internal/ibv"
 // A ring holds at least two of the largest messages (twice BufferSize,
 // rounded up to whole pages), so that a message of any size up to
 // BufferSize fits an empty ring wherever the last one ended (see
-// ringPlace). A connection starts with rings of initRing bytes (less for a
-// small BufferSize, whose messages are then smaller) and moves to rings of
-// bigRing bytes (bigRingFor) while the peer streams to it (see resize.go).
+// wire.RingPlace). A connection starts with rings of initRing bytes (less
+// for a small BufferSize, whose messages are then smaller) and moves to
+// rings of bigRing bytes (bigRingFor) while the peer streams to it (see
+// resize.go).
 // The big rings are registered apart, and given back when the connection
 // is idle; the arena keeps the small ones. Receives are zero-length:
 // a data message's payload goes where the sender put it in the ring, and
@@ -71,9 +75,9 @@ func newLayout(o Options) layout {
 		bufSize:   o.BufferSize, // payload only: the header travels as immediate data
 		ring:      min(ringFor(o.BufferSize), initRing),
 		bigRing:   bigRingFor(o.BufferSize),
-		recvSlots: o.RecvDepth + ctrlDepth + finSlots,
+		recvSlots: o.RecvDepth + wire.CtrlDepth + wire.FinSlots,
 		sendSlots: o.SendDepth,
-		ctrlSlots: ctrlDepth + finSlots,
+		ctrlSlots: wire.CtrlDepth + wire.FinSlots,
 	}
 }
 
@@ -110,7 +114,7 @@ func (l layout) dataWRs() int {
 // cqFixed is what a connection's CQ entries add to RecvDepth + SendDepth
 // (cqEntries): the control receives and sends on both sides, the
 // one-sided operations, the keepalive probe and the drain marker.
-const cqFixed = 2*(ctrlDepth+finSlots) + oneSidedDepth + 2
+const cqFixed = 2*(wire.CtrlDepth+wire.FinSlots) + oneSidedDepth + 2
 
 // sendQueue is the depth of a connection's send queue: the data and
 // control messages, the one-sided operations, the keepalive probe and the

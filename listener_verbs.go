@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/goverbs/rdma/internal/rdmacm"
+	"github.com/goverbs/rdma/internal/wire"
 )
 
 // listenerSys is the rdma_cm side of a Listener.
@@ -215,7 +216,7 @@ func (l *Listener) request(ev rdmacm.Event) {
 
 // accept sets up the data path of a requested connection and accepts it,
 // or refuses it with the reason its setup failed.
-func (l *Listener) accept(c *Conn, peer hello, remote *Addr) {
+func (l *Listener) accept(c *Conn, peer wire.Hello, remote *Addr) {
 	// From here on the connection's teardown destroys the id.
 	refuse := func(reason RefuseReason, cause error) {
 		l.refused(remote, reason, cause)
@@ -226,7 +227,7 @@ func (l *Listener) accept(c *Conn, peer hello, remote *Addr) {
 	if err == nil {
 		// A peer of another transport (it wants immediate data, which
 		// this device cannot send) is refused as one of another protocol.
-		err = peer.sendable(c.lay.headers())
+		err = sendable(peer, c.lay.headers())
 	}
 	if err == nil {
 		c.start(peer)
@@ -256,7 +257,7 @@ func (l *Listener) accept(c *Conn, peer hello, remote *Addr) {
 	}
 	err = c.id.SetAckTimeout(c.dev.ackTimeout)
 	if err == nil {
-		err = c.id.AcceptRead(c.hello().marshal(), min(c.dev.initDepth, c.reqInit), min(c.dev.respDepth, c.reqResp))
+		err = c.id.AcceptRead(c.hello().Marshal(), min(c.dev.initDepth, c.reqInit), min(c.dev.respDepth, c.reqResp))
 	}
 	c.qpMu.Unlock()
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/goverbs/rdma"
+	"github.com/goverbs/rdma/internal/wire"
 )
 
 // Device tests run where RDMA_TEST_ADDR names the address of an interface
@@ -44,7 +45,7 @@ func registered(t testing.TB, o rdma.Options) int {
 		if d == 0 {
 			d = rdma.DefaultRecvDepth
 		}
-		n += ((d+rdma.CtrlDepth+rdma.FinSlots)*80 + 4095) &^ 4095
+		n += ((d+wire.CtrlDepth+wire.FinSlots)*80 + 4095) &^ 4095
 	}
 	return n
 }

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/goverbs/rdma/internal/wire"
 )
 
 // The numbers the docs quote (README, godoc, error messages), pinned: a
@@ -58,13 +60,13 @@ func TestDocumentedNumbers(t *testing.T) {
 	// README: a port down for over 10 s fails its connections.
 	require.Equal(t, 10*time.Second, portDownGrace)
 	// README: a 64 B message takes 64 B of the peer's ring.
-	require.Equal(t, 64, ringAlign)
+	require.Equal(t, 64, wire.RingAlign)
 	// README "Usage": a request written in two pieces never waits when
 	// the peer has at least 4 receives (hold begins at two unconsumed
 	// messages, half the peer's receives at most).
 	l := newLedger(opts.RecvDepth)
-	l.open(4, ctrlDepth)
+	l.open(4, wire.CtrlDepth)
 	require.Equal(t, 2, l.holdAt)
-	l.open(3, ctrlDepth)
+	l.open(3, wire.CtrlDepth)
 	require.Equal(t, 1, l.holdAt)
 }

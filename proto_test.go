@@ -6,167 +6,62 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/goverbs/rdma/internal/wire"
 )
 
-// Internal tests of the parts that need no device: the wire format, address
-// handling, option checking, deadlines and error types.
+// Internal tests of the parts that need no device: what this package makes
+// of the wire's errors, address handling, option checking, deadlines and
+// error types. The wire format's own tests are in internal/wire.
 
-func TestHelloRoundTrip(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		h    hello
-	}{
-		{"defaults", hello{recvDepth: DefaultRecvDepth, ctrlDepth: ctrlDepth, bufSize: DefaultBufferSize,
-			ringSize: 128 << 10, ringAddr: 0x7f0012340000, rkey: 0x1234}},
-		{"smallest", hello{recvDepth: 1, ctrlDepth: 1, bufSize: 1, ringSize: minRing}},
-		{"largest", hello{recvDepth: 0xffff, ctrlDepth: 0xff, bufSize: maxBufferSize, ringSize: maxRing,
-			ringAddr: ^uint64(0) - maxRing, rkey: 0xffffffff}},
-		{"mixed", hello{recvDepth: 0x1234, ctrlDepth: 0x56, bufSize: 0x789abc, ringSize: 0x12340, ringAddr: 0x0102030405060708, rkey: 0x9abcdef0}},
-		{"messages", hello{flags: helloMessages, recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096, ringSize: 8192, ringAddr: 4096, rkey: 1}},
-		{"headers as SENDs", hello{flags: helloMessages | helloHeaders, recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096, ringSize: 8192, ringAddr: 4096, rkey: 1}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			b := tc.h.marshal()
-			require.Len(t, b, helloLen)
-			got, err := parseHello(b)
-			require.NoError(t, err)
-			require.Equal(t, tc.h, got)
-
-			// Providers may pad the private data with zeros up to the
-			// IB maximum of 56 bytes.
-			padded := append(b, make([]byte, 56-len(b))...)
-			got, err = parseHello(padded)
-			require.NoError(t, err)
-			require.Equal(t, tc.h, got)
-		})
+// A hello whose buffer size is over the largest the Options allow is
+// refused: no side announces one, and as an int on a 32-bit platform a
+// size of 2 GiB or more would be negative.
+func TestHelloBufferSizeBound(t *testing.T) {
+	hello := func(size uint32) []byte {
+		return wire.Hello{RecvDepth: 16, CtrlDepth: wire.CtrlDepth, BufSize: size, RingSize: 8192, RingAddr: 0x10000, RKey: 5}.Marshal()
+	}
+	h, err := parseHello(hello(maxBufferSize))
+	require.NoError(t, err)
+	require.Equal(t, uint32(maxBufferSize), h.BufSize)
+	for _, size := range []uint32{maxBufferSize + 1, 1<<32 - 1} {
+		_, err := parseHello(hello(size))
+		require.ErrorIs(t, err, ErrProtocol, "buffer size %d", size)
+		require.ErrorContains(t, err, "over the largest")
 	}
 }
 
-func TestHelloRejected(t *testing.T) {
-	good := hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096, ringSize: 8192, ringAddr: 0x10000, rkey: 5}
-	with := func(h hello) []byte { return h.marshal() }
-	mutate := func(f func(b []byte)) []byte {
-		b := good.marshal()
-		f(b)
-		return b
-	}
-	for _, tc := range []struct {
-		name string
-		b    []byte
-		want string // in the error message
-	}{
-		{"nil", nil, "handshake of 0 bytes"},
-		{"short", good.marshal()[:helloLen-1], "handshake of 29 bytes"},
-		{"version 3 (16 bytes)", hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096}.marshal()[:16], "handshake of 16 bytes"},
-		{"zeros", make([]byte, 56), "bad magic"},
-		{"bad magic", mutate(func(b []byte) { b[0] ^= 0xff }), "bad magic"},
-		{"version 0", mutate(func(b []byte) { b[4] = 0 }), "protocol version 0"},
-		{"version 1 (header in the payload)", mutate(func(b []byte) { b[4] = 1 }), "protocol version 1"},
-		{"version 2 (no flags)", mutate(func(b []byte) { b[4] = 2 }), "protocol version 2, want 7"},
-		{"version 3 (receive buffers)", mutate(func(b []byte) { b[4] = 3 }), "protocol version 3, want 7"},
-		{"version 4 (immediate data only)", mutate(func(b []byte) { b[4] = 4 }), "protocol version 4, want 7"},
-		{"version 5 (fixed rings)", mutate(func(b []byte) { b[4] = 5 }), "protocol version 5, want 7"},
-		{"version 6 (no wants flag)", mutate(func(b []byte) { b[4] = 6 }), "protocol version 6, want 7"},
-		{"version 8", mutate(func(b []byte) { b[4] = helloVersion + 1 }), "protocol version 8"},
-		{"unknown flag", mutate(func(b []byte) { b[5] = 0x80 }), "unknown flags 0x80"},
-		{"zero recvDepth", with(hello{recvDepth: 0, ctrlDepth: ctrlDepth, bufSize: 4096}), "bad geometry"},
-		{"zero ctrlDepth", with(hello{recvDepth: 16, ctrlDepth: 0, bufSize: 4096}), "bad geometry"},
-		{"zero bufSize", with(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 0, ringSize: 8192}), "bad geometry"},
-		{"bufSize over the largest Options allow", with(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: maxBufferSize + 1, ringSize: 8192}), "buffer size 16777217"},
-		{"bufSize 4 GiB - 1", with(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 0xffffffff, ringSize: 8192}), "buffer size 4294967295"},
-		{"no ring", with(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096}), "bad ring size 0"},
-		{"ring too small", with(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096, ringSize: minRing - ringAlign}), "bad ring size"},
-		{"ring too large", with(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096, ringSize: maxRing + ringAlign}), "bad ring size"},
-		{"ring not aligned", with(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096, ringSize: 8192 + 32}), "bad ring size"},
-		{"ring wraps the address space", with(hello{recvDepth: 16, ctrlDepth: ctrlDepth, bufSize: 4096, ringSize: 8192, ringAddr: ^uint64(0) - 4096}), "wraps"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := parseHello(tc.b)
-			require.Error(t, err)
-			require.ErrorIs(t, err, ErrProtocol)
-			require.NotErrorIs(t, err, ErrNoDevice)
-			require.ErrorContains(t, err, tc.want)
-		})
-	}
-}
+// A peer's bytes that the wire's parsers refuse are ErrProtocol here, with
+// the wire's detail: what a foreign or broken peer's dialer or listener
+// sees.
+func TestPeerBytesAreProtocolErrors(t *testing.T) {
+	_, err := parseHello([]byte("GVRD"))
+	require.ErrorIs(t, err, ErrProtocol)
+	require.NotErrorIs(t, err, ErrNoDevice)
+	require.Equal(t, ErrProtocol.Error()+": handshake of 4 bytes", err.Error())
+	require.Equal(t, RefusedProtocol, refuseReasonOf(err), "a listener refuses it as another protocol")
 
-// Both sides derive the same geometry from the two hellos, whichever side
-// computes it, and a largest message always fits an empty ring.
-func TestRingGeometry(t *testing.T) {
-	for _, tc := range []struct {
-		name                               string
-		ownRing, ownBuf, peerRing, peerBuf int
-		span, maxMsg                       int
-	}{
-		{"defaults", 128 << 10, 64 << 10, 128 << 10, 64 << 10, 128 << 10, 64 << 10},
-		{"smaller peer", 128 << 10, 64 << 10, 8192, 4096, 8192, 4096},
-		{"tiny peer messages", 4096, 256, 4096, 1, 4096, 1},
-		{"peer ring small for its messages", 8192, 4096, 576, 65536, 576, 288},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			span, maxMsg := ringGeometry(tc.ownRing, tc.ownBuf, tc.peerRing, tc.peerBuf)
-			require.Equal(t, tc.span, span)
-			require.Equal(t, tc.maxMsg, maxMsg)
-			span2, maxMsg2 := ringGeometry(tc.peerRing, tc.peerBuf, tc.ownRing, tc.ownBuf)
-			require.Equal(t, []int{span, maxMsg}, []int{span2, maxMsg2}, "the peer computes the same")
-		})
-	}
-}
+	b := wire.Hello{RecvDepth: 16, CtrlDepth: wire.CtrlDepth, BufSize: 4096, RingSize: 8192, RingAddr: 0x10000, RKey: 5}.Marshal()
+	h, err := parseHello(b)
+	require.NoError(t, err)
+	require.Equal(t, uint32(8192), h.RingSize)
+	b[4] = wire.Version + 1
+	_, err = parseHello(b)
+	require.ErrorIs(t, err, ErrProtocol)
+	require.ErrorContains(t, err, "protocol version 8, want 7")
 
-func TestRingPlace(t *testing.T) {
-	const span, maxMsg = 1024, 300
-	for _, tc := range []struct {
-		t, start uint64
-	}{
-		{0, 0},
-		{64, 64},
-		{704, 704},   // 704 + 300 = 1004: fits
-		{768, 1024},  // 768 + 300 > 1024: to the ring's start
-		{960, 1024},  // likewise
-		{1024, 1024}, // at the start already
-		{1024 + 704, 1024 + 704},
-		{1088 + 704, 2048}, // offset 768
-		{2048 + 768, 3072},
-	} {
-		require.Equal(t, tc.start, ringPlace(tc.t, span, maxMsg), "tail %d", tc.t)
-	}
-	require.Equal(t, uint64(1024+64), ringEnd(1024, 1))
-	require.Equal(t, uint64(1024+64), ringEnd(1024, 64))
-	require.Equal(t, uint64(1024+128), ringEnd(1024, 65))
-}
+	_, err = parseRingDesc(make([]byte, 3), 8192)
+	var pe *protocolError
+	require.ErrorAs(t, err, &pe)
+	require.Equal(t, "ring offer of 3 bytes", pe.detail)
 
-func TestHeaderRoundTrip(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		h    header
-	}{
-		{"data", header{typ: msgData}},
-		{"data with credits", header{typ: msgData, ctrlAck: 1, credits: DefaultRecvDepth}},
-		{"credit", header{typ: msgCredit, credits: 7}},
-		{"fin", header{typ: msgFin, ctrlAck: ctrlDepth}},
-		{"wants", header{typ: msgData, wants: true, credits: 3}},
-		{"max", header{typ: 0x7f, wants: true, ctrlAck: 0xff, credits: 0xffff}},
-		{"zero", header{}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			require.Equal(t, tc.h, headerOf(tc.h.imm()))
-			// The layout is part of the wire format: the wants flag,
-			// type, ctrlAck, credits.
-			want := uint32(tc.h.typ)<<24 | uint32(tc.h.ctrlAck)<<16 | uint32(tc.h.credits)
-			if tc.h.wants {
-				want |= 1 << 31
-			}
-			require.Equal(t, want, tc.h.imm())
-		})
-	}
-	// Any immediate decodes to a type of 7 bits (an unknown one is the
-	// receiver's to refuse) and the flag.
-	require.Equal(t, header{typ: 0x7f, wants: true, ctrlAck: 0xff, credits: 0xffff}, headerOf(0xffffffff))
+	// The smallest ring a peer may announce holds two of the smallest
+	// messages a side may take.
+	require.Equal(t, 2*minBufferSize, wire.MinRing)
 }
 
 func TestSendWRID(t *testing.T) {
@@ -193,7 +88,7 @@ func TestSendWRID(t *testing.T) {
 	}
 
 	// A receive's id is its slot number; none of them looks like a send.
-	for _, slot := range []uint64{0, 1, DefaultRecvDepth + ctrlDepth + finSlots, maxDepth + ctrlDepth + finSlots} {
+	for _, slot := range []uint64{0, 1, DefaultRecvDepth + wire.CtrlDepth + wire.FinSlots, maxDepth + wire.CtrlDepth + wire.FinSlots} {
 		require.Zerof(t, slot&wrSend, "receive slot %d has the send bit", slot)
 	}
 }
@@ -455,46 +350,6 @@ func TestDeadlineClear(t *testing.T) {
 	require.False(t, d.expired())
 }
 
-// A set after stop (a setter that raced the connection's Close) returns
-// at once and reports the stop, whatever the timer was doing: stop used to
-// leave a stopped timer recorded, which the next set took for one that had
-// fired, waiting forever for its close with the lock held.
-func TestDeadlineSetAfterStop(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		armed time.Duration // the deadline before stop, from now
-	}{
-		{"pending", time.Hour},
-		{"fired", -time.Second},
-		{"firing", time.Microsecond},
-		{"unset", 0},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			d := newDeadline()
-			if tc.armed != 0 {
-				require.True(t, d.set(time.Now().Add(tc.armed)))
-			}
-			d.stop()
-			done := make(chan bool, 1)
-			go func() {
-				ok := d.set(time.Time{})
-				ok = d.set(time.Now().Add(time.Hour)) || ok
-				d.stop()
-				done <- ok
-			}()
-			select {
-			case ok := <-done:
-				require.False(t, ok, "a set after stop does nothing")
-			case <-time.After(5 * time.Second):
-				t.Fatal("set after stop blocked")
-			}
-			d.mu.Lock()
-			require.Nil(t, d.timer, "nothing armed after stop")
-			d.mu.Unlock()
-		})
-	}
-}
-
 func TestDeadlineEarlierWakesWaiter(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -568,28 +423,4 @@ func TestProtocolError(t *testing.T) {
 	var pe *protocolError
 	require.ErrorAs(t, wrapped, &pe)
 	require.Equal(t, "bad magic 0x1", pe.detail)
-}
-
-// Only ENODEV from a look for the host's devices means that there is
-// none: a transient ENOMEM or EIO stays the call's error, never
-// ErrNoDevice (which a Dialer with FallbackTCP takes as a reason to use
-// TCP), and a rescan that failed so says nothing about what is left.
-func TestHostDeviceError(t *testing.T) {
-	for _, errno := range []syscall.Errno{syscall.ENOMEM, syscall.EIO, syscall.EMFILE, syscall.EACCES} {
-		err := hostDeviceError(os.NewSyscallError("rdma_create_event_channel", errno))
-		require.NotErrorIs(t, err, ErrNoDevice, "%v", errno)
-		var se *os.SyscallError
-		require.ErrorAs(t, err, &se)
-		require.Equal(t, "rdma_create_event_channel", se.Syscall)
-		require.ErrorIs(t, err, errno)
-		require.False(t, noDeviceLeft(0, os.NewSyscallError("rdma_get_devices", errno)), "%v", errno)
-	}
-	err := hostDeviceError(os.NewSyscallError("rdma_create_event_channel", syscall.ENODEV))
-	require.ErrorIs(t, err, ErrNoDevice)
-	require.ErrorIs(t, err, syscall.ENODEV)
-	var se *os.SyscallError
-	require.ErrorAs(t, err, &se, "the call stays reachable")
-	require.True(t, noDeviceLeft(0, os.NewSyscallError("rdma_get_devices", syscall.ENODEV)))
-	require.True(t, noDeviceLeft(0, nil))
-	require.False(t, noDeviceLeft(2, nil))
 }

@@ -3,7 +3,6 @@
 package rdma_test
 
 import (
-	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"testing"
@@ -12,9 +11,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/goverbs/rdma"
 	"github.com/goverbs/rdma/internal/ibv"
 	"github.com/goverbs/rdma/internal/rdmacm"
+	"github.com/goverbs/rdma/internal/wire"
 )
 
 // A raw peer: an rdma_cm client built directly on the internal packages,
@@ -29,7 +28,7 @@ const (
 	rawRecvDepth = 16
 	rawBufSize   = 4096
 	rawRing      = 16 << 10
-	rawRecvSlots = rawRecvDepth + rdma.CtrlDepth + rdma.FinSlots
+	rawRecvSlots = rawRecvDepth + wire.CtrlDepth + wire.FinSlots
 	rawSendArea  = 128 << 10
 	rawSendWRID  = 1 << 63 // send work request ids; receives' are 0
 	rawCQE       = 256
@@ -62,7 +61,7 @@ type rawPeer struct {
 	mr      *ibv.MR // the send area: local only
 	qp      *ibv.QP
 	ownQP   unsafe.Pointer // the QP, made by the raw peer (see dialRaw)
-	server  rdma.WireHello // the listener's hello
+	server  wire.Hello     // the listener's hello
 	span    int            // ring bytes both sides use
 	maxMsg  int            // the largest message both sides agreed on
 	txTail  uint64         // where our messages end in the server's ring
@@ -151,10 +150,10 @@ func dialRaw(t testing.TB, addr string) *rawPeer {
 	}
 	var flags uint8
 	if p.headers {
-		flags = rdma.HelloHeaders
+		flags = wire.HelloHeaders
 	}
-	h := rdma.MarshalHello(rdma.WireHello{Flags: flags, RecvDepth: rawRecvDepth, CtrlDepth: rdma.CtrlDepth, BufSize: rawBufSize,
-		RingSize: rawRing, RingAddr: p.addr(0), RKey: p.ringMR.RKey})
+	h := wire.Hello{Flags: flags, RecvDepth: rawRecvDepth, CtrlDepth: wire.CtrlDepth, BufSize: rawBufSize,
+		RingSize: rawRing, RingAddr: p.addr(0), RKey: p.ringMR.RKey}.Marshal()
 	if err := p.id.ConnectNoQP(h, p.qp.Num); err != nil {
 		fatal("connect", err)
 	}
@@ -163,12 +162,12 @@ func dialRaw(t testing.TB, addr string) *rawPeer {
 		// reports the connection established, with the listener's hello;
 		// the QP stays ours.
 		ev := p.expectEvent(rdmacm.EventEstablished, 10*time.Second)
-		if p.server, err = rdma.ParseHello(ev.PrivateData); err != nil {
+		if p.server, err = wire.ParseHello(ev.PrivateData); err != nil {
 			fatal("the listener's hello", err)
 		}
 	} else {
 		ev := p.expectEvent(rdmacm.EventConnectResponse, 10*time.Second)
-		if p.server, err = rdma.ParseHello(ev.PrivateData); err != nil {
+		if p.server, err = wire.ParseHello(ev.PrivateData); err != nil {
 			fatal("the listener's hello", err)
 		}
 		if err := p.id.EstablishOwnQP(p.ownQP, 1); err != nil {
@@ -176,7 +175,7 @@ func dialRaw(t testing.TB, addr string) *rawPeer {
 		}
 		p.established = true
 	}
-	p.span, p.maxMsg = rdma.RingGeometry(rawRing, rawBufSize, int(p.server.RingSize), int(p.server.BufSize))
+	p.span, p.maxMsg = wire.RingGeometry(rawRing, rawBufSize, int(p.server.RingSize), int(p.server.BufSize))
 	return p
 }
 
@@ -233,9 +232,9 @@ func (p *rawPeer) addr(off int) uint64 { return uint64(uintptr(unsafe.Pointer(&p
 // message that follows the protocol). It returns the send's id.
 func (p *rawPeer) send(typ, ctrlAck uint8, credits uint16, data []byte) uint64 {
 	p.t.Helper()
-	if (typ == rdma.MsgData || typ == rdma.MsgDataMore) && len(data) > 0 {
-		start := rdma.RingPlace(p.txTail, p.span, p.maxMsg)
-		p.txTail = rdma.RingEnd(start, len(data))
+	if (typ == wire.MsgData || typ == wire.MsgDataMore) && len(data) > 0 {
+		start := wire.RingPlace(p.txTail, p.span, p.maxMsg)
+		p.txTail = wire.RingEnd(start, len(data))
 		return p.writeImm(p.server.RingAddr+start%uint64(p.span), p.server.RKey, typ, ctrlAck, credits, data)
 	}
 	return p.sendSEND(typ, ctrlAck, credits, data)
@@ -259,12 +258,12 @@ func (p *rawPeer) sendSEND(typ, ctrlAck uint8, credits uint16, data []byte) uint
 	p.seq++
 	id := rawSendWRID | p.seq
 	wr := ibv.SendWR{ID: id, Addr: p.stage(data), Len: uint32(len(data)), LKey: p.mr.LKey, Flags: ibv.SendSignaled,
-		Imm: rdma.HeaderImm(typ, ctrlAck, credits)}
+		Imm: wire.Header{Type: typ, CtrlAck: ctrlAck, Credits: credits}.Imm()}
 	if p.headers {
 		wr = ibv.SendWR{ID: id, Flags: ibv.SendSignaled | ibv.SendHeader, Imm: wr.Imm}
 		if len(data) > 0 {
 			b := make([]byte, ibv.HeaderLen, ibv.HeaderLen+len(data))
-			binary.BigEndian.PutUint32(b, rdma.HeaderImm(typ, ctrlAck, credits))
+			wire.PutHeaderSlot(b, wire.Header{Type: typ, CtrlAck: ctrlAck, Credits: credits}, 0)
 			b = append(b, data...)
 			wr = ibv.SendWR{ID: id, Addr: p.stage(b), Len: uint32(len(b)), LKey: p.mr.LKey, Flags: ibv.SendSignaled | ibv.SendPlain}
 		}
@@ -282,7 +281,7 @@ func (p *rawPeer) writeImm(raddr uint64, rkey uint32, typ, ctrlAck uint8, credit
 	p.seq++
 	id := rawSendWRID | p.seq
 	wr := ibv.SendWR{ID: id, Addr: p.stage(data), Len: uint32(len(data)), LKey: p.mr.LKey, Flags: ibv.SendSignaled | ibv.SendWriteImm,
-		Imm: rdma.HeaderImm(typ, ctrlAck, credits), RemoteAddr: raddr, RKey: rkey}
+		Imm: wire.Header{Type: typ, CtrlAck: ctrlAck, Credits: credits}.Imm(), RemoteAddr: raddr, RKey: rkey}
 	wrs := []ibv.SendWR{wr}
 	if p.headers {
 		// The payload by RDMA WRITE, then the header (and length) by SEND.
@@ -359,29 +358,29 @@ func (p *rawPeer) poll() {
 				p.t.Logf("raw peer: a receive completed with %q", ibv.StatusString(wc.Status))
 			}
 			if wc.Status == ibv.WCSuccess {
-				imm, n, write := wc.Imm, wc.ByteLen, wc.Opcode == ibv.WCOpRecvWriteImm
+				h, n, write := wire.HeaderOf(wc.Imm), wc.ByteLen, wc.Opcode == ibv.WCOpRecvWriteImm
 				var inline []byte
 				if p.headers {
 					slot := p.mem[rawHdrOff+int(wc.WRID)*ibv.HeaderSlot:]
-					imm, n = binary.BigEndian.Uint32(slot), binary.BigEndian.Uint32(slot[4:])
+					h, n = wire.ParseHeaderSlot(slot)
 					write = n > 0
 					if wc.ByteLen > ibv.HeaderLen { // a small message's data came in the SEND
 						inline = slot[ibv.HeaderLen:wc.ByteLen]
 					}
 				}
 				wc.ByteLen = n
-				m.typ, m.ctrlAck, m.credits = rdma.ParseHeader(imm)
+				m.typ, m.ctrlAck, m.credits = h.Type, h.CtrlAck, h.Credits
 				if write {
 					if inline != nil {
-						start := rdma.RingPlace(p.rxTail, p.span, p.maxMsg)
+						start := wire.RingPlace(p.rxTail, p.span, p.maxMsg)
 						off := int(start % uint64(p.span))
 						copy(p.mem[off:off+len(inline)], inline)
 					}
 					// The server placed it in our ring as the rule
 					// says (we never read so slowly that it wraps
 					// over unread bytes: the tests send little).
-					start := rdma.RingPlace(p.rxTail, p.span, p.maxMsg)
-					p.rxTail = rdma.RingEnd(start, int(wc.ByteLen))
+					start := wire.RingPlace(p.rxTail, p.span, p.maxMsg)
+					p.rxTail = wire.RingEnd(start, int(wc.ByteLen))
 					off := int(start % uint64(p.span))
 					m.data = append([]byte(nil), p.mem[off:off+int(wc.ByteLen)]...)
 				}
@@ -555,8 +554,8 @@ func floodHalfOpen(t testing.TB, addr string, n int) *halfOpen {
 	await(rdmacm.EventRouteResolved)
 	stopRun()
 	// A valid hello whose ring no one will ever write: there is no QP.
-	h := rdma.MarshalHello(rdma.WireHello{RecvDepth: rawRecvDepth, CtrlDepth: rdma.CtrlDepth, BufSize: rawBufSize,
-		RingSize: rawRing, RingAddr: 0x10000, RKey: 1})
+	h := wire.Hello{RecvDepth: rawRecvDepth, CtrlDepth: wire.CtrlDepth, BufSize: rawBufSize,
+		RingSize: rawRing, RingAddr: 0x10000, RKey: 1}.Marshal()
 	for i, id := range f.ids {
 		if err := id.ConnectNoQP(h, uint32(0x10000+i)); err != nil {
 			t.Fatalf("half-open: connect %d: %v", i, err)

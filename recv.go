@@ -7,6 +7,7 @@ import (
 	"syscall"
 
 	"github.com/goverbs/rdma/internal/ibv"
+	"github.com/goverbs/rdma/internal/wire"
 )
 
 // The receive path of a Conn: what each arriving message does (recvDone,
@@ -269,26 +270,26 @@ func (c *Conn) recvMsg(wc ibv.WC) {
 		c.fail(err)
 		return
 	}
-	if h.credits > 0 {
-		c.tx.ring.ack(int(h.credits))
+	if h.Credits > 0 {
+		c.tx.ring.ack(int(h.Credits))
 	}
 	if more {
 		signal(c.txReady)
 	}
-	if c.life.has(shutFinRcvd) && h.typ != msgCredit {
+	if c.life.has(shutFinRcvd) && h.Type != wire.MsgCredit {
 		// (Nor does a ring offer or its answer come after the fin: the
 		// write side shut, a sender sends neither.)
 		// The fin ended what the peer sends; credits may still come.
 		c.fail(&protocolError{"message after the fin"})
 		return
 	}
-	if err := c.cr.arrived(h.typ); err != nil {
+	if err := c.cr.arrived(h.Type); err != nil {
 		c.fail(err)
 		return
 	}
-	switch h.typ {
-	case msgData, msgDataMore, msgRing:
-		m, err := c.rx.arrived(n, h.typ == msgDataMore)
+	switch h.Type {
+	case wire.MsgData, wire.MsgDataMore, wire.MsgRing:
+		m, err := c.rx.arrived(n, h.Type == wire.MsgDataMore)
 		if err != nil {
 			c.fail(err)
 			return
@@ -298,7 +299,7 @@ func (c *Conn) recvMsg(wc ibv.WC) {
 			// would have put it.
 			copy(c.rx.payload(m, 0), inline)
 		}
-		if h.typ == msgRing {
+		if h.Type == wire.MsgRing {
 			// Read never sees it; its ring bytes and receive go back in
 			// order with the data.
 			if err := c.ringOffered(c.rx.payload(m, 0)); err != nil {
@@ -329,18 +330,18 @@ func (c *Conn) recvMsg(wc ibv.WC) {
 		if c.push(m) {
 			c.st.MessagesReceived++
 		}
-	case msgCredit, msgFin, msgSwitched, msgDecline:
-		if h.typ == msgFin {
+	case wire.MsgCredit, wire.MsgFin, wire.MsgSwitched, wire.MsgDecline:
+		if h.Type == wire.MsgFin {
 			if c.push(rxMsg{n: -1}) {
 				c.life.set(shutFinRcvd)
 			}
 			return
 		}
 		var err error
-		switch h.typ {
-		case msgSwitched:
+		switch h.Type {
+		case wire.MsgSwitched:
 			err = c.ringSwitched()
-		case msgDecline:
+		case wire.MsgDecline:
 			err = c.ringDeclined()
 		}
 		if err != nil {
@@ -403,6 +404,6 @@ func (c *Conn) returnCredits(force bool) {
 	}
 	open := !c.life.has(shutPeerGone) && c.life.werr == nil
 	if c.cr.creditDue(force, open, c.tx.ctrlInFlight()) {
-		c.queueSend(msgCredit, 0)
+		c.queueSend(wire.MsgCredit, 0)
 	}
 }

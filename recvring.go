@@ -1,9 +1,8 @@
 package rdma
 
 import (
-	"encoding/binary"
-
 	"github.com/goverbs/rdma/internal/ibv"
+	"github.com/goverbs/rdma/internal/wire"
 )
 
 // recvPoster posts a chain of receives: the QP, or a fake in tests.
@@ -26,7 +25,7 @@ type rxMsg struct {
 // receives consumed and waiting to be posted again. Every receive is
 // zero-length: it only takes a message's immediate data (its header)
 // and length, the payload being in the ring already. The ring's running
-// counts follow the peer's placement (ringPlace): tail is where the
+// counts follow the peer's placement (wire.RingPlace): tail is where the
 // messages that arrived end, read where the consumed ones do, and a
 // message that would end more than a ring beyond read overwrote unread
 // bytes, which a peer that honours the credits never does. It has no
@@ -117,22 +116,22 @@ func (r *recvRing) prepare(k int) []ibv.RecvWR {
 // later SEND completes), or, when small, follows the header in the SEND
 // (at most ibv.HeaderData bytes): then it is returned, to be copied where
 // the WRITE would have put it.
-func (r *recvRing) message(wc ibv.WC, mem []byte) (header, uint32, []byte, error) {
-	var h header
+func (r *recvRing) message(wc ibv.WC, mem []byte) (wire.Header, uint32, []byte, error) {
+	var h wire.Header
 	var n uint32
 	if r.hdrs == 0 {
 		if wc.WRID != recvWRID || wc.Flags&ibv.WCWithImm == 0 {
 			return h, 0, nil, &protocolError{"message without immediate data (its header)"}
 		}
-		h, n = headerOf(wc.Imm), wc.ByteLen
-		if isData(h.typ) {
+		h, n = wire.HeaderOf(wc.Imm), wc.ByteLen
+		if wire.IsData(h.Type) {
 			if wc.Opcode != ibv.WCOpRecvWriteImm {
 				// Data comes as RDMA WRITE with immediate into the
 				// ring, where the placement rule says; a SEND has no
 				// place there.
 				return h, 0, nil, &protocolError{"data message that is not an RDMA WRITE with immediate data"}
 			}
-		} else if (isControl(h.typ) || h.typ == msgFin) && (wc.Opcode != ibv.WCOpRecv || n != 0) {
+		} else if (wire.IsControl(h.Type) || h.Type == wire.MsgFin) && (wc.Opcode != ibv.WCOpRecv || n != 0) {
 			return h, 0, nil, &protocolError{"control message with payload or not a SEND"}
 		}
 		return h, n, nil, nil
@@ -144,19 +143,28 @@ func (r *recvRing) message(wc ibv.WC, mem []byte) (header, uint32, []byte, error
 		return h, 0, nil, &protocolError{"message that is not a SEND of a header"}
 	}
 	b := mem[r.hdrOff+int(wc.WRID)*ibv.HeaderSlot:]
-	h, n = headerOf(binary.BigEndian.Uint32(b)), binary.BigEndian.Uint32(b[4:])
+	h, n = wire.ParseHeaderSlot(b)
 	var data []byte
 	if wc.ByteLen > ibv.HeaderLen {
-		if !isData(h.typ) || n != wc.ByteLen-ibv.HeaderLen {
+		if !wire.IsData(h.Type) || n != wc.ByteLen-ibv.HeaderLen {
 			return h, 0, nil, &protocolError{"a header SEND with payload that is not its data message's"}
 		}
 		data = b[ibv.HeaderLen:wc.ByteLen]
 	}
-	if (isControl(h.typ) || h.typ == msgFin) && n != 0 {
+	if (wire.IsControl(h.Type) || h.Type == wire.MsgFin) && n != 0 {
 		return h, 0, nil, &protocolError{"control message with payload"}
 	}
 	return h, n, data, nil
 }
+
+// The verbs layer sizes the header slots and builds the header SENDs the
+// wire package decodes: their sizes must be the same.
+var (
+	_ [ibv.HeaderLen - wire.HeaderLen]struct{}
+	_ [wire.HeaderLen - ibv.HeaderLen]struct{}
+	_ [ibv.HeaderSlot - wire.HeaderSlot]struct{}
+	_ [wire.HeaderSlot - ibv.HeaderSlot]struct{}
+)
 
 // open sets the geometry agreed with the peer.
 func (r *recvRing) open(span, maxMsg int) { r.span, r.maxMsg = span, maxMsg }
@@ -175,8 +183,8 @@ func (r *recvRing) arrived(n uint32, more bool) (rxMsg, error) {
 	if n > uint32(r.maxMsg) {
 		return rxMsg{}, &protocolError{"data message larger than the largest agreed"}
 	}
-	start := ringPlace(r.tail, r.span, r.maxMsg)
-	end := ringEnd(start, int(n))
+	start := wire.RingPlace(r.tail, r.span, r.maxMsg)
+	end := wire.RingEnd(start, int(n))
 	if end-r.read > uint64(r.span) {
 		return rxMsg{}, &protocolError{"peer overran the receive ring: a message over bytes not yet read"}
 	}

@@ -168,7 +168,7 @@ func TestRecvRingDiscard(t *testing.T) {
 	require.Equal(t, 2, r.reposts, "data receives go back to the peer; the fin's does not")
 }
 
-// The receive side places messages as the sender does (ringPlace) and
+// The receive side places messages as the sender does (wire.RingPlace) and
 // fails what a sender that honours the credits never sends.
 func TestRecvRingArrivedPlacesAndChecks(t *testing.T) {
 	r := newRecvRing(8, nil)

@@ -1,15 +1,16 @@
 package rdma
 
 import (
-	"encoding/binary"
 	"errors"
 	"net"
 	"syscall"
+
+	"github.com/goverbs/rdma/internal/wire"
 )
 
 // Refusals that say why. A listener that cannot take a connection rejects
-// the request with a reason in the reject's private data (wire protocol:
-// the magic, the version, the reason; 8 bytes), so that the dialer's error
+// the request with a reason in the reject's private data (a byte of the
+// reject's encoding: wire.MarshalReject), so that the dialer's error
 // tells what happened on the server instead of a bare "connection
 // refused", and the listener counts it (ListenerStats) and reports it
 // (ListenConfig.Refused).
@@ -70,25 +71,15 @@ func (r RefuseReason) errno() error {
 	return nil
 }
 
-const rejectLen = 8
-
-// marshalReject is the reject's private data.
-func marshalReject(r RefuseReason) []byte {
-	b := make([]byte, rejectLen)
-	binary.BigEndian.PutUint32(b, helloMagic)
-	b[4] = helloVersion
-	b[5] = byte(r)
-	return b
-}
+// marshalReject is the reject's private data (wire.MarshalReject) for r.
+func marshalReject(r RefuseReason) []byte { return wire.MarshalReject(uint8(r)) }
 
 // parseReject reads the reason out of a reject's private data; anything
-// else (a foreign server, padding only) is RefusedUnknown.
+// else (a foreign server, padding only, a reason this version does not
+// know) is RefusedUnknown.
 func parseReject(b []byte) RefuseReason {
-	if len(b) < rejectLen || binary.BigEndian.Uint32(b) != helloMagic {
-		return RefusedUnknown
-	}
-	if r := RefuseReason(b[5]); r < NumRefuseReasons {
-		return r
+	if r, ok := wire.ParseReject(b); ok && RefuseReason(r) < NumRefuseReasons {
+		return RefuseReason(r)
 	}
 	return RefusedUnknown
 }

@@ -74,21 +74,6 @@ func TestResourceErrorsSayWhatToDo(t *testing.T) {
 	require.ErrorIs(t, cq, syscall.ENOSPC)
 }
 
-func FuzzParseReject(f *testing.F) {
-	f.Add(marshalReject(RefusedBacklog))
-	f.Add([]byte{})
-	f.Add(make([]byte, 56))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		r := parseReject(b)
-		if r >= NumRefuseReasons {
-			t.Fatalf("reason %d out of range", r)
-		}
-		if r != RefusedUnknown && parseReject(marshalReject(r)) != r {
-			t.Fatalf("round trip of %v", r)
-		}
-	})
-}
-
 // Which dial errors fall back to TCP (FallbackTCP): no RDMA here or at
 // the peer, never an answer from an RDMA service or from the caller.
 func TestFallsBackToTCP(t *testing.T) {

@@ -3,9 +3,11 @@ package rdma
 import (
 	"sync"
 	"time"
+
+	"github.com/goverbs/rdma/internal/wire"
 )
 
-// Rings that follow the traffic (the protocol is in proto.go). A
+// Rings that follow the traffic (the protocol is in internal/wire). A
 // connection starts with the arena's small rings (initRing). While the
 // peer streams to it, the receiver registers a big ring and offers it; the
 // sender registers a send ring to match and switches at a message
@@ -73,8 +75,8 @@ type resizer struct {
 	idle      *time.Timer
 
 	// The send side.
-	txCur     *ringMem // the send ring
-	peerOffer ringDesc // the peer's offer, while offered
+	txCur     *ringMem      // the send ring
+	peerOffer wire.RingDesc // the peer's offer, while offered
 	offered   bool
 	txNext    *ringMem // the send ring ready for the offer
 	wantTx    int      // the worker is to register a send ring of this size
@@ -105,10 +107,10 @@ func (c *Conn) initRings(rx, tx ringMem, lay layout) {
 }
 
 // openRings takes the geometry agreed at the handshake.
-func (c *Conn) openRings(span int, peer hello) {
+func (c *Conn) openRings(span int, peer wire.Hello) {
 	rs := &c.rs
 	rs.initSpan = span
-	rs.peerBuf = int(peer.bufSize)
+	rs.peerBuf = int(peer.BufSize)
 	// The peer sends from a ring no bigger than its own BufferSize gives.
 	rs.bigSpan = min(rs.bigSpan, bigRingFor(rs.peerBuf))
 }
@@ -154,11 +156,11 @@ func (c *Conn) ringTurn() {
 	if c.life.has(shutWrite) || c.life.werr != nil || c.tx.draining || c.tx.pendLen > 0 || c.tx.filling {
 		return
 	}
-	if rs.offer != nil && !rs.offerSent && c.cr.credits > 0 && c.tx.free() > 0 && c.tx.ring.room() >= ringDescLen {
+	if rs.offer != nil && !rs.offerSent && c.cr.credits > 0 && c.tx.free() > 0 && c.tx.ring.room() >= wire.RingDescLen {
 		off := c.tx.pendOff()
-		ringDesc{addr: rs.offer.base, rkey: rs.offer.rkey, size: uint32(rs.offerSize)}.put(c.tx.buf[off:])
+		wire.RingDesc{Addr: rs.offer.base, RKey: rs.offer.rkey, Size: uint32(rs.offerSize)}.Put(c.tx.buf[off:])
 		c.cr.spend()
-		c.queueSend(msgRing, ringDescLen)
+		c.queueSend(wire.MsgRing, wire.RingDescLen)
 		rs.offerSent = true
 	}
 	if !rs.offered || (rs.txNext == nil && !rs.decline) || !c.cr.ctrlFree(c.tx.ctrlInFlight()) {
@@ -167,19 +169,19 @@ func (c *Conn) ringTurn() {
 	rs.offered = false
 	if rs.decline {
 		rs.decline = false
-		c.queueSend(msgDecline, 0)
+		c.queueSend(wire.MsgDecline, 0)
 		return
 	}
-	c.queueSend(msgSwitched, 0)
+	c.queueSend(wire.MsgSwitched, 0)
 	rs.retired = append(rs.retired, retiredRing{rs.txCur, c.tx.ctrlSeq})
 	d := rs.peerOffer
-	c.tx.switchTo(rs.txNext, d, c.ringMaxMsg(int(d.size)), c.cr.peerWindow)
+	c.tx.switchTo(rs.txNext, d, c.ringMaxMsg(int(d.Size)), c.cr.peerWindow)
 	rs.txCur, rs.txNext = rs.txNext, nil
 	// A Write waiting for room in the old ring finds the new one empty.
 	signal(c.txReady)
 }
 
-// ringOffered takes the peer's offer of a new receive ring, from a msgRing
+// ringOffered takes the peer's offer of a new receive ring, from a wire.MsgRing
 // whose payload is b: the send ring to match is the arena's if that is big
 // enough (and the NIC is done with it), or one the worker registers.
 func (c *Conn) ringOffered(b []byte) error {
@@ -192,7 +194,7 @@ func (c *Conn) ringOffered(b []byte) error {
 		return &protocolError{"ring offer while another is unanswered"}
 	}
 	rs.offered, rs.peerOffer = true, d
-	if int(d.size) <= len(rs.arenaTx.buf) {
+	if int(d.Size) <= len(rs.arenaTx.buf) {
 		rs.txNext = &rs.arenaTx
 		c.ringTxReady()
 		return nil
@@ -207,7 +209,7 @@ func (c *Conn) ringOffered(b []byte) error {
 		rs.decline = true
 		return nil
 	}
-	rs.wantTx = int(d.size)
+	rs.wantTx = int(d.Size)
 	c.kickRingWork()
 	return nil
 }
@@ -243,7 +245,7 @@ func (c *Conn) retireSent() {
 		if r.m.reg != nil {
 			rs.free = append(rs.free, r.m)
 			c.kickRingWork()
-		} else if rs.offered && rs.txNext == nil && !rs.decline && rs.wantTx == 0 && int(rs.peerOffer.size) <= len(r.m.buf) {
+		} else if rs.offered && rs.txNext == nil && !rs.decline && rs.wantTx == 0 && int(rs.peerOffer.Size) <= len(r.m.buf) {
 			rs.txNext = r.m
 		}
 	}
@@ -251,7 +253,7 @@ func (c *Conn) retireSent() {
 	rs.retired = rs.retired[:k]
 }
 
-// ringSwitched takes the peer's msgSwitched: its next message goes to the
+// ringSwitched takes the peer's wire.MsgSwitched: its next message goes to the
 // ring offered. The old ring's queued messages are read first; it goes
 // once they are (ringDrained). A grown ring starts the idle timer, the
 // arena's stops it.
@@ -282,7 +284,7 @@ func (c *Conn) ringSwitched() error {
 	return nil
 }
 
-// ringDeclined takes the peer's msgDecline: the offered ring goes, and the
+// ringDeclined takes the peer's wire.MsgDecline: the offered ring goes, and the
 // connection stays as it is.
 func (c *Conn) ringDeclined() error {
 	rs := &c.rs

@@ -2,8 +2,6 @@ package rdma
 
 import (
 	"bytes"
-	"errors"
-
 	"io"
 	"sync"
 	"syscall"
@@ -13,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goverbs/rdma/internal/ibv"
+	"github.com/goverbs/rdma/internal/wire"
 )
 
 // Two Conns joined by a fake wire: each side's posts are carried out at
@@ -143,7 +142,7 @@ func (e *wireEnd) poll(done *sync.WaitGroup) {
 func newWire(t *testing.T, oa, ob Options) (a, b *wireEnd) {
 	a, b = &wireEnd{t: t, next: 0x1000000000}, &wireEnd{t: t, next: 0x2000000000}
 	a.peer, b.peer = b, a
-	var hellos [2]hello
+	var hellos [2]wire.Hello
 	var lays [2]layout
 	for i, e := range []*wireEnd{a, b} {
 		o, err := []Options{oa, ob}[i].normalized()
@@ -165,10 +164,10 @@ func newWire(t *testing.T, oa, ob Options) (a, b *wireEnd) {
 		e.c = c
 		var flags uint8
 		if o.Messages {
-			flags = helloMessages
+			flags = wire.HelloMessages
 		}
-		hellos[i] = hello{flags: flags, recvDepth: uint16(o.RecvDepth), ctrlDepth: ctrlDepth, bufSize: uint32(o.BufferSize),
-			ringSize: uint32(lay.ring), ringAddr: base, rkey: 7}
+		hellos[i] = wire.Hello{Flags: flags, RecvDepth: uint16(o.RecvDepth), CtrlDepth: wire.CtrlDepth, BufSize: uint32(o.BufferSize),
+			RingSize: uint32(lay.ring), RingAddr: base, RKey: 7}
 		lays[i] = lay
 	}
 	var polls sync.WaitGroup
@@ -350,9 +349,9 @@ func TestRingGrowthUnevenBuffers(t *testing.T) {
 
 // A peer that lies about rings fails its own connection.
 func TestRingProtocolViolations(t *testing.T) {
-	offer := func(d ringDesc) []byte {
-		b := make([]byte, ringDescLen)
-		d.put(b)
+	offer := func(d wire.RingDesc) []byte {
+		b := make([]byte, wire.RingDescLen)
+		d.Put(b)
 		return b
 	}
 	for _, tc := range []struct {
@@ -361,21 +360,21 @@ func TestRingProtocolViolations(t *testing.T) {
 		want string
 	}{
 		{"offer too big", func(p *fakePeer) {
-			p.deliver(header{typ: msgRing}, offer(ringDesc{addr: 0x1000, rkey: 1, size: 1 << 20}))
+			p.deliver(wire.Header{Type: wire.MsgRing}, offer(wire.RingDesc{Addr: 0x1000, RKey: 1, Size: 1 << 20}))
 		}, "ring offer of size"},
 		{"offer too small", func(p *fakePeer) {
-			p.deliver(header{typ: msgRing}, offer(ringDesc{addr: 0x1000, rkey: 1, size: 64}))
+			p.deliver(wire.Header{Type: wire.MsgRing}, offer(wire.RingDesc{Addr: 0x1000, RKey: 1, Size: 64}))
 		}, "ring offer of size"},
-		{"offer of odd length", func(p *fakePeer) { p.deliver(header{typ: msgRing}, []byte("short")) }, "ring offer of 5 bytes"},
+		{"offer of odd length", func(p *fakePeer) { p.deliver(wire.Header{Type: wire.MsgRing}, []byte("short")) }, "ring offer of 5 bytes"},
 		{"second offer unanswered", func(p *fakePeer) {
 			p.c.mu.Lock()
 			p.c.cr.ctrlCredits = 0 // no control credit: the answer waits
 			p.c.mu.Unlock()
-			p.deliver(header{typ: msgRing}, offer(ringDesc{addr: 0x1000, rkey: 1, size: 4096}))
-			p.deliver(header{typ: msgRing}, offer(ringDesc{addr: 0x2000, rkey: 1, size: 4096}))
+			p.deliver(wire.Header{Type: wire.MsgRing}, offer(wire.RingDesc{Addr: 0x1000, RKey: 1, Size: 4096}))
+			p.deliver(wire.Header{Type: wire.MsgRing}, offer(wire.RingDesc{Addr: 0x2000, RKey: 1, Size: 4096}))
 		}, "another is unanswered"},
-		{"switch without offer", func(p *fakePeer) { p.deliver(header{typ: msgSwitched}, nil) }, "switch without an offer"},
-		{"decline without offer", func(p *fakePeer) { p.deliver(header{typ: msgDecline}, nil) }, "decline without an offer"},
+		{"switch without offer", func(p *fakePeer) { p.deliver(wire.Header{Type: wire.MsgSwitched}, nil) }, "switch without an offer"},
+		{"decline without offer", func(p *fakePeer) { p.deliver(wire.Header{Type: wire.MsgDecline}, nil) }, "decline without an offer"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newFakeConn(t, 8, 4096)
@@ -385,45 +384,4 @@ func TestRingProtocolViolations(t *testing.T) {
 			require.ErrorContains(t, err, tc.want)
 		})
 	}
-}
-
-func TestParseRingDesc(t *testing.T) {
-	b := make([]byte, ringDescLen)
-	ringDesc{addr: 0xabc000, rkey: 9, size: 8192}.put(b)
-	d, err := parseRingDesc(b, 8192)
-	require.NoError(t, err)
-	require.Equal(t, ringDesc{addr: 0xabc000, rkey: 9, size: 8192}, d)
-	_, err = parseRingDesc(b, 4096)
-	require.ErrorContains(t, err, "at most 4096")
-	ringDesc{addr: ^uint64(0) - 100, rkey: 9, size: 4096}.put(b)
-	_, err = parseRingDesc(b, 8192)
-	require.ErrorContains(t, err, "wraps")
-	ringDesc{size: 4096 + 1}.put(b)
-	_, err = parseRingDesc(b, 8192)
-	require.ErrorContains(t, err, "size")
-}
-
-func FuzzParseRingDesc(f *testing.F) {
-	b := make([]byte, ringDescLen)
-	ringDesc{addr: 0x1000, rkey: 1, size: 16384}.put(b)
-	f.Add(b, 1<<17)
-	f.Add([]byte{}, 4096)
-	f.Fuzz(func(t *testing.T, b []byte, most int) {
-		d, err := parseRingDesc(b, most)
-		if err != nil {
-			var pe *protocolError
-			if !errors.As(err, &pe) {
-				t.Fatalf("not a protocol error: %v", err)
-			}
-			return
-		}
-		if int(d.size) > most || d.size < minRing || d.size%ringAlign != 0 || d.addr+uint64(d.size) < d.addr {
-			t.Fatalf("accepted %+v (most %d)", d, most)
-		}
-		out := make([]byte, ringDescLen)
-		d.put(out)
-		if !bytes.Equal(out, b) {
-			t.Fatalf("round trip: %x != %x", out, b)
-		}
-	})
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/goverbs/rdma/internal/wire"
 )
 
 func TestRingBudget(t *testing.T) {
@@ -90,19 +92,19 @@ func TestRingOffersPastTheBudgetDeclined(t *testing.T) {
 	ctrl := 0 // control messages sent and not yet acknowledged
 	offer := func(size int) uint8 {
 		t.Helper()
-		b := make([]byte, ringDescLen)
-		ringDesc{addr: 0x7000000, rkey: 3, size: uint32(size)}.put(b)
-		p.deliver(header{typ: msgRing, ctrlAck: uint8(ctrl)}, b)
+		b := make([]byte, wire.RingDescLen)
+		wire.RingDesc{Addr: 0x7000000, RKey: 3, Size: uint32(size)}.Put(b)
+		p.deliver(wire.Header{Type: wire.MsgRing, CtrlAck: uint8(ctrl)}, b)
 		ctrl = 0
 		var answer uint8
 		require.Eventually(t, func() bool {
 			for _, wr := range p.sent() {
-				h := headerOf(wr.Imm)
-				if isControl(h.typ) {
+				h := wire.HeaderOf(wr.Imm)
+				if wire.IsControl(h.Type) {
 					ctrl++
 				}
-				if h.typ == msgSwitched || h.typ == msgDecline {
-					answer = h.typ
+				if h.Type == wire.MsgSwitched || h.Type == wire.MsgDecline {
+					answer = h.Type
 				}
 			}
 			return answer != 0
@@ -114,10 +116,10 @@ func TestRingOffersPastTheBudgetDeclined(t *testing.T) {
 	switched := 0
 	for i := range rounds {
 		switch offer(big) {
-		case msgSwitched:
+		case wire.MsgSwitched:
 			switched++
-			require.Equal(t, uint8(msgSwitched), offer(small), "round %d: back to the arena's ring", i)
-		case msgDecline:
+			require.Equal(t, uint8(wire.MsgSwitched), offer(small), "round %d: back to the arena's ring", i)
+		case wire.MsgDecline:
 		}
 	}
 	require.Equal(t, ringBurst, switched, "big offers followed until the budget ran out")
@@ -129,7 +131,7 @@ func TestRingOffersPastTheBudgetDeclined(t *testing.T) {
 	// The connection still carries data both ways.
 	_, err := p.c.Write([]byte("still here"))
 	require.NoError(t, err)
-	p.deliver(header{typ: msgData, ctrlAck: uint8(ctrl)}, []byte("and here"))
+	p.deliver(wire.Header{Type: wire.MsgData, CtrlAck: uint8(ctrl)}, []byte("and here"))
 	buf := make([]byte, 16)
 	n, err := p.c.Read(buf)
 	require.NoError(t, err)

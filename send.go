@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/goverbs/rdma/internal/ibv"
+	"github.com/goverbs/rdma/internal/wire"
 )
 
 // The send path of a Conn: Write and ReadFrom fill the send ring (asking
@@ -111,7 +112,7 @@ func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
 		dst := ring.offset(start) + pend
 		copy(buf[dst:dst+chunk], b[off:off+chunk])
 		off += chunk
-		t = ringEnd(start, pend+chunk)
+		t = wire.RingEnd(start, pend+chunk)
 		pend = 0
 	}
 	c.mu.Lock()
@@ -137,9 +138,9 @@ func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
 			break
 		}
 		c.cr.spend()
-		typ := uint8(msgData)
+		typ := uint8(wire.MsgData)
 		if c.msgWrite && (queued > m || off < len(b)) {
-			typ = msgDataMore // the Write goes on in the next message
+			typ = wire.MsgDataMore // the Write goes on in the next message
 		}
 		c.queueSend(typ, m)
 		queued -= m
@@ -275,9 +276,9 @@ func (c *Conn) filled() {
 // posted again on the way.
 func (c *Conn) queueSend(typ uint8, n int) {
 	switch typ {
-	case msgData, msgDataMore:
+	case wire.MsgData, wire.MsgDataMore:
 		c.st.MessagesSent++
-	case msgCredit:
+	case wire.MsgCredit:
 		c.st.CreditMessagesSent++
 	}
 	c.postReposts()
@@ -291,10 +292,10 @@ func (c *Conn) queueSend(typ uint8, n int) {
 // queuePending queues the pending message, spending a credit the caller
 // checked for (and room in the send queue).
 func (c *Conn) queuePending() {
-	typ := uint8(msgData)
+	typ := uint8(wire.MsgData)
 	pend, more := c.tx.pending()
 	if more {
-		typ = msgDataMore
+		typ = wire.MsgDataMore
 	}
 	c.cr.spend()
 	c.queueSend(typ, pend)
@@ -337,7 +338,7 @@ func (c *Conn) flushDroppingLock() {
 		}
 		if pend, _ := c.tx.pending(); c.tx.finQueued && pend == 0 && !c.tx.filling {
 			c.tx.finQueued = false
-			c.queueSend(msgFin, 0)
+			c.queueSend(wire.MsgFin, 0)
 		}
 		if len(c.tx.sends) == 0 {
 			break

@@ -1,6 +1,9 @@
 package rdma
 
-import "github.com/goverbs/rdma/internal/ibv"
+import (
+	"github.com/goverbs/rdma/internal/ibv"
+	"github.com/goverbs/rdma/internal/wire"
+)
 
 // sendPoster posts a chain of sends: the QP, or a fake in tests.
 type sendPoster interface {
@@ -15,7 +18,7 @@ type sendPoster interface {
 // one returned frees the ring up to the end of the oldest message
 // outstanding. It is plain arithmetic, with no lock (Conn.mu guards it).
 type ringTx struct {
-	span   int // ring bytes both sides use (see ringGeometry); 0 until the handshake is done
+	span   int // ring bytes both sides use (see wire.RingGeometry); 0 until the handshake is done
 	maxMsg int
 	tail   uint64 // running count: where the messages sent so far end
 	acked  uint64 // running count: what the peer has consumed
@@ -27,11 +30,11 @@ type ringTx struct {
 
 // open sets the geometry agreed with the peer; window is the peer's
 // RecvDepth. No more messages can be outstanding than it grants, nor than
-// the ring holds (each takes ringAlign bytes at least), which bounds what
+// the ring holds (each takes wire.RingAlign bytes at least), which bounds what
 // a peer's hello makes us allocate.
 func (r *ringTx) open(span, maxMsg, window int) {
 	r.span, r.maxMsg = span, maxMsg
-	r.ends = make([]uint64, min(window, span/ringAlign))
+	r.ends = make([]uint64, min(window, span/wire.RingAlign))
 }
 
 // at returns where a message that follows running count t starts, and how
@@ -39,7 +42,7 @@ func (r *ringTx) open(span, maxMsg, window int) {
 // message, unless that would overwrite bytes the peer has not read (then
 // less, possibly nothing).
 func (r *ringTx) at(t, acked uint64) (start uint64, room int) {
-	start = ringPlace(t, r.span, r.maxMsg)
+	start = wire.RingPlace(t, r.span, r.maxMsg)
 	used := start - acked
 	if used >= uint64(r.span) {
 		return start, 0
@@ -63,7 +66,7 @@ func (r *ringTx) tightAfter(n int) bool {
 	}
 	t := r.tail
 	if n > 0 {
-		t = ringEnd(ringPlace(t, r.span, r.maxMsg), n)
+		t = wire.RingEnd(wire.RingPlace(t, r.span, r.maxMsg), n)
 	}
 	_, room := r.at(t, r.acked)
 	return room < r.maxMsg
@@ -75,8 +78,8 @@ func (r *ringTx) offset(t uint64) int { return int(t % uint64(r.span)) }
 // sent records a message of n bytes at the tail, which the caller checked
 // room for, and returns its ring offset.
 func (r *ringTx) sent(n int) int {
-	start := ringPlace(r.tail, r.span, r.maxMsg)
-	r.tail = ringEnd(start, n)
+	start := wire.RingPlace(r.tail, r.span, r.maxMsg)
+	r.tail = wire.RingEnd(start, n)
 	r.ends[(r.head+r.n)%len(r.ends)] = r.tail
 	r.n++
 	return r.offset(start)
@@ -90,7 +93,7 @@ func (r *ringTx) restart(span, maxMsg, window int) {
 	r.oldOut += r.n
 	r.tail, r.acked, r.head, r.n = 0, 0, 0, 0
 	r.span, r.maxMsg = span, maxMsg
-	if k := min(window, span/ringAlign); k != len(r.ends) {
+	if k := min(window, span/wire.RingAlign); k != len(r.ends) {
 		r.ends = make([]uint64, k)
 	}
 }
@@ -132,7 +135,7 @@ type sendRing struct {
 	raddr     uint64 // the peer's receive ring, for RDMA WRITE
 	rkey      uint32
 	maxInline int  // bytes the QP sends inline
-	headers   bool // the peer takes headers as SEND payloads (helloHeaders)
+	headers   bool // the peer takes headers as SEND payloads (wire.HelloHeaders)
 
 	dataSeq, dataDone uint32
 	ctrlSeq, ctrlDone uint32
@@ -179,10 +182,10 @@ func (r *sendRing) open(raddr uint64, rkey uint32, span, maxMsg, window int, hea
 
 // switchTo sends from m into the peer's ring d from the next message on,
 // at a message boundary (nothing pending, no Write filling).
-func (r *sendRing) switchTo(m *ringMem, d ringDesc, maxMsg, window int) {
-	r.buf, r.base, r.lkey = m.buf[:d.size], m.base, m.lkey
-	r.raddr, r.rkey = d.addr, d.rkey
-	r.ring.restart(int(d.size), maxMsg, window)
+func (r *sendRing) switchTo(m *ringMem, d wire.RingDesc, maxMsg, window int) {
+	r.buf, r.base, r.lkey = m.buf[:d.Size], m.base, m.lkey
+	r.raddr, r.rkey = d.Addr, d.RKey
+	r.ring.restart(int(d.Size), maxMsg, window)
 }
 
 // free is how many more data messages the send queue takes.
@@ -191,7 +194,7 @@ func (r *sendRing) free() int { return r.depth - int(r.dataSeq-r.dataDone) }
 // pendOff is the send ring's offset of the message at the tail (pending or
 // about to be).
 func (r *sendRing) pendOff() int {
-	return r.ring.offset(ringPlace(r.ring.tail, r.ring.span, r.ring.maxMsg))
+	return r.ring.offset(wire.RingPlace(r.ring.tail, r.ring.span, r.ring.maxMsg))
 }
 
 // ctrlInFlight is how many control messages are posted and not known
@@ -205,14 +208,14 @@ func (r *sendRing) ctrlInFlight() int { return int(r.ctrlSeq - r.ctrlDone) }
 // finSent says the write side is shut (the fin is queued, or went):
 // every control message from then on is signaled, because Close waits for
 // all of them.
-func (r *sendRing) queue(h header, n int, finSent bool) {
+func (r *sendRing) queue(h wire.Header, n int, finSent bool) {
 	var addr, raddr uint64
 	var rkey uint32
 	// Signal every half queue (so send queue entries come back while the
 	// rest are in flight) and whenever the queue's data share becomes full
 	// (so a waiting writer is always woken).
 	flags := 0
-	if isData(h.typ) {
+	if wire.IsData(h.Type) {
 		off := r.ring.sent(n)
 		addr, raddr, rkey = r.base+uint64(off), r.raddr+uint64(off), r.rkey
 		flags |= ibv.SendWriteImm
@@ -224,7 +227,7 @@ func (r *sendRing) queue(h header, n int, finSent bool) {
 		r.ctrlSeq++
 		// A switch is signaled: its completion says the NIC is done with
 		// the send ring before it.
-		if h.typ == msgFin || h.typ == msgSwitched || finSent || r.ctrlInFlight() >= ctrlDepth/2 {
+		if h.Type == wire.MsgFin || h.Type == wire.MsgSwitched || finSent || r.ctrlInFlight() >= wire.CtrlDepth/2 {
 			flags |= ibv.SendSignaled
 		}
 	}
@@ -234,7 +237,7 @@ func (r *sendRing) queue(h header, n int, finSent bool) {
 	if n > 0 && n <= r.maxInline {
 		flags |= ibv.SendInline
 	}
-	if h.credits > 0 || h.ctrlAck > 0 {
+	if h.Credits > 0 || h.CtrlAck > 0 {
 		r.carries = true
 	}
 	if r.headers {
@@ -243,7 +246,7 @@ func (r *sendRing) queue(h header, n int, finSent bool) {
 			// Small: the payload rides in the header's SEND, one work
 			// request where a WRITE and a SEND would be two.
 			r.sends = append(r.sends, ibv.SendWR{ID: id, Addr: addr, Len: uint32(n), LKey: r.lkey,
-				Flags: int32(flags&ibv.SendSignaled | ibv.SendHeader | ibv.SendHeaderData), Imm: h.imm()})
+				Flags: int32(flags&ibv.SendSignaled | ibv.SendHeader | ibv.SendHeaderData), Imm: h.Imm()})
 			return
 		}
 		// The payload by plain RDMA WRITE, unsignaled (the header's
@@ -252,7 +255,7 @@ func (r *sendRing) queue(h header, n int, finSent bool) {
 			r.sends = append(r.sends, ibv.SendWR{ID: id, Addr: addr, Len: uint32(n), LKey: r.lkey,
 				Flags: int32(flags&ibv.SendInline | ibv.SendWrite), RemoteAddr: raddr, RKey: rkey})
 		}
-		r.sends = append(r.sends, ibv.SendWR{ID: id, Len: uint32(n), Flags: int32(flags&ibv.SendSignaled | ibv.SendHeader), Imm: h.imm()})
+		r.sends = append(r.sends, ibv.SendWR{ID: id, Len: uint32(n), Flags: int32(flags&ibv.SendSignaled | ibv.SendHeader), Imm: h.Imm()})
 		return
 	}
 	r.sends = append(r.sends, ibv.SendWR{
@@ -261,7 +264,7 @@ func (r *sendRing) queue(h header, n int, finSent bool) {
 		Len:        uint32(n),
 		LKey:       r.lkey,
 		Flags:      int32(flags),
-		Imm:        h.imm(),
+		Imm:        h.Imm(),
 		RemoteAddr: raddr,
 		RKey:       rkey,
 	})

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goverbs/rdma/internal/ibv"
+	"github.com/goverbs/rdma/internal/wire"
 )
 
 // fakeQP records what is posted and fails on demand.
@@ -81,7 +82,7 @@ const (
 // (of span bytes, messages of at most maxMsg) is at testBase, opened to a
 // peer that granted window data credits.
 func testSendRing(depth, span, maxMsg, window, maxInline int) sendRing {
-	r := newSendRing(depth, ctrlDepth+finSlots, make([]byte, span), testBase, testLKey, maxInline, false)
+	r := newSendRing(depth, wire.CtrlDepth+wire.FinSlots, make([]byte, span), testBase, testLKey, maxInline, false)
 	r.open(testRAddr, testRKey, span, maxMsg, window, false)
 	return r
 }
@@ -90,7 +91,7 @@ func TestSendRingQueueData(t *testing.T) {
 	r := testSendRing(4, 8192, 1024, 8, 128)
 	for i := range 4 {
 		require.Equal(t, 4-i, r.free())
-		r.queue(header{typ: msgData, credits: uint16(i)}, 100*(i+1), false)
+		r.queue(wire.Header{Type: wire.MsgData, Credits: uint16(i)}, 100*(i+1), false)
 	}
 	require.Zero(t, r.free())
 	wrs := r.take()
@@ -104,7 +105,7 @@ func TestSendRingQueueData(t *testing.T) {
 		off += (100*(i+1) + 63) &^ 63
 		require.Equal(t, uint32(100*(i+1)), wr.Len)
 		require.Equal(t, uint32(testLKey), wr.LKey)
-		require.Equal(t, header{typ: msgData, credits: uint16(i)}, headerOf(wr.Imm))
+		require.Equal(t, wire.Header{Type: wire.MsgData, Credits: uint16(i)}, wire.HeaderOf(wr.Imm))
 		data, ctrl := parseSendWRID(wr.ID)
 		require.Equal(t, uint32(i+1), data)
 		require.Zero(t, ctrl)
@@ -123,22 +124,22 @@ func TestSendRingQueueData(t *testing.T) {
 	r.completed(wrs[3].ID)
 	require.True(t, r.idle())
 	require.Equal(t, 4, r.free())
-	r.queue(header{typ: msgData}, 1, false)
+	r.queue(wire.Header{Type: wire.MsgData}, 1, false)
 	require.Equal(t, uint64(testBase+off), r.take()[0].Addr)
 }
 
 func TestSendRingQueueFullRingSignals(t *testing.T) {
 	r := testSendRing(8, 1<<16, 1024, 16, 0)
 	for range 3 {
-		r.queue(header{typ: msgData}, 1, false)
+		r.queue(wire.Header{Type: wire.MsgData}, 1, false)
 	}
 	r.completed(sendWRID(3, 0)) // three done; lastSig still 0
 	r.lastSig = 3
 	for range 7 {
-		r.queue(header{typ: msgData}, 1, false)
+		r.queue(wire.Header{Type: wire.MsgData}, 1, false)
 	}
 	require.Equal(t, 1, r.free())
-	r.queue(header{typ: msgData}, 1, false)
+	r.queue(wire.Header{Type: wire.MsgData}, 1, false)
 	wrs := r.take()
 	require.NotZero(t, wrs[len(wrs)-1].Flags&ibv.SendSignaled, "the send that fills the queue is signaled, so a waiting writer wakes")
 }
@@ -148,17 +149,17 @@ func TestSendRingQueueFullRingSignals(t *testing.T) {
 func TestSendRingSigOut(t *testing.T) {
 	r := testSendRing(8, 8192, 1024, 8, 128) // signals every fourth
 	require.False(t, r.sigOut())
-	r.queue(header{typ: msgData}, 1, false)
+	r.queue(wire.Header{Type: wire.MsgData}, 1, false)
 	r.take()
 	require.False(t, r.sigOut(), "an unsignaled send completes silently")
 
-	r.queue(header{typ: msgData}, 1, false)
+	r.queue(wire.Header{Type: wire.MsgData}, 1, false)
 	r.signalLast()
 	require.False(t, r.sigOut(), "prepared is not posted")
 	wrs := r.take()
 	require.NotZero(t, wrs[0].Flags&ibv.SendSignaled)
 	require.True(t, r.sigOut())
-	r.queue(header{typ: msgData}, 1, false)
+	r.queue(wire.Header{Type: wire.MsgData}, 1, false)
 	r.take()
 	require.True(t, r.sigOut(), "until its completion")
 	r.completed(wrs[0].ID)
@@ -166,8 +167,8 @@ func TestSendRingSigOut(t *testing.T) {
 
 	// One signaled anyway is left as it is; an empty queue has nothing to
 	// signal.
-	for r.queue(header{typ: msgData}, 1, false); r.sends[len(r.sends)-1].Flags&ibv.SendSignaled == 0; {
-		r.queue(header{typ: msgData}, 1, false) // until one is signaled: the fourth since the last
+	for r.queue(wire.Header{Type: wire.MsgData}, 1, false); r.sends[len(r.sends)-1].Flags&ibv.SendSignaled == 0; {
+		r.queue(wire.Header{Type: wire.MsgData}, 1, false) // until one is signaled: the fourth since the last
 	}
 	require.Len(t, r.sends, 3, "the fourth data message since the signaled one")
 	wr := r.sends[2]
@@ -181,10 +182,10 @@ func TestSendRingSigOut(t *testing.T) {
 
 func TestSendRingControl(t *testing.T) {
 	r := testSendRing(4, 1<<16, 1024, 16, 64)
-	r.queue(header{typ: msgCredit}, 0, false)
-	r.queue(header{typ: msgCredit}, 0, false)
-	r.queue(header{typ: msgFin}, 0, true)
-	r.queue(header{typ: msgCredit}, 0, true)
+	r.queue(wire.Header{Type: wire.MsgCredit}, 0, false)
+	r.queue(wire.Header{Type: wire.MsgCredit}, 0, false)
+	r.queue(wire.Header{Type: wire.MsgFin}, 0, true)
+	r.queue(wire.Header{Type: wire.MsgCredit}, 0, true)
 	wrs := r.take()
 	require.Equal(t, 4, r.ctrlInFlight())
 	require.Zero(t, wrs[0].Flags&ibv.SendSignaled)
@@ -211,8 +212,8 @@ func TestSendRingControlSequenceWraps(t *testing.T) {
 	r := testSendRing(4, 1<<16, 1024, 16, 0)
 	// The id keeps 31 bits of the control sequence number.
 	r.ctrlSeq, r.ctrlDone = 1<<31-1, 1<<31-1
-	r.queue(header{typ: msgCredit}, 0, false)
-	r.queue(header{typ: msgCredit}, 0, false)
+	r.queue(wire.Header{Type: wire.MsgCredit}, 0, false)
+	r.queue(wire.Header{Type: wire.MsgCredit}, 0, false)
 	wrs := r.take()
 	r.completed(wrs[1].ID)
 	require.Equal(t, uint32(1<<31+1), r.ctrlDone)
@@ -221,13 +222,13 @@ func TestSendRingControlSequenceWraps(t *testing.T) {
 
 func TestSendRingTakeDoubleBuffers(t *testing.T) {
 	r := testSendRing(4, 1<<16, 1024, 16, 0)
-	r.queue(header{typ: msgData}, 1, false)
+	r.queue(wire.Header{Type: wire.MsgData}, 1, false)
 	first := r.take()
-	r.queue(header{typ: msgCredit}, 0, false)
+	r.queue(wire.Header{Type: wire.MsgCredit}, 0, false)
 	second := r.take()
 	require.Equal(t, uint32(1), first[0].Len, "queueing more does not touch the batch being posted")
 	require.Equal(t, uint32(0), second[0].Len)
-	require.Equal(t, cap(r.sends), ctrlDepth+finSlots+4+1, "no growth: appending never allocates (the 1: a keepalive probe)")
+	require.Equal(t, cap(r.sends), wire.CtrlDepth+wire.FinSlots+4+1, "no growth: appending never allocates (the 1: a keepalive probe)")
 }
 
 func TestPostChain(t *testing.T) {
@@ -295,7 +296,7 @@ func TestRingTxEmptyRingHasRoom(t *testing.T) {
 	for _, g := range []struct{ span, maxMsg int }{{1024, 512}, {1024, 500}, {576, 288}, {4096, 1}, {131072, 65536}} {
 		var r ringTx
 		r.open(g.span, g.maxMsg, 1)
-		for t0 := 0; t0 < 3*g.span; t0 += ringAlign {
+		for t0 := 0; t0 < 3*g.span; t0 += wire.RingAlign {
 			r.tail, r.acked = uint64(t0), uint64(t0)
 			start, room := r.at(r.tail, r.acked)
 			require.Equal(t, g.maxMsg, room, "span %d, max %d, tail %d", g.span, g.maxMsg, t0)
@@ -352,7 +353,7 @@ func TestSendRingPlanWrite(t *testing.T) {
 	// A full send queue (the ring has room): wait, not for the peer.
 	r = testSendRing(4, 4*span, maxMsg, 8, 0)
 	for range 4 {
-		r.queue(header{typ: msgData}, 1, false)
+		r.queue(wire.Header{Type: wire.MsgData}, 1, false)
 	}
 	require.Equal(t, writePlan{step: stepWait}, r.planWrite(8, 10, false, false))
 	r.completed(r.sends[3].ID)
@@ -361,7 +362,7 @@ func TestSendRingPlanWrite(t *testing.T) {
 	// short for lack of room; the Write waits for the room.
 	r = testSendRing(8, span, maxMsg, 8, 0)
 	for range 4 {
-		r.queue(header{typ: msgData}, maxMsg, false)
+		r.queue(wire.Header{Type: wire.MsgData}, maxMsg, false)
 	}
 	require.Equal(t, writePlan{step: stepWait, noRoom: true}, r.planWrite(4, 10, false, false))
 }
@@ -380,7 +381,7 @@ func TestSendRingPlanReadFrom(t *testing.T) {
 	require.True(t, noCredit, "waiting for the peer's credit")
 	r.setPending(0, false)
 	for range 4 {
-		r.queue(header{typ: msgData}, maxMsg, false)
+		r.queue(wire.Header{Type: wire.MsgData}, maxMsg, false)
 	}
 	step, noCredit = r.planReadFrom(1)
 	require.Equal(t, stepWait, step)

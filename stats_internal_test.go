@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goverbs/rdma/internal/ibv"
+	"github.com/goverbs/rdma/internal/wire"
 )
 
 func TestConnStatsExact(t *testing.T) {
@@ -17,8 +18,8 @@ func TestConnStatsExact(t *testing.T) {
 	p.c.Write(bytes.Repeat([]byte("w"), 2500)) // three messages
 	p.c.Write([]byte("x"))                     // one
 	p.ack()
-	p.deliver(header{typ: msgDataMore, credits: 4}, bytes.Repeat([]byte("r"), 1024))
-	p.deliver(header{typ: msgData}, []byte("rr"))
+	p.deliver(wire.Header{Type: wire.MsgDataMore, Credits: 4}, bytes.Repeat([]byte("r"), 1024))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("rr"))
 	b := make([]byte, 4096)
 	n, err := p.c.Read(b)
 	require.NoError(t, err)
@@ -49,7 +50,7 @@ func TestConnStatsCreditWaits(t *testing.T) {
 	}()
 	p.eventually(func(c *Conn) bool { return c.tx.pendLen == 64 })
 	time.Sleep(5 * time.Millisecond)
-	p.deliver(header{typ: msgCredit, credits: 1}, nil)
+	p.deliver(wire.Header{Type: wire.MsgCredit, Credits: 1}, nil)
 	<-done
 	s := p.c.Stats()
 	require.Equal(t, uint64(1), s.CreditWaits)
@@ -59,10 +60,10 @@ func TestConnStatsCreditWaits(t *testing.T) {
 
 	// Reads: a credit message goes when the reader consumed a batch (two
 	// messages: one alone waits for a reply to carry its credit).
-	p.deliver(header{typ: msgData}, []byte("a"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("a"))
 	p.c.Read(make([]byte, 8))
 	require.Zero(t, p.c.Stats().CreditMessagesSent)
-	p.deliver(header{typ: msgData}, []byte("b"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("b"))
 	p.c.Read(make([]byte, 8))
 	require.Equal(t, uint64(1), p.c.Stats().CreditMessagesSent)
 }
