@@ -249,6 +249,14 @@ func connsGone() error {
 			conns += d.Connections
 		}
 		if conns == 0 {
+			// And with them their memory's count: what a connection
+			// counted as registered on its device, its every way out
+			// (a failed setup included) took back.
+			for _, d := range rdma.Devices() {
+				if d.RegisteredBytes != 0 {
+					return fmt.Errorf("device %s: no connection, %d bytes registered", d.Name, d.RegisteredBytes)
+				}
+			}
 			break
 		}
 		if time.Now().After(deadline) {
