@@ -36,10 +36,11 @@ var (
 // Concurrency. These goroutines run a Conn's code:
 //   - the caller's Reads and Writes (one of each at a time, by readMu and
 //     writeMu), and Close, CloseRead, CloseWrite and the setters;
-//   - the device's poller goroutine, which calls complete for each
-//     completion with the device's cqMu held and, once cqMu is released,
-//     lockAndFlush for the connections that have sends to post;
-//   - a Read or Write of any connection on the same device that spins
+//   - the poller goroutine of its CQ (a device has one per CQ), which
+//     calls complete for each completion with that CQ's cqMu held and,
+//     once cqMu is released, lockAndFlush for the connections that have
+//     sends to post;
+//   - a Read or Write of any connection on the same CQ that spins
 //     while it waits (tryPoll): it runs complete and lockAndFlush of this
 //     connection exactly as the poller would;
 //   - the connection's CM inbox goroutine (inbox.go), which handles the

@@ -14,9 +14,10 @@ import (
 )
 
 // On this build there is no verbs layer: Dial and Listen fail with an
-// error wrapping ErrUnsupported, so no Conn or Listener ever exists, and
-// the methods (declared once for every build, in the files of their
-// concerns) only meet nil or zero values, for which they return errors as
+// error wrapping ErrUnsupported, so no RDMA Conn exists, and the only
+// Listener is the TCP-only one that ListenConfig.FallbackTCP makes; the
+// methods (declared once for every build, in the files of their concerns)
+// otherwise only meet nil or zero values, for which they return errors as
 // package net does. This file holds the verbs hooks those methods call.
 
 type connSys struct{}
