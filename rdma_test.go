@@ -23,10 +23,11 @@ import (
 
 // The package's end-to-end tests: round trips and echo suites over real
 // connections, single and many at once, both address families, the poll
-// modes, and the steady state's allocations. The tests of one concern
-// (closing, regions, hostile peers, failures, scale) live in that
-// concern's test file; main_test.go has the shared helpers and the leak
-// checks that run after all of them.
+// modes, and the steady state's allocations. The device tests of one
+// source file live in its _dev_test.go file, those of a concern that spans
+// many (hostile peers, device removal, failures, scale) in that concern's
+// test file; main_test.go has the shared helpers and the leak checks that
+// run after all of them.
 
 func TestEchoRoundTrip(t *testing.T) {
 	c, s := pair(t, nil, nil)

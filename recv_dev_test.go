@@ -16,6 +16,9 @@ import (
 	"github.com/goverbs/rdma"
 )
 
+// Device tests of the receive side: message-oriented Reads and their
+// boundaries, zero-length Writes, and Reads after the writer closed.
+
 // messageSize draws a message size from 1 B to 4 MiB, most of them small,
 // as a request/response protocol's are.
 func messageSize(r *rand.Rand) int {
@@ -254,4 +257,43 @@ func TestMessagesBursts(t *testing.T) {
 		st := c.Stats()
 		require.Less(t, st.SendPosts, st.MessagesSent+st.CreditMessagesSent, "Writes to a peer that was behind shared posts")
 	}
+}
+
+// A message-oriented reader whose writer Closed in the middle of a large
+// Write gets the fragments that arrived and then io.EOF. That Read used to
+// spin with the connection's lock held, and with it the CM goroutine that
+// delivered the writer's disconnect: every Dial and Close of the process
+// hung.
+func TestMessagesReadAfterWriterClosedMidWrite(t *testing.T) {
+	needDevice(t)
+	lc := &rdma.ListenConfig{Options: rdma.Options{Messages: true}}
+	c, s := pair(t, lc, nil)
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := c.Write(make([]byte, 1<<20))
+		wrote <- err
+	}()
+	time.Sleep(500 * time.Millisecond)
+	within(t, 20*time.Second, "the writer's Close", func() error { c.Close(); return nil })
+	require.ErrorIs(t, <-wrote, net.ErrClosed, "Close ends the Write in progress")
+
+	b := make([]byte, 2<<20)
+	require.NoError(t, s.SetReadDeadline(time.Now().Add(20*time.Second)))
+	var n int
+	var err error
+	within(t, 30*time.Second, "the reader's Read", func() error { n, err = s.Read(b); return nil })
+	require.NoError(t, err)
+	require.Positive(t, n, "the fragments that arrived")
+	require.Less(t, n, 1<<20)
+	_, err = s.Read(b)
+	require.Equal(t, io.EOF, err)
+
+	// Connection setup and teardown go on.
+	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	defer ln.Close()
+	acc := acceptAll(ln)
+	within(t, 20*time.Second, "a Dial, round trip and Close after it", func() error {
+		return roundTripNew(ln.Addr().String(), acc, "after")
+	})
 }
