@@ -276,6 +276,7 @@ func TestWritesCoalesce(t *testing.T) {
 // has read them; SetNoDelay(true) sends each Write at once. Either way
 // every byte arrives, in order.
 func TestHoldAndNoDelay(t *testing.T) {
+	needDevice(t)
 	for _, noDelay := range []bool{false, true} {
 		t.Run(fmt.Sprint("nodelay=", noDelay), func(t *testing.T) {
 			c, s := pair(t, nil, nil)
@@ -308,6 +309,7 @@ func TestHoldAndNoDelay(t *testing.T) {
 
 // TestPollModes: round trips and deadlines work in every poll mode.
 func TestPollModes(t *testing.T) {
+	needDevice(t)
 	for _, m := range []rdma.PollMode{rdma.PollAdaptive, rdma.PollBusy, rdma.PollEvent} {
 		t.Run(m.String(), func(t *testing.T) {
 			opts := rdma.Options{Poll: m}
@@ -335,6 +337,7 @@ func TestPollModes(t *testing.T) {
 // the echo server and the poller running in the same process) allocates
 // nothing once warmed up.
 func TestSteadyStateAllocs(t *testing.T) {
+	needDevice(t)
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}

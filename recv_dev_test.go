@@ -64,6 +64,7 @@ func readMessage(c net.Conn, messages bool, buf []byte, readLen, want int) ([]by
 // Read on a message-oriented side must return exactly one, over several
 // connections and goroutines; payloads are checksummed.
 func TestMessages(t *testing.T) {
+	needDevice(t)
 	conns, perConn := 4, 40
 	if testing.Short() {
 		conns, perConn = 2, 12
@@ -175,6 +176,7 @@ func TestMessagesBoundaries(t *testing.T) {
 // a stream reader never sees a Read return (0, nil) (which would make a
 // bufio.Reader fail with io.ErrNoProgress after 100 of them).
 func TestZeroLengthWrites(t *testing.T) {
+	needDevice(t)
 	for _, messages := range []bool{false, true} {
 		t.Run(fmt.Sprintf("messages=%v", messages), func(t *testing.T) {
 			client, server := pair(t, &rdma.ListenConfig{Options: rdma.Options{Messages: messages}}, nil)
@@ -201,6 +203,7 @@ func TestZeroLengthWrites(t *testing.T) {
 // one message to more than the peer's credits. Every message must come
 // out of one Read, in order and intact, and the exchange must finish.
 func TestMessagesBursts(t *testing.T) {
+	needDevice(t)
 	rounds := 300
 	if testing.Short() {
 		rounds = 60

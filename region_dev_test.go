@@ -54,6 +54,7 @@ func randomBytes(r *rand.Rand, n int) []byte {
 // registered regions at various offsets and sizes, and compares the bytes
 // at both ends.
 func TestRegionRoundTrip(t *testing.T) {
+	needDevice(t)
 	const size = 1 << 20
 	rng := rand.New(rand.NewSource(1))
 	client, _, region, remote := regionPair(t, size, rdma.RemoteRead|rdma.RemoteWrite)
@@ -104,6 +105,7 @@ func TestRegionRoundTrip(t *testing.T) {
 
 // TestRegionReaderAt: RemoteRegion as io.ReaderAt and io.WriterAt.
 func TestRegionReaderAt(t *testing.T) {
+	needDevice(t)
 	const size = 600 << 10 // more than the bounce memory
 	rng := rand.New(rand.NewSource(2))
 	_, _, region, remote := regionPair(t, size, rdma.RemoteRead|rdma.RemoteWrite)
@@ -147,6 +149,7 @@ func TestRegionReaderAt(t *testing.T) {
 // region of another connection, a closed region: refused before anything
 // is posted, so the connection goes on working.
 func TestRegionRefusedBeforePosting(t *testing.T) {
+	needDevice(t)
 	const size = 64 << 10
 	client, server, _, remote := regionPair(t, size, rdma.RemoteRead)
 	local, err := client.RegisterRegion(size, 0)
@@ -195,6 +198,7 @@ func TestRegionRefusedBeforePosting(t *testing.T) {
 // revoked) fails the operation with ErrRemoteAccess and breaks the
 // connection: both ends fail with a clear error, neither hangs.
 func TestRegionRefusedByPeer(t *testing.T) {
+	needDevice(t)
 	for _, tc := range []struct {
 		name   string
 		access rdma.Access
@@ -282,6 +286,7 @@ func TestRegionRefusedByPeer(t *testing.T) {
 // done while it is in flight returns at once, and the local region stays
 // mapped until the completion arrives (Close waits for it).
 func TestRegionCancel(t *testing.T) {
+	needDevice(t)
 	const size = 32 << 20
 	client, server, _, remote := regionPair(t, size, rdma.RemoteRead|rdma.RemoteWrite)
 	local, err := client.RegisterRegion(size, 0)
@@ -323,6 +328,7 @@ func TestRegionCancel(t *testing.T) {
 // fails them (no hang), revokes its regions and gives their registrations
 // back; a region's memory stays mapped until its own Close.
 func TestRegionConnClose(t *testing.T) {
+	needDevice(t)
 	baseConns, baseReg := deviceTotals()
 	const size = 16 << 20
 	client, _, _, remote := regionPair(t, size, rdma.RemoteRead|rdma.RemoteWrite)
@@ -409,6 +415,7 @@ func TestRegionBlockStore(t *testing.T) {
 // regions, and a ReadAt or WriteAt once the bounce memory exists, allocate
 // nothing.
 func TestRegionSteadyStateAllocs(t *testing.T) {
+	needDevice(t)
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
