@@ -1,6 +1,8 @@
 package rdma
 
 import (
+	"bytes"
+	"io"
 	"net"
 	"syscall"
 	"testing"
@@ -310,4 +312,213 @@ func TestConnRemovalReleaseBesideBlockedCopies(t *testing.T) {
 		}
 	}
 	releasing.Wait()
+}
+
+func TestConnCloseReadDiscardsAndReturnsCredits(t *testing.T) {
+	p := newFakeConn(t, 8, 64)
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("a"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("b"))
+	posted := len(p.q.recvs)
+	require.NoError(t, p.c.CloseRead())
+	require.Len(t, p.q.recvs, posted+2)
+	s := p.sent()
+	require.Len(t, s, 1)
+	require.Equal(t, wire.Header{Type: wire.MsgCredit, Credits: 2}, wire.HeaderOf(s[0].Imm))
+	_, err := p.c.Read(make([]byte, 8))
+	require.Equal(t, io.EOF, err)
+
+	// Later data is discarded and its buffers go back too.
+	p.ack()
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("c"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("d"))
+	require.Zero(t, p.c.rx.n)
+	require.Len(t, p.sent(), 1)
+
+	_, err = p.c.Write([]byte("still writing"))
+	require.NoError(t, err)
+}
+
+func TestConnCloseWrite(t *testing.T) {
+	p := newFakeConn(t, 2, 64)
+	p.c.SetNoDelay(true)
+	p.c.Write([]byte("x"))
+	p.c.Write([]byte("y"))
+	p.ack()
+	p.c.Write([]byte("pending"))
+	require.Equal(t, 7, p.c.tx.pendLen)
+	require.NoError(t, p.c.CloseWrite())
+	require.Len(t, p.sent(), 2, "the fin waits behind the pending data")
+	_, err := p.c.Write([]byte("z"))
+	require.ErrorIs(t, err, syscall.EPIPE)
+	requireNetOpError(t, err, "write")
+
+	p.deliver(wire.Header{Type: wire.MsgCredit, Credits: 1}, nil)
+	s := p.sent()
+	require.Len(t, s, 2)
+	require.Equal(t, "pending", p.payload(s[0]))
+	require.Equal(t, uint8(wire.MsgFin), wire.HeaderOf(s[1].Imm).Type)
+	require.NotZero(t, s[1].Flags&ibv.SendSignaled)
+	require.NoError(t, p.c.CloseWrite(), "a second CloseWrite is a no-op")
+}
+
+func TestConnDrainWaitsForPostInFlight(t *testing.T) {
+	p := newFakeConn(t, 4, 64)
+	entered, release := make(chan struct{}), make(chan struct{})
+	p.q.onSend = func() {
+		p.q.onSend = nil
+		close(entered)
+		<-release
+	}
+	go p.c.Write([]byte("x")) // posts without the lock, and blocks in the post
+	<-entered
+
+	drained := make(chan struct{})
+	go func() {
+		p.c.mu.Lock()
+		p.c.life.phase = phaseDead
+		p.c.drainDroppingLock()
+		p.c.mu.Unlock()
+		close(drained)
+	}()
+	time.Sleep(10 * time.Millisecond)
+	p.c.mu.Lock()
+	require.False(t, p.c.tx.draining, "the teardown waits for the post in flight")
+	p.c.mu.Unlock()
+
+	close(release)
+	p.eventually(func(c *Conn) bool { return c.tx.draining })
+
+	// Nothing more is posted; the marker retires what was; the flushed
+	// receives come back.
+	p.c.SetNoDelay(true)
+	all := p.q.posted()
+	marker := all[len(all)-1]
+	require.Equal(t, p.c.tx.marker(), marker)
+	p.complete(ibv.WC{WRID: marker.ID, Status: ibv.WCFlushErr})
+	for _, wr := range p.q.recvs {
+		p.complete(ibv.WC{WRID: wr.ID, Status: ibv.WCFlushErr})
+	}
+	select {
+	case <-drained:
+	case <-time.After(drainTimeout / 2):
+		t.Fatal("the drain did not end when everything completed")
+	}
+	require.Len(t, p.q.posted(), len(all), "nothing was posted after the marker")
+}
+
+func TestConnLingerWaitsForTheFin(t *testing.T) {
+	p := newFakeConn(t, 4, 64)
+	p.c.Write([]byte("bye"))
+	done := make(chan error, 1)
+	go func() {
+		p.c.mu.Lock()
+		defer p.c.mu.Unlock()
+		done <- p.c.lingerDroppingLock()
+	}()
+	// The fin goes out behind the data; the linger ends when the peer's
+	// NIC acknowledges it.
+	p.eventually(func(c *Conn) bool { return c.tx.ctrlSeq == 1 })
+	select {
+	case <-done:
+		t.Fatal("the linger ended before the fin was acknowledged")
+	case <-time.After(10 * time.Millisecond):
+	}
+	s := p.q.posted()
+	require.Equal(t, uint8(wire.MsgFin), wire.HeaderOf(s[len(s)-1].Imm).Type)
+	p.c.mu.Lock()
+	p.c.life.phase = phaseDead // completions now signal drained, as in the teardown
+	p.c.mu.Unlock()
+	p.ack()
+	select {
+	case err := <-done:
+		require.NoError(t, err, "everything was delivered")
+	case <-time.After(lingerTimeout / 2):
+		t.Fatal("the acknowledged fin did not end the linger")
+	}
+}
+
+func TestConnCloseOnceThenErrClosed(t *testing.T) {
+	p := newFakeConn(t, 4, 64)
+	p.c.mu.Lock()
+	p.c.life.set(shutClosed) // what Close does first; its teardown needs the verbs
+	p.c.mu.Unlock()
+	for _, err := range []error{p.c.CloseRead(), p.c.CloseWrite(), p.c.SetNoDelay(true), p.c.SetDeadline(time.Now())} {
+		require.ErrorIs(t, err, net.ErrClosed)
+	}
+	_, err := p.c.Read(make([]byte, 1))
+	require.ErrorIs(t, err, net.ErrClosed)
+	_, err = p.c.Write([]byte("x"))
+	require.ErrorIs(t, err, net.ErrClosed)
+}
+
+// CloseRead while a Read holds a message: what arrives meanwhile is queued,
+// not discarded past the message the reader holds, so the ring's read
+// position never moves backwards and the peer, writing as its credits
+// allow, never overruns the ring.
+func TestConnCloseReadDuringRead(t *testing.T) {
+	p := newFakeConn(t, 8, 64)
+	p.deliver(wire.Header{Type: wire.MsgData}, bytes.Repeat([]byte("a"), 64))
+	hold := make(chan struct{})
+	held := make(chan struct{})
+	w := writerFunc(func(b []byte) (int, error) {
+		close(held)
+		<-hold
+		return len(b), nil
+	})
+	copied := make(chan error, 1)
+	go func() {
+		_, err := p.c.WriteTo(w)
+		copied <- err
+	}()
+	<-held
+	closed := make(chan error, 1)
+	go func() { closed <- p.c.CloseRead() }()
+	p.eventually(func(c *Conn) bool { return c.life.has(shutRead) })
+	read := p.c.rx.read
+	// The peer writes on while the reader holds its message.
+	p.deliver(wire.Header{Type: wire.MsgData}, bytes.Repeat([]byte("b"), 64))
+	p.deliver(wire.Header{Type: wire.MsgData}, bytes.Repeat([]byte("c"), 64))
+	p.c.mu.Lock()
+	require.Equal(t, read, p.c.rx.read, "no ring byte past the held message is freed")
+	p.c.mu.Unlock()
+	close(hold)
+	require.NoError(t, <-copied)
+	require.NoError(t, <-closed)
+	p.c.mu.Lock()
+	require.Equal(t, p.c.rx.tail, p.c.rx.read, "CloseRead freed everything, in order")
+	require.Nil(t, p.c.life.rerr)
+	p.c.mu.Unlock()
+	// The peer fills the ring again, as the credits it got back allow:
+	// no overrun.
+	for range 4 {
+		p.deliver(wire.Header{Type: wire.MsgData}, bytes.Repeat([]byte("d"), 64))
+	}
+	p.c.mu.Lock()
+	require.Nil(t, p.c.life.rerr, "the peer's later messages are taken")
+	p.c.mu.Unlock()
+	_, err := p.c.Write([]byte("still writing"))
+	require.NoError(t, err)
+}
+
+// TestInFlight: Wait returns once every Add is retired, and an Add from
+// zero while another goroutine waits is allowed (a sync.WaitGroup's
+// misuse, which the race detector reports).
+func TestInFlight(t *testing.T) {
+	var f inFlight
+	f.Wait() // nothing in flight
+	f.Add(1)
+	waited := make(chan struct{})
+	go func() {
+		f.Wait()
+		close(waited)
+	}()
+	f.Add(1)
+	f.Done()
+	select {
+	case <-waited:
+		t.Fatal("Wait returned with one still in flight")
+	case <-time.After(20 * time.Millisecond):
+	}
+	f.Done()
+	<-waited
 }

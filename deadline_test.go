@@ -1,74 +1,143 @@
-package rdma_test
+package rdma
 
 import (
-	"context"
-	"net"
-	"os"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/goverbs/rdma"
 )
 
-func TestReadDeadline(t *testing.T) {
-	c, s := pair(t, nil, nil)
-	require.NoError(t, c.SetReadDeadline(time.Now().Add(50*time.Millisecond)))
-	_, err := c.Read(make([]byte, 10))
-	oe := requireOpError(t, err, "read")
-	require.True(t, oe.Timeout())
-	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
-	// Still usable after a timeout.
-	require.NoError(t, c.SetReadDeadline(time.Time{}))
-	transfer(t, s, c, "ok")
+// Deadlines without a device: past, future, extended, cleared, and moved
+// earlier while a call waits.
+
+func TestDeadlinePast(t *testing.T) {
+	d := newDeadline()
+	defer d.stop()
+	require.False(t, d.expired(), "a new deadline is unset")
+
+	d.set(time.Now().Add(-time.Second))
+	require.True(t, isClosed(d.wait()), "a past deadline is expired at once")
+	require.True(t, d.expired())
+
+	// Setting it again, to now or the past, keeps it expired (and must not
+	// close the channel twice).
+	d.set(time.Now())
+	require.True(t, d.expired())
+	d.set(time.Now().Add(-time.Hour))
+	require.True(t, d.expired())
 }
 
-// TestDialContext: cancellation and deadlines during address resolution
-// (10.77.0.2 is on the test bed's subnet but nobody answers for it; on
-// iWARP, during rdma_connect, which connects TCP) and before dialing.
-func TestDialContext(t *testing.T) {
-	needDevice(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	var d rdma.Dialer
-	_, err := d.DialContext(ctx, "rdma", net.JoinHostPort(testAddr, "1"))
-	requireOpError(t, err, "dial")
-	require.ErrorIs(t, err, context.Canceled)
+func TestDeadlineFuture(t *testing.T) {
+	d := newDeadline()
+	defer d.stop()
 
-	silent := os.Getenv("RDMA_TEST_SILENT_ADDR")
-	if silent == "" {
-		t.Skip("set RDMA_TEST_SILENT_ADDR to an address on the RDMA subnet that nobody answers for")
+	d.set(time.Now().Add(time.Hour))
+	require.False(t, d.expired(), "a deadline an hour away has not passed")
+
+	target := time.Now().Add(20 * time.Millisecond)
+	d.set(target)
+	select {
+	case <-d.wait():
+	case <-time.After(2 * time.Second):
+		t.Fatal("deadline 20ms away not passed within 2s")
 	}
-	ctx, cancel = context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
+	require.False(t, time.Now().Before(target), "deadline passed early")
+	require.True(t, d.expired())
+}
+
+func TestDeadlineExtendWhileWaiting(t *testing.T) {
+	d := newDeadline()
+	defer d.stop()
+
 	start := time.Now()
-	_, err = d.DialContext(ctx, "rdma", net.JoinHostPort(silent, "7471"))
-	oe := requireOpError(t, err, "dial")
-	require.True(t, oe.Timeout(), "%v", err)
-	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
-	t.Logf("dial to a silent address gave up after %v: %v", time.Since(start).Round(time.Millisecond), err)
-
-	d.Timeout = 300 * time.Millisecond
-	_, err = d.Dial("rdma", net.JoinHostPort(silent, "7471"))
-	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
-
-	// On siw each Dial left its rdma_connect running (the call connects
-	// TCP, blocking while TCP tries, after asking the port mapper, iwpmd,
-	// if it runs); its connection goes once the call returns: when TCP
-	// gives up, after 2^(r+1)-1 s for r SYN retries, besides iwpmd's
-	// wait for the silent peer's mapper (the test bed allows one retry
-	// and runs no iwpmd: measured 6.4 s, 16.4 s with iwpmd; the kernel's
-	// default of 6 retries takes two minutes).
-	limit := 40 * time.Second
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_syn_retries"); err == nil {
-		if r, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && r < 10 {
-			limit = max(limit, time.Duration(1<<(r+1))*time.Second+30*time.Second)
+	old, later := start.Add(30*time.Millisecond), start.Add(200*time.Millisecond)
+	d.set(old)
+	ch := d.wait()
+	woke := make(chan time.Time, 1)
+	go func() {
+		select {
+		case <-ch:
+			woke <- time.Now()
+		case <-time.After(5 * time.Second):
+			woke <- time.Time{}
 		}
+	}()
+	d.set(later)
+	if d.wait() != ch {
+		// Only a passed deadline gets a new channel.
+		t.Skip("the first deadline passed before it could be moved: machine too slow")
 	}
-	waitDeviceFor(t, limit, "the abandoned dials' connections gone", func(d rdma.DeviceStats, listed bool) bool {
-		return !listed || d.Connections == 0
-	})
+	at := <-woke
+	require.False(t, at.IsZero(), "waiter not woken within 5s of the moved deadline")
+	require.Falsef(t, at.Before(later), "waiter woke %v after start, before the moved deadline (%v); the old one was %v",
+		at.Sub(start), later.Sub(start), old.Sub(start))
+	require.True(t, d.expired())
+}
+
+func TestDeadlineExtendAfterPassing(t *testing.T) {
+	d := newDeadline()
+	defer d.stop()
+
+	d.set(time.Now().Add(-time.Second))
+	require.True(t, d.expired())
+	d.set(time.Now().Add(time.Hour))
+	require.False(t, d.expired(), "a later deadline re-arms a passed one")
+}
+
+func TestDeadlineClear(t *testing.T) {
+	d := newDeadline()
+	defer d.stop()
+
+	d.set(time.Now().Add(-time.Second))
+	require.True(t, d.expired())
+	d.set(time.Time{})
+	require.False(t, d.expired(), "the zero time clears a passed deadline")
+
+	// Clearing a pending deadline cancels it.
+	d.set(time.Now().Add(20 * time.Millisecond))
+	d.set(time.Time{})
+	ch := d.wait()
+	time.Sleep(100 * time.Millisecond)
+	require.False(t, isClosed(ch), "a cleared deadline fired")
+	require.False(t, d.expired())
+}
+
+func TestDeadlineEarlierWakesWaiter(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		earlier time.Duration
+	}{
+		{"soon", 10 * time.Millisecond},
+		{"now", 0},
+		{"past", -time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDeadline()
+			defer d.stop()
+
+			d.set(time.Now().Add(time.Hour))
+			ch := d.wait()
+			waiting := make(chan struct{})
+			woke := make(chan bool, 1)
+			go func() {
+				close(waiting)
+				select {
+				case <-ch:
+					woke <- true
+				case <-time.After(5 * time.Second):
+					woke <- false
+				}
+			}()
+			<-waiting
+			time.Sleep(10 * time.Millisecond) // let the waiter reach its select
+			d.set(time.Now().Add(tc.earlier))
+			select {
+			case ok := <-woke:
+				require.True(t, ok, "waiter not woken")
+			case <-time.After(2 * time.Second):
+				t.Fatal("waiter not woken within 2s of an earlier deadline")
+			}
+			require.True(t, d.expired())
+		})
+	}
 }

@@ -135,14 +135,6 @@ func (b *hostileBed) checkServing(t *testing.T) {
 	roundTrip(t, c, "a new connection after the hostile peer")
 }
 
-// roundTrip writes msg to c, an echoed connection, and requires it back.
-func roundTrip(t *testing.T, c net.Conn, msg string) {
-	t.Helper()
-	require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
-	defer c.SetDeadline(time.Time{})
-	transfer(t, c, c, msg)
-}
-
 // readAll reads c until a Read fails, for at most 5 seconds, and returns
 // what it read and the error that ended it.
 func readAll(c net.Conn) ([]byte, error) {
@@ -193,31 +185,6 @@ func (p *rawPeer) requireDisconnected(t *testing.T) {
 	t.Helper()
 	require.True(t, p.waitEvent(rdmacm.EventDisconnected, 5*time.Second),
 		"the server did not disconnect the hostile peer in 5s (CM events seen: %v)", p.other)
-}
-
-// deviceTotals sums rdma.Devices: connections and registered bytes.
-func deviceTotals() (conns, registered int) {
-	rdma.WaitReleases()
-	for _, d := range rdma.Devices() {
-		conns += d.Connections
-		registered += d.RegisteredBytes
-	}
-	return conns, registered
-}
-
-// waitDeviceTotals waits up to 10 seconds for the device totals to be
-// back to base: everything the test set up is released.
-func waitDeviceTotals(t *testing.T, baseConns, baseRegistered int) {
-	t.Helper()
-	conns, reg := deviceTotals()
-	for deadline := time.Now().Add(10 * time.Second); (conns != baseConns || reg != baseRegistered) && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
-		conns, reg = deviceTotals()
-	}
-	if conns != baseConns || reg != baseRegistered {
-		t.Errorf("after closing everything the devices hold %d connections and %d registered bytes, before the test %d and %d",
-			conns, reg, baseConns, baseRegistered)
-	}
 }
 
 // TestHostileUnknownType: a message of a type the protocol does not have.

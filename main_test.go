@@ -2,6 +2,7 @@ package rdma_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -271,4 +273,180 @@ func runPeer() int {
 			return 1
 		}
 	}
+}
+
+// deviceStat returns the totals of the test device's entry in rdma.Devices,
+// and whether it is listed.
+func deviceStat() (rdma.DeviceStats, bool) {
+	rdma.WaitReleases()
+	for _, d := range rdma.Devices() {
+		return d, true // the test bed has one device
+	}
+	return rdma.DeviceStats{}, false
+}
+
+// pooledQPs is how many QPs the device's pool keeps for n closed
+// connection ends: none on iWARP, which keeps none.
+func pooledQPs(n int) int {
+	if siw() {
+		return 0
+	}
+	return n
+}
+
+// waitDevice waits up to 5 s for the device's entry to satisfy ok.
+func waitDevice(t *testing.T, what string, ok func(d rdma.DeviceStats, listed bool) bool) rdma.DeviceStats {
+	t.Helper()
+	return waitDeviceFor(t, 5*time.Second, what, ok)
+}
+
+// waitDeviceFor waits up to limit for the device's entry to satisfy ok.
+func waitDeviceFor(t *testing.T, limit time.Duration, what string, ok func(d rdma.DeviceStats, listed bool) bool) rdma.DeviceStats {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		d, listed := deviceStat()
+		if ok(d, listed) {
+			return d
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: device still %+v (listed %v)", what, d, listed)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// deviceTotals sums rdma.Devices: connections and registered bytes.
+func deviceTotals() (conns, registered int) {
+	rdma.WaitReleases()
+	for _, d := range rdma.Devices() {
+		conns += d.Connections
+		registered += d.RegisteredBytes
+	}
+	return conns, registered
+}
+
+// waitDeviceTotals waits up to 10 seconds for the device totals to be
+// back to base: everything the test set up is released.
+func waitDeviceTotals(t *testing.T, baseConns, baseRegistered int) {
+	t.Helper()
+	conns, reg := deviceTotals()
+	for deadline := time.Now().Add(10 * time.Second); (conns != baseConns || reg != baseRegistered) && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		conns, reg = deviceTotals()
+	}
+	if conns != baseConns || reg != baseRegistered {
+		t.Errorf("after closing everything the devices hold %d connections and %d registered bytes, before the test %d and %d",
+			conns, reg, baseConns, baseRegistered)
+	}
+}
+
+// roundTrip writes msg to c, an echoed connection, and requires it back.
+func roundTrip(t *testing.T, c net.Conn, msg string) {
+	t.Helper()
+	require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
+	defer c.SetDeadline(time.Time{})
+	transfer(t, c, c, msg)
+}
+
+// within runs f and fails the test if it has not returned after d: for
+// calls that must not hang (d is a hang bound, far above what the call
+// takes, not a performance figure). f runs on a goroutine of its own, so
+// it reports failures as its error instead of through t.
+func within(t *testing.T, d time.Duration, what string, f func() error) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err, what)
+	case <-time.After(d):
+		dumpGoroutines()
+		t.Fatalf("%s did not return in %v (goroutines dumped to stderr)", what, d)
+	}
+}
+
+// dumpGoroutines writes every goroutine's stack to stderr: what a hang
+// waits on.
+func dumpGoroutines() {
+	pprof.Lookup("goroutine").WriteTo(os.Stderr, 2)
+}
+
+// roundTripNew dials addr, writes msg, reads it at the accepted end and
+// closes both: a connection's whole life, for within.
+func roundTripNew(addr string, accepted <-chan net.Conn, msg string) error {
+	c, err := (&rdma.Dialer{Timeout: 15 * time.Second}).Dial("rdma", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	var s net.Conn
+	select {
+	case s = <-accepted:
+	case <-time.After(15 * time.Second):
+		return errors.New("nothing accepted")
+	}
+	defer s.Close()
+	if _, err := c.Write([]byte(msg)); err != nil {
+		return err
+	}
+	b := make([]byte, len(msg))
+	s.SetReadDeadline(time.Now().Add(15 * time.Second))
+	if _, err := io.ReadFull(s, b); err != nil {
+		return err
+	}
+	if string(b) != msg {
+		return errors.New("corrupted")
+	}
+	if err := c.Close(); err != nil {
+		return err
+	}
+	return s.Close()
+}
+
+// closeAccepted closes every connection ln accepts, until Accept fails.
+func closeAccepted(ln net.Listener) {
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+}
+
+// acceptAll serves ln's Accept into a channel until it fails.
+func acceptAll(ln net.Listener) <-chan net.Conn {
+	ch := make(chan net.Conn, 16)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			ch <- c
+		}
+	}()
+	return ch
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+// envInt is the integer in the environment variable name, or def when it
+// is not set; a value that is not an integer fails the test.
+func envInt(t *testing.T, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return n
 }

@@ -1,5 +1,3 @@
-//go:build linux && cgo
-
 package rdma_test
 
 import (
@@ -193,4 +191,50 @@ func streamBothWays(t *testing.T, c, s net.Conn, msg []byte, label string) {
 		require.NoError(t, <-done, label+dir.name)
 		require.True(t, bytes.Equal(msg, got), "%s%s: the stream arrived changed", label, dir.name)
 	}
+}
+
+// TestClosedConnectionsMemoryIsReused checks that a closed connection's
+// registered memory goes back to its device's pool and the next
+// connection takes it from there instead of registering its own, and that
+// a device nobody uses any more gives everything back shortly after.
+func TestClosedConnectionsMemoryIsReused(t *testing.T) {
+	needDevice(t)
+	rdma.ReleaseIdleDevices()
+	arena := registered(t, rdma.Options{})
+	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	defer ln.Close()
+	roundTrip := func() {
+		accepted := make(chan net.Conn, 1)
+		go func() {
+			c, _ := ln.Accept()
+			accepted <- c
+		}()
+		c, err := rdma.Dial("rdma", ln.Addr().String())
+		require.NoError(t, err)
+		s := <-accepted
+		require.NotNil(t, s)
+		_, err = c.Write([]byte("ping"))
+		require.NoError(t, err)
+		b := make([]byte, 4)
+		_, err = io.ReadFull(s, b)
+		require.NoError(t, err)
+		d, _ := deviceStat()
+		require.Equal(t, 2, d.Connections)
+		require.Equal(t, 2*arena, d.RegisteredBytes)
+		require.NoError(t, c.Close())
+		require.NoError(t, s.Close())
+	}
+	roundTrip()
+	d := waitDevice(t, "both ends closed", func(d rdma.DeviceStats, listed bool) bool { return listed && d.Connections == 0 })
+	require.Equal(t, 2*arena, d.PooledBytes, "both ends' memory is kept")
+	require.Equal(t, pooledQPs(1), d.PooledQPs, "and the dialed end's QP (an accept creates its own)")
+	require.Zero(t, d.RegisteredBytes)
+	time.Sleep(rdma.QPCooling) // the kept QP rests before it serves again
+	roundTrip()
+	d = waitDevice(t, "both ends closed again", func(d rdma.DeviceStats, listed bool) bool { return listed && d.Connections == 0 })
+	require.Equal(t, 2*arena, d.PooledBytes, "the second pair reused the first pair's memory")
+	require.Equal(t, pooledQPs(1), d.PooledQPs, "and the dial took the kept QP: two would be kept otherwise")
+	// Unused, the device (its CQ, poller goroutine and pooled memory) goes.
+	waitDevice(t, "idle device", func(_ rdma.DeviceStats, listed bool) bool { return !listed })
 }

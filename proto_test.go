@@ -2,12 +2,9 @@ package rdma
 
 import (
 	"context"
-	"errors"
 	"net"
 	"net/netip"
-	"os"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -15,8 +12,8 @@ import (
 )
 
 // Internal tests of the parts that need no device: what this package makes
-// of the wire's errors, address handling, option checking, deadlines and
-// error types. The wire format's own tests are in internal/wire.
+// of the wire's errors, the hello, work request ids, and address handling.
+// The wire format's own tests are in internal/wire.
 
 // A hello whose buffer size is over the largest the Options allow is
 // refused: no side announces one, and as an int on a 32-bit platform a
@@ -169,52 +166,6 @@ func TestResolveAddr(t *testing.T) {
 	require.ErrorAs(t, err, new(net.UnknownNetworkError))
 }
 
-func TestOptionsNormalized(t *testing.T) {
-	defaults := Options{BufferSize: DefaultBufferSize, SendDepth: DefaultSendDepth, RecvDepth: DefaultRecvDepth}
-	// buffers picks out the settings under test, so that options added
-	// later (with defaults of their own) do not break the comparison.
-	buffers := func(o Options) [3]int { return [3]int{o.BufferSize, o.SendDepth, o.RecvDepth} }
-
-	t.Run("valid", func(t *testing.T) {
-		for _, tc := range []struct {
-			in, want Options
-		}{
-			{Options{}, defaults},
-			{Options{BufferSize: 4096}, Options{BufferSize: 4096, SendDepth: DefaultSendDepth, RecvDepth: DefaultRecvDepth}},
-			{Options{SendDepth: 3}, Options{BufferSize: DefaultBufferSize, SendDepth: 3, RecvDepth: DefaultRecvDepth}},
-			{Options{RecvDepth: 5}, Options{BufferSize: DefaultBufferSize, SendDepth: DefaultSendDepth, RecvDepth: 5}},
-			{Options{BufferSize: minBufferSize, SendDepth: 2, RecvDepth: 2}, Options{BufferSize: minBufferSize, SendDepth: 2, RecvDepth: 2}},
-			{Options{BufferSize: maxBufferSize, SendDepth: maxDepth, RecvDepth: maxDepth}, Options{BufferSize: maxBufferSize, SendDepth: maxDepth, RecvDepth: maxDepth}},
-		} {
-			got, err := tc.in.normalized()
-			require.NoError(t, err, "%+v", tc.in)
-			require.Equal(t, buffers(tc.want), buffers(got), "%+v", tc.in)
-		}
-	})
-
-	t.Run("invalid", func(t *testing.T) {
-		for _, tc := range []struct {
-			in   Options
-			want string
-		}{
-			{Options{BufferSize: minBufferSize - 1}, "BufferSize 255 outside"},
-			{Options{BufferSize: maxBufferSize + 1}, "BufferSize 16777217 outside"},
-			{Options{BufferSize: -1}, "BufferSize -1 outside"},
-			{Options{SendDepth: 1}, "SendDepth 1 outside"},
-			{Options{SendDepth: maxDepth + 1}, "SendDepth 1025 outside"},
-			{Options{SendDepth: -4}, "SendDepth -4 outside"},
-			{Options{RecvDepth: 1}, "RecvDepth 1 outside"},
-			{Options{RecvDepth: maxDepth + 1}, "RecvDepth 1025 outside"},
-			{Options{RecvDepth: -4}, "RecvDepth -4 outside"},
-		} {
-			_, err := tc.in.normalized()
-			require.Error(t, err, "%+v", tc.in)
-			require.ErrorContains(t, err, tc.want)
-			require.ErrorContains(t, err, "rdma: ")
-		}
-	})
-}
-
 func TestAddr(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -258,169 +209,11 @@ func TestAddrPortRoundTrip(t *testing.T) {
 	}
 }
 
-func TestDeadlinePast(t *testing.T) {
-	d := newDeadline()
-	defer d.stop()
-	require.False(t, d.expired(), "a new deadline is unset")
-
-	d.set(time.Now().Add(-time.Second))
-	require.True(t, isClosed(d.wait()), "a past deadline is expired at once")
-	require.True(t, d.expired())
-
-	// Setting it again, to now or the past, keeps it expired (and must not
-	// close the channel twice).
-	d.set(time.Now())
-	require.True(t, d.expired())
-	d.set(time.Now().Add(-time.Hour))
-	require.True(t, d.expired())
-}
-
-func TestDeadlineFuture(t *testing.T) {
-	d := newDeadline()
-	defer d.stop()
-
-	d.set(time.Now().Add(time.Hour))
-	require.False(t, d.expired(), "a deadline an hour away has not passed")
-
-	target := time.Now().Add(20 * time.Millisecond)
-	d.set(target)
-	select {
-	case <-d.wait():
-	case <-time.After(2 * time.Second):
-		t.Fatal("deadline 20ms away not passed within 2s")
-	}
-	require.False(t, time.Now().Before(target), "deadline passed early")
-	require.True(t, d.expired())
-}
-
-func TestDeadlineExtendWhileWaiting(t *testing.T) {
-	d := newDeadline()
-	defer d.stop()
-
-	start := time.Now()
-	old, later := start.Add(30*time.Millisecond), start.Add(200*time.Millisecond)
-	d.set(old)
-	ch := d.wait()
-	woke := make(chan time.Time, 1)
-	go func() {
-		select {
-		case <-ch:
-			woke <- time.Now()
-		case <-time.After(5 * time.Second):
-			woke <- time.Time{}
-		}
-	}()
-	d.set(later)
-	if d.wait() != ch {
-		// Only a passed deadline gets a new channel.
-		t.Skip("the first deadline passed before it could be moved: machine too slow")
-	}
-	at := <-woke
-	require.False(t, at.IsZero(), "waiter not woken within 5s of the moved deadline")
-	require.Falsef(t, at.Before(later), "waiter woke %v after start, before the moved deadline (%v); the old one was %v",
-		at.Sub(start), later.Sub(start), old.Sub(start))
-	require.True(t, d.expired())
-}
-
-func TestDeadlineExtendAfterPassing(t *testing.T) {
-	d := newDeadline()
-	defer d.stop()
-
-	d.set(time.Now().Add(-time.Second))
-	require.True(t, d.expired())
-	d.set(time.Now().Add(time.Hour))
-	require.False(t, d.expired(), "a later deadline re-arms a passed one")
-}
-
-func TestDeadlineClear(t *testing.T) {
-	d := newDeadline()
-	defer d.stop()
-
-	d.set(time.Now().Add(-time.Second))
-	require.True(t, d.expired())
-	d.set(time.Time{})
-	require.False(t, d.expired(), "the zero time clears a passed deadline")
-
-	// Clearing a pending deadline cancels it.
-	d.set(time.Now().Add(20 * time.Millisecond))
-	d.set(time.Time{})
-	ch := d.wait()
-	time.Sleep(100 * time.Millisecond)
-	require.False(t, isClosed(ch), "a cleared deadline fired")
-	require.False(t, d.expired())
-}
-
-func TestDeadlineEarlierWakesWaiter(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		earlier time.Duration
-	}{
-		{"soon", 10 * time.Millisecond},
-		{"now", 0},
-		{"past", -time.Second},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			d := newDeadline()
-			defer d.stop()
-
-			d.set(time.Now().Add(time.Hour))
-			ch := d.wait()
-			waiting := make(chan struct{})
-			woke := make(chan bool, 1)
-			go func() {
-				close(waiting)
-				select {
-				case <-ch:
-					woke <- true
-				case <-time.After(5 * time.Second):
-					woke <- false
-				}
-			}()
-			<-waiting
-			time.Sleep(10 * time.Millisecond) // let the waiter reach its select
-			d.set(time.Now().Add(tc.earlier))
-			select {
-			case ok := <-woke:
-				require.True(t, ok, "waiter not woken")
-			case <-time.After(2 * time.Second):
-				t.Fatal("waiter not woken within 2s of an earlier deadline")
-			}
-			require.True(t, d.expired())
-		})
-	}
-}
-
-func TestDeviceError(t *testing.T) {
-	errNoDev := errors.New("no such device")
-	var err error = &deviceError{os.NewSyscallError("rdma_resolve_addr", errNoDev)}
-
-	require.ErrorIs(t, err, ErrNoDevice)
-	require.ErrorIs(t, err, errNoDev)
-	require.NotErrorIs(t, err, ErrProtocol)
-	var se *os.SyscallError
-	require.ErrorAs(t, err, &se)
-	require.Equal(t, "rdma_resolve_addr", se.Syscall)
-	require.ErrorContains(t, err, "no RDMA device")
-	require.ErrorContains(t, err, "rdma_resolve_addr")
-	require.ErrorContains(t, err, "no such device")
-
-	// Still reachable once wrapped the way Dial and Listen return it.
-	op := &net.OpError{Op: "dial", Net: "rdma", Err: err}
-	require.ErrorIs(t, op, ErrNoDevice)
-	require.ErrorAs(t, op, &se)
-	require.ErrorContains(t, op, "no RDMA device")
-}
-
-func TestProtocolError(t *testing.T) {
-	var err error = &protocolError{"bad magic 0x1"}
-
+func TestHelloSendable(t *testing.T) {
+	require.NoError(t, sendable(wire.Hello{}, false), "immediate data to a peer that wants it")
+	require.NoError(t, sendable(wire.Hello{Flags: wire.HelloHeaders}, false), "any transport sends SENDs")
+	require.NoError(t, sendable(wire.Hello{Flags: wire.HelloHeaders}, true))
+	err := sendable(wire.Hello{}, true)
 	require.ErrorIs(t, err, ErrProtocol)
-	require.NotErrorIs(t, err, ErrNoDevice)
-	require.Equal(t, ErrProtocol.Error()+": bad magic 0x1", err.Error())
-
-	wrapped := &net.OpError{Op: "read", Net: "rdma", Err: err}
-	require.ErrorIs(t, wrapped, ErrProtocol)
-	var pe *protocolError
-	require.ErrorAs(t, wrapped, &pe)
-	require.Equal(t, "bad magic 0x1", pe.detail)
+	require.ErrorContains(t, err, "immediate data")
 }

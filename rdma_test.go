@@ -23,10 +23,11 @@ import (
 
 // The package's end-to-end tests: round trips and echo suites over real
 // connections, single and many at once, both address families, the poll
-// modes, and the steady state's allocations. The tests of one concern
-// (closing, regions, hostile peers, failures, scale) live in that
-// concern's test file; main_test.go has the shared helpers and the leak
-// checks that run after all of them.
+// modes, and the steady state's allocations. The device tests of one
+// source file live in its _dev_test.go file, those of a concern that spans
+// many (hostile peers, device removal, failures, scale) in that concern's
+// test file; main_test.go has the shared helpers and the leak checks that
+// run after all of them.
 
 func TestEchoRoundTrip(t *testing.T) {
 	c, s := pair(t, nil, nil)
@@ -275,6 +276,7 @@ func TestWritesCoalesce(t *testing.T) {
 // has read them; SetNoDelay(true) sends each Write at once. Either way
 // every byte arrives, in order.
 func TestHoldAndNoDelay(t *testing.T) {
+	needDevice(t)
 	for _, noDelay := range []bool{false, true} {
 		t.Run(fmt.Sprint("nodelay=", noDelay), func(t *testing.T) {
 			c, s := pair(t, nil, nil)
@@ -307,6 +309,7 @@ func TestHoldAndNoDelay(t *testing.T) {
 
 // TestPollModes: round trips and deadlines work in every poll mode.
 func TestPollModes(t *testing.T) {
+	needDevice(t)
 	for _, m := range []rdma.PollMode{rdma.PollAdaptive, rdma.PollBusy, rdma.PollEvent} {
 		t.Run(m.String(), func(t *testing.T) {
 			opts := rdma.Options{Poll: m}
@@ -334,6 +337,7 @@ func TestPollModes(t *testing.T) {
 // the echo server and the poller running in the same process) allocates
 // nothing once warmed up.
 func TestSteadyStateAllocs(t *testing.T) {
+	needDevice(t)
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}

@@ -16,6 +16,9 @@ import (
 	"github.com/goverbs/rdma"
 )
 
+// Device tests of the receive side: message-oriented Reads and their
+// boundaries, zero-length Writes, and Reads after the writer closed.
+
 // messageSize draws a message size from 1 B to 4 MiB, most of them small,
 // as a request/response protocol's are.
 func messageSize(r *rand.Rand) int {
@@ -61,6 +64,7 @@ func readMessage(c net.Conn, messages bool, buf []byte, readLen, want int) ([]by
 // Read on a message-oriented side must return exactly one, over several
 // connections and goroutines; payloads are checksummed.
 func TestMessages(t *testing.T) {
+	needDevice(t)
 	conns, perConn := 4, 40
 	if testing.Short() {
 		conns, perConn = 2, 12
@@ -172,6 +176,7 @@ func TestMessagesBoundaries(t *testing.T) {
 // a stream reader never sees a Read return (0, nil) (which would make a
 // bufio.Reader fail with io.ErrNoProgress after 100 of them).
 func TestZeroLengthWrites(t *testing.T) {
+	needDevice(t)
 	for _, messages := range []bool{false, true} {
 		t.Run(fmt.Sprintf("messages=%v", messages), func(t *testing.T) {
 			client, server := pair(t, &rdma.ListenConfig{Options: rdma.Options{Messages: messages}}, nil)
@@ -198,6 +203,7 @@ func TestZeroLengthWrites(t *testing.T) {
 // one message to more than the peer's credits. Every message must come
 // out of one Read, in order and intact, and the exchange must finish.
 func TestMessagesBursts(t *testing.T) {
+	needDevice(t)
 	rounds := 300
 	if testing.Short() {
 		rounds = 60
@@ -254,4 +260,43 @@ func TestMessagesBursts(t *testing.T) {
 		st := c.Stats()
 		require.Less(t, st.SendPosts, st.MessagesSent+st.CreditMessagesSent, "Writes to a peer that was behind shared posts")
 	}
+}
+
+// A message-oriented reader whose writer Closed in the middle of a large
+// Write gets the fragments that arrived and then io.EOF. That Read used to
+// spin with the connection's lock held, and with it the CM goroutine that
+// delivered the writer's disconnect: every Dial and Close of the process
+// hung.
+func TestMessagesReadAfterWriterClosedMidWrite(t *testing.T) {
+	needDevice(t)
+	lc := &rdma.ListenConfig{Options: rdma.Options{Messages: true}}
+	c, s := pair(t, lc, nil)
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := c.Write(make([]byte, 1<<20))
+		wrote <- err
+	}()
+	time.Sleep(500 * time.Millisecond)
+	within(t, 20*time.Second, "the writer's Close", func() error { c.Close(); return nil })
+	require.ErrorIs(t, <-wrote, net.ErrClosed, "Close ends the Write in progress")
+
+	b := make([]byte, 2<<20)
+	require.NoError(t, s.SetReadDeadline(time.Now().Add(20*time.Second)))
+	var n int
+	var err error
+	within(t, 30*time.Second, "the reader's Read", func() error { n, err = s.Read(b); return nil })
+	require.NoError(t, err)
+	require.Positive(t, n, "the fragments that arrived")
+	require.Less(t, n, 1<<20)
+	_, err = s.Read(b)
+	require.Equal(t, io.EOF, err)
+
+	// Connection setup and teardown go on.
+	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	defer ln.Close()
+	acc := acceptAll(ln)
+	within(t, 20*time.Second, "a Dial, round trip and Close after it", func() error {
+		return roundTripNew(ln.Addr().String(), acc, "after")
+	})
 }

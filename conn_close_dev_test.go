@@ -3,13 +3,12 @@ package rdma_test
 import (
 	"bufio"
 	"bytes"
-	"context"
-	"errors"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -18,6 +17,10 @@ import (
 
 	"github.com/goverbs/rdma"
 )
+
+// Device tests of closing: graceful and abrupt closes, CloseRead and
+// CloseWrite, a killed peer, and a stuck connection that must not stall
+// the others.
 
 func TestGracefulClose(t *testing.T) {
 	c, s := pair(t, nil, nil)
@@ -94,69 +97,6 @@ func TestPeerKilled(t *testing.T) {
 	require.Error(t, werr)
 }
 
-func TestListenerCloseUnblocksAccept(t *testing.T) {
-	needDevice(t)
-	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
-	require.NoError(t, err)
-	errc := make(chan error, 1)
-	go func() {
-		_, err := ln.Accept()
-		errc <- err
-	}()
-	time.Sleep(20 * time.Millisecond)
-	require.NoError(t, ln.Close())
-	err = <-errc
-	requireOpError(t, err, "accept")
-	require.ErrorIs(t, err, net.ErrClosed)
-	err = ln.Close()
-	requireOpError(t, err, "close")
-	require.ErrorIs(t, err, net.ErrClosed)
-}
-
-// TestBacklog: connections beyond the backlog that nobody accepts are
-// refused, and the queued ones are closed with the listener.
-func TestBacklog(t *testing.T) {
-	needDevice(t)
-	hooked := make(chan error, 1)
-	lc := rdma.ListenConfig{Backlog: 2, Refused: func(_ net.Addr, err error) { hooked <- err }}
-	ln, err := lc.Listen(context.Background(), "rdma", net.JoinHostPort(testAddr, "0"))
-	require.NoError(t, err)
-	var conns []net.Conn
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
-	for i := 0; i < 2; i++ {
-		c, err := rdma.Dial("rdma", ln.Addr().String())
-		require.NoError(t, err)
-		conns = append(conns, c)
-	}
-	_, err = rdma.Dial("rdma", ln.Addr().String())
-	require.ErrorIs(t, err, syscall.ECONNREFUSED)
-	require.ErrorIs(t, err, syscall.EAGAIN, "a full backlog: try again")
-	var re *rdma.RefusedError
-	require.ErrorAs(t, err, &re)
-	require.Equal(t, rdma.RefusedBacklog, re.Reason)
-	require.ErrorContains(t, err, "backlog is full")
-	herr := <-hooked
-	requireOpError(t, herr, "accept")
-	require.ErrorAs(t, herr, &re)
-	require.Equal(t, rdma.RefusedBacklog, re.Reason)
-	st := ln.(*rdma.Listener).Stats()
-	require.Equal(t, uint64(2), st.Accepted)
-	require.Equal(t, uint64(1), st.Refused[rdma.RefusedBacklog])
-	require.NoError(t, ln.Close())
-	// The queued connections were closed by the listener: their peers
-	// see the end of the stream.
-	for _, c := range conns {
-		require.NoError(t, c.SetReadDeadline(time.Now().Add(10*time.Second)))
-		_, err := c.Read(make([]byte, 1))
-		require.Error(t, err)
-		require.False(t, errors.Is(err, os.ErrDeadlineExceeded), "read: %v", err)
-	}
-}
-
 func TestCloseWrite(t *testing.T) {
 	c, s := pair(t, nil, nil)
 	// c half-closes: s reads to EOF, then still writes back to c.
@@ -225,4 +165,99 @@ func TestCloseRead(t *testing.T) {
 	}
 	// The other direction still works.
 	transfer(t, c, s, "after")
+}
+
+// A connection whose lock is held (as by a call that never lets go of
+// it) delays no other connection's Dial or Close, even while its own CM
+// event, the peer's disconnect, waits for the lock: the CM goroutine that
+// delivers every id's events never waits on a connection's lock. (The
+// poller does, to run a completion: it must find the lock free soon,
+// which every holder guarantees by making progress or dropping it; so the
+// lock is taken here once the peer has nothing more to send.)
+func TestStuckConnDoesNotStallOthers(t *testing.T) {
+	needDevice(t)
+	needNotSiw(t, "siw moves a QP to the error state as soon as its peer closes, and the poller must hand the flushed completions to the connection this test holds locked: a held lock stalls its CQ's poller (bounded in the library by the rule that mu is never held across a wait), which rxe, whose QP stays up until the local teardown, does not show")
+	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	defer ln.Close()
+	accepted := acceptAll(ln)
+	a, err := rdma.Dial("rdma", ln.Addr().String())
+	require.NoError(t, err)
+	as := (<-accepted).(*rdma.Conn)
+	require.NoError(t, a.CloseWrite())
+	as.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = as.Read(make([]byte, 8))
+	require.Equal(t, io.EOF, err, "the peer's fin")
+	release := rdma.HoldLock(as)
+	released := false
+	defer func() {
+		if !released {
+			release()
+		}
+		as.Close()
+	}()
+	// The peer closes: its disconnect is for as, whose lock is held.
+	within(t, 20*time.Second, "the peer's Close", func() error { a.Close(); return nil })
+	time.Sleep(100 * time.Millisecond)
+
+	within(t, 30*time.Second, "another connection's Dial, round trip and Close", func() error {
+		return roundTripNew(ln.Addr().String(), accepted, "while another connection's lock is held")
+	})
+	release()
+	released = true
+	var werr error
+	for deadline := time.Now().Add(10 * time.Second); werr == nil && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		_, werr = as.Write([]byte("x"))
+	}
+	require.ErrorIs(t, werr, syscall.ECONNRESET, "the disconnect was handled once the lock was free")
+}
+
+// CloseRead while WriteTo hands a message to its Writer: the peer's
+// messages that arrive meanwhile must not be counted as read past the one
+// the Writer holds, or the ring's read position moves backwards and the
+// peer's next message is refused as an overrun (the connection lost).
+func TestCloseReadDuringWriteTo(t *testing.T) {
+	c, s := pair(t, nil, nil)
+	stop := make(chan struct{})
+	wrote := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 16<<10)
+		for {
+			select {
+			case <-stop:
+				wrote <- nil
+				return
+			default:
+			}
+			c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+			if _, err := c.Write(buf); err != nil {
+				wrote <- err
+				return
+			}
+		}
+	}()
+	hold := make(chan struct{})
+	held := make(chan struct{})
+	var once sync.Once
+	w := writerFunc(func(b []byte) (int, error) {
+		once.Do(func() { close(held) })
+		<-hold
+		return len(b), nil
+	})
+	copied := make(chan error, 1)
+	go func() {
+		_, err := s.(*rdma.Conn).WriteTo(w)
+		copied <- err
+	}()
+	<-held
+	closed := make(chan error, 1)
+	go func() { closed <- s.(*rdma.Conn).CloseRead() }()
+	time.Sleep(200 * time.Millisecond) // the peer writes on
+	close(hold)
+	require.NoError(t, <-copied)
+	require.NoError(t, <-closed)
+	time.Sleep(300 * time.Millisecond) // and on, into a discarding reader
+	close(stop)
+	require.NoError(t, <-wrote, "the peer's Writes after CloseRead")
+	transfer(t, s, c, "the connection still works the other way")
 }

@@ -12,6 +12,9 @@ import (
 	"github.com/goverbs/rdma"
 )
 
+// Device tests of the copy paths: io.Copy into and out of a Conn, through
+// ReadFrom and WriteTo.
+
 // roomReader is a Reader that implements nothing else (so io.Copy must use
 // the destination's ReadFrom) and records the room each Read was given.
 type roomReader struct {
