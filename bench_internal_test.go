@@ -211,7 +211,7 @@ func BenchmarkGoWriteTo(b *testing.B) {
 			b.SetBytes(int64(size))
 			b.ReportAllocs()
 			for b.Loop() {
-				q.peerSends(msgData, size)
+				q.peerSends(wire.MsgData, size)
 				if n, err := c.WriteTo(w); n != int64(size) || !errors.Is(err, errBenchStop) {
 					b.Fatal(n, err)
 				}
@@ -241,7 +241,7 @@ func BenchmarkGoReadFrom(b *testing.B) {
 				if n, err := c.ReadFrom(r); n != int64(size) || !errors.Is(err, errBenchStop) {
 					b.Fatal(n, err)
 				}
-				q.peerSends(msgCredit, 0)
+				q.peerSends(wire.MsgCredit, 0)
 			}
 		})
 	}

@@ -276,7 +276,7 @@ func TestConnRemovalReleaseBesideBlockedCopies(t *testing.T) {
 	defer func(d time.Duration) { drainTimeout = d }(drainTimeout)
 	drainTimeout = 50 * time.Millisecond
 	p := newFakeConn(t, 4, 64)
-	p.deliver(header{typ: msgData}, []byte("to the writer"))
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("to the writer"))
 	unblock := make(chan struct{})
 	inWriter, inReader := make(chan struct{}), make(chan struct{})
 	wrote, read := make(chan error, 1), make(chan error, 1)

@@ -937,7 +937,7 @@ func TestConnWriteToOwnsItsBytes(t *testing.T) {
 	arena := p.c.mem
 	ring := p.c.mem[p.lay.recvOff() : p.lay.recvOff()+p.lay.ring]
 	for _, msg := range []string{"first message", "second one"} {
-		p.deliver(header{typ: msgData}, []byte(msg))
+		p.deliver(wire.Header{Type: wire.MsgData}, []byte(msg))
 		var got string
 		w := writerFunc(func(b []byte) (int, error) {
 			start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
