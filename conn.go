@@ -231,11 +231,6 @@ func (c *Conn) opErr(op string, err error) error {
 	return &net.OpError{Op: op, Net: "rdma", Source: c.laddr, Addr: c.raddr, Err: err}
 }
 
-// errMessageCut fails the Writes (and ReadFrom) of a connection whose
-// message-oriented peer got part of a Write only (its deadline passed
-// midway); Reads and one-sided operations go on (see lifecycle.cut).
-var errMessageCut = errors.New("a Write to a message-oriented peer was cut short by its deadline; the connection can send no more")
-
 // errInvalid is the error of a call on a nil or zero Conn: syscall.EINVAL,
 // as net's for a zero TCPConn, but wrapped in a *net.OpError (net returns
 // it bare) so that every error of this package is one.
