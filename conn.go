@@ -401,3 +401,28 @@ func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 	n, err := c.writeTo(w)
 	return n, c.opErr("writeto", err)
 }
+
+// wcError is a failed work completion: the connection is broken.
+type wcError struct{ status uint32 }
+
+func (e *wcError) Error() string { return "work request failed: " + wcStatusString(e.status) }
+
+// Unwrap says what the failure means to a caller: a connection whose
+// peer's NIC stopped acknowledging (the retries ran out: the peer host
+// vanished, or the network between is down) timed out, as a TCP
+// connection whose retransmissions go unanswered; any other failure broke
+// it.
+func (e *wcError) Unwrap() error {
+	if e.status == ibv.WCRetryExcErr {
+		return syscall.ETIMEDOUT
+	}
+	return syscall.ECONNRESET
+}
+
+// countFailed counts a failed completion, but not the flushes of a
+// teardown.
+func (c *Conn) countFailed(status uint32) {
+	if status != ibv.WCFlushErr {
+		c.st.CompletionErrors++
+	}
+}
