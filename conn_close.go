@@ -467,3 +467,15 @@ func (c *Conn) releaseAll() {
 	c.freeRings()
 	c.freeVerbs()
 }
+
+// failAsync fails the connection for an asynchronous event; removed says
+// its device is gone, which releases its verbs objects too.
+func (c *Conn) failAsync(err error, removed bool) {
+	if removed {
+		c.deviceRemoved()
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.fail(err)
+}
