@@ -131,34 +131,3 @@ type connIndex interface {
 	conn(qpNum uint32) completer
 	all() []completer
 }
-
-// conn returns the completer of a QP, if any.
-func (p *poller) conn(qpNum uint32) completer {
-	p.connsMu.RLock()
-	defer p.connsMu.RUnlock()
-	return p.conns[qpNum]
-}
-
-// all returns every completer, collected so that none is called with
-// connsMu held (failing one may remove it).
-func (p *poller) all() []completer {
-	p.connsMu.RLock()
-	defer p.connsMu.RUnlock()
-	cs := make([]completer, 0, len(p.conns))
-	for _, c := range p.conns {
-		cs = append(cs, c)
-	}
-	return cs
-}
-
-// failAsync fails the connection for an asynchronous event; removed says
-// its device is gone, which releases its verbs objects too.
-func (c *Conn) failAsync(err error, removed bool) {
-	if removed {
-		c.deviceRemoved()
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.fail(err)
-}

@@ -232,11 +232,6 @@ func (c *Conn) opErr(op string, err error) error {
 	return &net.OpError{Op: op, Net: "rdma", Source: c.laddr, Addr: c.raddr, Err: err}
 }
 
-// errMessageCut fails the Writes (and ReadFrom) of a connection whose
-// message-oriented peer got part of a Write only (its deadline passed
-// midway); Reads and one-sided operations go on (see lifecycle.cut).
-var errMessageCut = errors.New("a Write to a message-oriented peer was cut short by its deadline; the connection can send no more")
-
 // errInvalid is the error of a call on a nil or zero Conn: syscall.EINVAL,
 // as net's for a zero TCPConn, but wrapped in a *net.OpError (net returns
 // it bare) so that every error of this package is one.
@@ -406,4 +401,29 @@ func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 	defer c.readMu.Unlock()
 	n, err := c.writeTo(w)
 	return n, c.opErr("writeto", err)
+}
+
+// wcError is a failed work completion: the connection is broken.
+type wcError struct{ status uint32 }
+
+func (e *wcError) Error() string { return "work request failed: " + wcStatusString(e.status) }
+
+// Unwrap says what the failure means to a caller: a connection whose
+// peer's NIC stopped acknowledging (the retries ran out: the peer host
+// vanished, or the network between is down) timed out, as a TCP
+// connection whose retransmissions go unanswered; any other failure broke
+// it.
+func (e *wcError) Unwrap() error {
+	if e.status == ibv.WCRetryExcErr {
+		return syscall.ETIMEDOUT
+	}
+	return syscall.ECONNRESET
+}
+
+// countFailed counts a failed completion, but not the flushes of a
+// teardown.
+func (c *Conn) countFailed(status uint32) {
+	if status != ibv.WCFlushErr {
+		c.st.CompletionErrors++
+	}
 }

@@ -161,30 +161,6 @@ func abortConns(conns []*Conn) {
 // abortWorkers bounds the releases abortConns runs at once.
 const abortWorkers = 16
 
-// releasing counts the releases of verbs objects that Close left running
-// (see teardown).
-var releasing inFlight
-
-// inFlight counts work in progress, and Wait waits until there is none.
-// Unlike a sync.WaitGroup it may grow from zero while another goroutine
-// waits: a connection's Close starts a release while ReleaseIdleDevices
-// (in tests) waits for the others.
-type inFlight struct {
-	mu   sync.Mutex
-	cond sync.Cond
-	n    int
-}
-
-// Add adds d (negative to retire) to the count.
-func (f *inFlight) Add(d int) {
-	f.mu.Lock()
-	f.n += d
-	if f.n == 0 && f.cond.L != nil {
-		f.cond.Broadcast()
-	}
-	f.mu.Unlock()
-}
-
 // Done retires one.
 func (f *inFlight) Done() { f.Add(-1) }
 
@@ -490,4 +466,16 @@ func (c *Conn) releaseAll() {
 	// The rings registered apart, before the arena goes back to the pool.
 	c.freeRings()
 	c.freeVerbs()
+}
+
+// failAsync fails the connection for an asynchronous event; removed says
+// its device is gone, which releases its verbs objects too.
+func (c *Conn) failAsync(err error, removed bool) {
+	if removed {
+		c.deviceRemoved()
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.fail(err)
 }

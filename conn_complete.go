@@ -1,14 +1,11 @@
 package rdma
 
-import (
-	"syscall"
-
-	"github.com/goverbs/rdma/internal/ibv"
-)
+import "github.com/goverbs/rdma/internal/ibv"
 
 // The completion side of a Conn: the poller (or a spinning Read or Write)
 // hands each work completion to complete, which passes it to the path it
-// belongs to (send.go, recv.go, onesided.go), and a failed one's error.
+// belongs to (send.go, recv.go, onesided.go). Each path counts a failed one
+// (countFailed, conn.go) and fails the connection with its error (wcError).
 
 // complete handles one work completion (see completer). It posts consumed
 // receives again, but only queues the sends that must go out (a credit
@@ -34,29 +31,4 @@ func (c *Conn) complete(wc ibv.WC) bool {
 		signal(c.drained)
 	}
 	return len(c.tx.sends) > 0 || c.pendingGoes() || c.ringDue()
-}
-
-// wcError is a failed work completion: the connection is broken.
-type wcError struct{ status uint32 }
-
-func (e *wcError) Error() string { return "work request failed: " + wcStatusString(e.status) }
-
-// Unwrap says what the failure means to a caller: a connection whose
-// peer's NIC stopped acknowledging (the retries ran out: the peer host
-// vanished, or the network between is down) timed out, as a TCP
-// connection whose retransmissions go unanswered; any other failure broke
-// it.
-func (e *wcError) Unwrap() error {
-	if e.status == ibv.WCRetryExcErr {
-		return syscall.ETIMEDOUT
-	}
-	return syscall.ECONNRESET
-}
-
-// countFailed counts a failed completion, but not the flushes of a
-// teardown.
-func (c *Conn) countFailed(status uint32) {
-	if status != ibv.WCFlushErr {
-		c.st.CompletionErrors++
-	}
 }

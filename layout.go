@@ -136,3 +136,12 @@ func (l layout) size() int { return 2*l.ring + l.hdrSize() }
 // oneSidedDepth is the most one-sided operations a connection has in
 // flight; more wait for a slot.
 const oneSidedDepth = 16
+
+// ringMem is a ring's memory: one of the arena's two rings, or one
+// registered apart (reg is then the platform's registration).
+type ringMem struct {
+	buf        []byte
+	base       uint64 // buf's address for the NIC
+	lkey, rkey uint32
+	reg        any
+}

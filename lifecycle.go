@@ -1,6 +1,7 @@
 package rdma
 
 import (
+	"errors"
 	"net"
 	"syscall"
 )
@@ -123,3 +124,8 @@ func (l *lifecycle) finBlocked() error {
 	}
 	return nil
 }
+
+// errMessageCut fails the Writes (and ReadFrom) of a connection whose
+// message-oriented peer got part of a Write only (its deadline passed
+// midway); Reads and one-sided operations go on (see lifecycle.cut).
+var errMessageCut = errors.New("a Write to a message-oriented peer was cut short by its deadline; the connection can send no more")

@@ -103,6 +103,25 @@ func (p *poller) remove(qpNum uint32) {
 	p.connsMu.Unlock()
 }
 
+// conn returns the completer of a QP, if any.
+func (p *poller) conn(qpNum uint32) completer {
+	p.connsMu.RLock()
+	defer p.connsMu.RUnlock()
+	return p.conns[qpNum]
+}
+
+// all returns every completer, collected so that none is called with
+// connsMu held (failing one may remove it).
+func (p *poller) all() []completer {
+	p.connsMu.RLock()
+	defer p.connsMu.RUnlock()
+	cs := make([]completer, 0, len(p.conns))
+	for _, c := range p.conns {
+		cs = append(cs, c)
+	}
+	return cs
+}
+
 // pollUnlock polls up to max completions and dispatches them with cqMu
 // held, which the caller took; then it releases cqMu and flushes the
 // connections that have something to post. flush, a slice with room for

@@ -25,15 +25,6 @@ import (
 // answers go out when the send path is at a message boundary (ringTurn,
 // from every flush).
 
-// ringMem is a ring's memory: one of the arena's two rings, or one
-// registered apart (reg is then the platform's registration).
-type ringMem struct {
-	buf        []byte
-	base       uint64 // buf's address for the NIC
-	lkey, rkey uint32
-	reg        any
-}
-
 // ringAllocator registers rings apart from the arena, in the connection's
 // protection domain: the verbs (buffers.go), or a fake in host tests.
 type ringAllocator interface {
