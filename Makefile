@@ -57,7 +57,7 @@ endif
 	$(MAKE) fuzz FUZZTIME=$(FUZZTIME)
 
 # Every parser of peer-supplied bytes is fuzzed (internal/wire's, and the root's fuzz_test.go and
-# region_internal_test.go), each target in the package it lives in (FUZZ_TARGETS: package:target
+# remotekey_test.go), each target in the package it lives in (FUZZ_TARGETS: package:target
 # pairs). Within make test each target runs a fixed count of inputs, about 10 s here (the
 # completion path is ten times slower per input than the parsers): a wall-clock -fuzztime races
 # Go's fuzz coordinator at its deadline (golang/go#75804, unfixed before Go 1.27) and fails the
