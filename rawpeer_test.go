@@ -5,6 +5,7 @@ package rdma_test
 import (
 	"fmt"
 	"net/netip"
+	"os/exec"
 	"testing"
 	"time"
 	"unsafe"
@@ -405,7 +406,10 @@ func (p *rawPeer) waitSend(id uint64, within time.Duration) ibv.WC {
 			return wc
 		}
 		if time.Now().After(deadline) {
-			p.t.Fatalf("raw peer: send %#x did not complete in %v", id, within)
+			// The device's counters say why the NIC did not acknowledge
+			// (retries, RNR NAKs, packets dropped).
+			stats, _ := exec.Command("rdma", "statistic", "show").CombinedOutput()
+			p.t.Fatalf("raw peer: send %#x did not complete in %v; the device's counters: %s", id, within, stats)
 		}
 	}
 }
