@@ -205,14 +205,20 @@ func (c *Conn) readFrom(r io.Reader) (int64, error) {
 		if err := c.life.writeEnded(); err != nil {
 			return total, err
 		}
-		if c.wdl.expired() {
-			return total, errTimeout
-		}
 		// Before r.Read is called, what is pending goes, and a whole
 		// message's room is there for what it returns: only this call
 		// (writeMu) spends room, so the room stays while r.Read runs
 		// (see planReadFrom).
-		switch step, noCredit := c.tx.planReadFrom(c.cr.credits); step {
+		step, noCredit := c.tx.planReadFrom(c.cr.credits)
+		// The deadline ends the call before r.Read, or while it waits;
+		// what r.Read returned goes once there is room, whenever the
+		// deadline passed: r cannot take it back, and a caller who
+		// counts what went (and a message-oriented peer) must not lose
+		// bytes that r already gave.
+		if (len(buf) == 0 || step == stepWait) && c.wdl.expired() {
+			return total, errTimeout
+		}
+		switch step {
 		case stepSendPending:
 			c.queuePending()
 			c.flushDroppingLock()

@@ -141,6 +141,26 @@ func TestConnReadFromErrors(t *testing.T) {
 	require.ErrorIs(t, err, syscall.EPIPE, "after CloseWrite, as Write")
 }
 
+// A write deadline that passes while the source's Read runs ends
+// ReadFrom before its next Read, but what that Read returned still goes:
+// the source cannot take it back, and the caller counts it sent.
+func TestConnReadFromDeadlineDuringRead(t *testing.T) {
+	p := newFakeConn(t, 8, 1024)
+	reads := 0
+	src := readerFunc(func(b []byte) (int, error) {
+		reads++
+		require.NoError(t, p.c.SetWriteDeadline(time.Now().Add(-time.Second)))
+		return copy(b, "abc"), nil
+	})
+	n, err := p.c.ReadFrom(src)
+	require.Equal(t, int64(3), n)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	require.Equal(t, 1, reads, "no Read once the deadline passed")
+	sent := p.sent()
+	require.Len(t, sent, 1)
+	require.Equal(t, "abc", p.payload(sent[0]))
+}
+
 func TestConnCreditsAtZeroGather(t *testing.T) {
 	p := newFakeConn(t, 2, 1024)
 	p.c.SetNoDelay(true)
