@@ -414,6 +414,13 @@ func (p *rawPeer) waitSend(id uint64, within time.Duration) ibv.WC {
 	}
 }
 
+// violate is for a send that breaks the protocol: the server fails the
+// connection on it, and may move its QP to the error state before its NIC
+// has acknowledged the send (rxe completes the receive, then acknowledges
+// it), so the send may complete with success, with an error, or only
+// after retries; what the tests check is the server's reaction.
+func (p *rawPeer) violate(id uint64) { _ = id }
+
 // requireSent waits for the send id and fails the test unless the peer's
 // NIC acknowledged it.
 func (p *rawPeer) requireSent(id uint64) {
