@@ -3,8 +3,6 @@
 package rdma
 
 import (
-	"errors"
-	"os"
 	"sync"
 
 	"github.com/goverbs/rdma/internal/rdmacm"
@@ -118,28 +116,14 @@ func (l *cmLoop) unregister(handle uintptr) {
 // while this one goes with its last reference.
 func (l *cmLoop) run() {
 	defer close(l.done)
-	var r retrier
-	for {
-		err := l.ch.Run(func(ev rdmacm.Event) {
-			r.ok()
+	err := readEvents(func(ok func()) error {
+		return l.ch.Run(func(ev rdmacm.Event) {
+			ok()
 			l.dispatch(ev)
 		})
-		select {
-		case <-l.stop:
-			return
-		default:
-		}
-		if err == nil || errors.Is(err, os.ErrClosed) {
-			return
-		}
-		pause, again := r.failed()
-		if !again {
-			l.lose(&cmLostError{err})
-			return
-		}
-		if !sleep(pause, l.stop) {
-			return
-		}
+	}, l.stop)
+	if err != nil {
+		l.lose(&cmLostError{err})
 	}
 }
 

@@ -4,7 +4,6 @@ package rdma
 
 import (
 	"errors"
-	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -287,32 +286,18 @@ func newDevice(ctx *ibv.Context) (*device, error) {
 // device is detached: new connections get a device of their own.
 func (d *device) readAsync() {
 	defer close(d.asyncDone)
-	var r retrier
-	for {
-		err := d.async.Run(func(ev ibv.AsyncEvent) {
-			r.ok()
+	err := readEvents(func(ok func()) error {
+		return d.async.Run(func(ev ibv.AsyncEvent) {
+			ok()
 			d.events.handle(ev)
 		})
-		select {
-		case <-d.asyncStop:
-			return
-		default:
+	}, d.asyncStop)
+	if err != nil {
+		lost := &asyncLostError{err}
+		for _, c := range d.all() {
+			c.failAsync(lost, false)
 		}
-		if err == nil || errors.Is(err, os.ErrClosed) {
-			return
-		}
-		pause, again := r.failed()
-		if !again {
-			lost := &asyncLostError{err}
-			for _, c := range d.all() {
-				c.failAsync(lost, false)
-			}
-			d.detach()
-			return
-		}
-		if !sleep(pause, d.asyncStop) {
-			return
-		}
+		d.detach()
 	}
 }
 

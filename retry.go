@@ -1,6 +1,10 @@
 package rdma
 
-import "time"
+import (
+	"errors"
+	"os"
+	"time"
+)
 
 // A call that libibverbs or librdmacm makes into the kernel may fail for a
 // moment (ENOMEM while the host is short of memory, EINTR, a command
@@ -43,5 +47,32 @@ func sleep(d time.Duration, stop <-chan struct{}) bool {
 		return true
 	case <-stop:
 		return false
+	}
+}
+
+// readEvents runs read (an event channel's Run, whose handler calls ok
+// for each event it gets) until it is done for good: stop is closed, the
+// channel is closed, or a failure to read has lasted (see retrier), whose
+// error it then returns. The event stays queued in the kernel when its
+// read fails, so a try after a pause may get it.
+func readEvents(read func(ok func()) error, stop <-chan struct{}) error {
+	var r retrier
+	for {
+		err := read(r.ok)
+		select {
+		case <-stop:
+			return nil
+		default:
+		}
+		if err == nil || errors.Is(err, os.ErrClosed) {
+			return nil
+		}
+		pause, again := r.failed()
+		if !again {
+			return err
+		}
+		if !sleep(pause, stop) {
+			return nil
+		}
 	}
 }

@@ -1,6 +1,8 @@
 package rdma
 
 import (
+	"errors"
+	"os"
 	"testing"
 	"time"
 
@@ -32,4 +34,28 @@ func TestSleepStops(t *testing.T) {
 	close(stop)
 	require.False(t, sleep(time.Hour, stop))
 	require.True(t, sleep(time.Microsecond, make(chan struct{})))
+}
+
+// readEvents tries a failed read again, starts afresh after an event, and
+// gives up with the error of a failure that lasts.
+func TestReadEvents(t *testing.T) {
+	fail := errors.New("read failed")
+	calls := 0
+	err := readEvents(func(ok func()) error {
+		calls++
+		if calls == 3 {
+			ok() // an event: the failures so far are forgotten
+		}
+		return fail
+	}, make(chan struct{}))
+	require.ErrorIs(t, err, fail)
+	require.Equal(t, 3+retryTries, calls, "tries after the last event")
+
+	calls = 0
+	require.NoError(t, readEvents(func(func()) error { calls++; return os.ErrClosed }, make(chan struct{})))
+	require.Equal(t, 1, calls, "a closed channel ends it")
+
+	stop := make(chan struct{})
+	close(stop)
+	require.NoError(t, readEvents(func(func()) error { return fail }, stop), "stopped")
 }
