@@ -67,6 +67,7 @@ FUZZTIME        ?=
 FUZZ_EXECS      ?= 150000x
 FUZZ_SLOW_EXECS ?= 50000x
 FUZZ_TARGETS     = ./internal/wire:FuzzParseHello ./internal/wire:FuzzParseReject ./internal/wire:FuzzParseRingDesc \
+                   ./internal/wire:FuzzParseDatagram \
                    .:FuzzConnCompletions .:FuzzConnHeaders .:FuzzRemoteKey
 fuzz:
 	@for pf in $(FUZZ_TARGETS); do \

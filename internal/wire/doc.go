@@ -1,6 +1,7 @@
 // Package wire is the codec of the protocol two ends of a connection speak:
 // the hello of the handshake, the message header, the ring descriptor and
-// the placement rule, and the reject's reason. It is pure computation on
+// the placement rule, and the reject's reason; and the header of the
+// datagrams a PacketConn sends. It is pure computation on
 // bytes and numbers; the state that follows the protocol (credits, the
 // rings' running counts, the lifecycle) is its user's.
 //
@@ -103,6 +104,17 @@
 // ParseRingDesc: 16 of the sender's largest messages up to 1 MiB, at least
 // two); the largest message in it is the smaller of the two sides' and at
 // most half the ring, as at the handshake.
+//
+// Datagrams: a PacketConn sends each datagram as the payload of a SEND on
+// an unreliable datagram queue pair, after a header (DgramHeader): a
+// magic, a version and flags, and the sender's port, which the queue pair
+// number does not tell. A datagram bigger than one message (the path's
+// MTU) travels as fragments, each with a longer header: the datagram's id,
+// its whole length, the fragment's offset, and the fragment size the
+// sender cut it into (ParseDatagram, PutDgramHeader). UD neither retries
+// nor orders, so the receiver reassembles the fragments in any order and
+// drops a datagram that misses one, as IP does; datagrams are at most
+// MaxDatagram bytes, as over UDP.
 //
 // Refusals: a listener that cannot take a connection rejects the request
 // with a reason in the reject's private data: the magic, the version and
