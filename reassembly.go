@@ -139,7 +139,11 @@ func newReassembler(l reassemblyLimits) *reassembler {
 // fragment that disagrees drops what there was of it and starts it anew:
 // a sender that reused an id still gets its new datagram through, and
 // the bytes of two datagrams are never mixed. A fragment seen before
-// changes nothing.
+// changes nothing, nor does one of a datagram finished lately (completed,
+// dropped or refused): it could complete nothing. Senders number their
+// datagrams in sequence, so a new datagram never has the id of one
+// finished lately. now is to come from a monotonic clock (time.Now): the
+// timeouts are swept in the order datagrams began.
 func (r *reassembler) add(src netip.AddrPort, h wire.DgramHeader, payload []byte, now time.Time) (datagram []byte, dropped int) {
 	dropped = r.expire(now)
 	key := reassemblyKey{src, h.ID}
