@@ -169,6 +169,38 @@ func acquireDevice(verbs unsafe.Pointer, cqe int, lay layout, dialed bool) (*dev
 	return nil, nil, nil, err
 }
 
+// acquireDeviceCQ returns the device for an ibv_context with one more
+// reference and the CQ on which cqe entries were reserved, setting the
+// device up on first use: acquireDevice for a user without an arena (a
+// PacketConn).
+func acquireDeviceCQ(verbs unsafe.Pointer, cqe int) (*device, *cqShard, error) {
+	devMu.Lock()
+	d := devices[verbs]
+	if d == nil {
+		var err error
+		if d, err = newDevice(ibv.ContextFrom(verbs)); err != nil {
+			devMu.Unlock()
+			return nil, nil, err
+		}
+		devices[verbs] = d
+	} else if d.idle != nil {
+		d.idle.Stop()
+		d.idle = nil
+	}
+	s, err := d.reserve(cqe)
+	if err == nil {
+		d.refs++
+		devMu.Unlock()
+		return d, s, nil
+	}
+	if d.refs > 0 {
+		devMu.Unlock()
+		return nil, nil, err
+	}
+	d.retireUnlocking()
+	return nil, nil, err
+}
+
 // reserveOn promises cqe entries of the CQ s, growing it if it may, or
 // returns nil; devMu is held.
 func (d *device) reserveOn(s *cqShard, cqe int) *cqShard {

@@ -43,6 +43,13 @@ type ListenConfig struct {
 	// IsRDMA tells them apart, and Listener.Stats counts them
 	// (AcceptedTCP).
 	FallbackTCP bool
+	// FallbackUDP, if set, makes ListenPacket open a kernel UDP socket on
+	// the address where RDMA cannot serve it: no RDMA device serves the
+	// address, the device's transport has no datagrams (iWARP), or the
+	// build has no RDMA. PacketConn.IsUDP tells.
+	FallbackUDP bool
+	// Packet configures the PacketConns of ListenPacket.
+	Packet PacketOptions
 	Options
 }
 

@@ -40,6 +40,12 @@ var (
 
 type listenerSys struct{}
 
+type packetSys struct{}
+
+func listenPacket(netip.AddrPort, PacketOptions) (*PacketConn, error) { return nil, ErrUnsupported }
+func (c *PacketConn) release()                                        {}
+func (c *PacketConn) startResolve(netip.AddrPort, *peerRef[udDest])   {}
+
 func (l *Listener) close() error { return nil }
 
 func dial(context.Context, netip.Addr, netip.AddrPort, Options) (*Conn, error) {

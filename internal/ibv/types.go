@@ -151,3 +151,32 @@ type AsyncEvent struct {
 	QPNum uint32
 	Port  int
 }
+
+// GRHLen is the room a UD receive keeps in front of each datagram for the
+// Global Routing Header the device writes there (on RoCE v2 over IPv4,
+// the packet's IPv4 header, in its last 20 bytes).
+const GRHLen = 40
+
+// WCGRH is IBV_WC_GRH, in WC.Flags: the receive's first GRHLen bytes are
+// a GRH.
+const WCGRH = 1 << 0
+
+// MaxUDSendBatch is the most datagram sends PostUDSends posts at once.
+const MaxUDSendBatch = 32
+
+// UDQKey is the Q_Key rdma_cm gives the QPs of its UDP port space
+// (RDMA_UDP_QKEY), which its service ID resolution answers with.
+const UDQKey = 0x01234567
+
+// UDSendWR is one datagram SEND; its layout mirrors struct gv_ud_send.
+type UDSendWR struct {
+	ID    uint64
+	Addr  uint64
+	Len   uint32
+	LKey  uint32
+	AH    uintptr // an *AH's address handle (AH.Handle)
+	QPN   uint32
+	QKey  uint32
+	Flags int32
+	_     uint32
+}

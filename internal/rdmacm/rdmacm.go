@@ -28,6 +28,12 @@ struct gv_event {
 	uint8_t responder_resources;
 	uint8_t initiator_depth;
 	uint8_t private_data[64];
+	// For an established UD id (rdma_cm's service ID resolution): where
+	// its datagrams go.
+	int ud;
+	uint32_t ud_qp_num;
+	uint32_t ud_qkey;
+	struct ibv_ah_attr ah_attr;
 };
 
 // gv_get_event fetches one event, copies it and acknowledges it.
@@ -58,13 +64,21 @@ static int gv_get_event(struct rdma_event_channel *ch, struct gv_event *out) {
 		out->responder_resources = ev->param.conn.responder_resources;
 		out->initiator_depth = ev->param.conn.initiator_depth;
 	}
+	if (ev->event == RDMA_CM_EVENT_ESTABLISHED && ev->id->ps == RDMA_PS_UDP) {
+		out->ud = 1;
+		out->ud_qp_num = ev->param.ud.qp_num;
+		out->ud_qkey = ev->param.ud.qkey;
+		out->ah_attr = ev->param.ud.ah_attr;
+	}
 	rdma_ack_cm_event(ev);
 	return 0;
 }
 
-static int gv_create_id(struct rdma_event_channel *ch, struct rdma_cm_id **id, uintptr_t handle) {
-	return rdma_create_id(ch, id, (void *)handle, RDMA_PS_TCP);
+static int gv_create_id(struct rdma_event_channel *ch, struct rdma_cm_id **id, uintptr_t handle, int udp) {
+	return rdma_create_id(ch, id, (void *)handle, udp ? RDMA_PS_UDP : RDMA_PS_TCP);
 }
+
+static uint8_t gv_port_num(struct rdma_cm_id *id) { return id->port_num; }
 
 static void gv_set_handle(struct rdma_cm_id *id, uintptr_t handle) { id->context = (void *)handle; }
 
@@ -332,6 +346,18 @@ static int gv_rescan(void) {
 	rdma_free_devices(l);
 	return n;
 }
+
+// gv_only_device returns the context of the host's one RDMA device, or
+// NULL with *n the count of devices when there are none or several.
+static struct ibv_context *gv_only_device(int *n) {
+	*n = 0;
+	struct ibv_context **l = rdma_get_devices(n);
+	if (!l)
+		return NULL;
+	struct ibv_context *c = *n == 1 ? l[0] : NULL;
+	rdma_free_devices(l);
+	return c;
+}
 */
 import "C"
 
@@ -387,6 +413,17 @@ type Event struct {
 	// depths the requester offers from this side's point of view (the
 	// kernel swaps them): how many READs this side may issue, and serve.
 	Initiator, Responder uint8
+	// UD is, in the established event of a UDP port space id, what its
+	// service ID resolution found: where datagrams to the peer go.
+	UD *UDParam
+}
+
+// UDParam is the outcome of a service ID resolution: the peer's QP
+// number and Q_Key, and the address handle attributes (a struct
+// ibv_ah_attr) of the route to it.
+type UDParam struct {
+	QPNum, QKey uint32
+	AHAttr      [C.sizeof_struct_ibv_ah_attr]byte
 }
 
 // EventChannel is an rdma_event_channel driven through the netpoller.
@@ -460,6 +497,11 @@ func (c *EventChannel) copyEvent() Event {
 	if n := int(e.private_len); n > 0 {
 		ev.PrivateData = C.GoBytes(unsafe.Pointer(&e.private_data[0]), C.int(n))
 	}
+	if e.ud != 0 {
+		ud := &UDParam{QPNum: uint32(e.ud_qp_num), QKey: uint32(e.ud_qkey)}
+		copy(ud.AHAttr[:], unsafe.Slice((*byte)(unsafe.Pointer(&e.ah_attr)), len(ud.AHAttr)))
+		ev.UD = ud
+	}
 	return ev
 }
 
@@ -482,17 +524,46 @@ func Rescan() (int, error) {
 	return int(n), nil
 }
 
+// OnlyDevice returns the ibv_context of the host's only RDMA device (as
+// librdmacm opened it, the same every id of it has), or nil and the number
+// of devices when there are none or several.
+func OnlyDevice() (unsafe.Pointer, int) {
+	var n C.int
+	c := C.gv_only_device(&n)
+	return unsafe.Pointer(c), int(n)
+}
+
 // ID is an rdma_cm_id.
 type ID struct{ id *C.struct_rdma_cm_id }
 
 // NewID creates an RC (RDMA_PS_TCP) id on ch whose events carry handle.
-func NewID(ch *EventChannel, handle uintptr) (*ID, error) {
+func NewID(ch *EventChannel, handle uintptr) (*ID, error) { return newID(ch, handle, 0) }
+
+// NewUDPID creates an id of the UDP port space (RDMA_PS_UDP), for
+// datagrams: bound and listening, it answers service ID resolutions of
+// its port; connected, it resolves a peer's.
+func NewUDPID(ch *EventChannel, handle uintptr) (*ID, error) { return newID(ch, handle, 1) }
+
+func newID(ch *EventChannel, handle uintptr, udp C.int) (*ID, error) {
 	var id *C.struct_rdma_cm_id
-	if r, err := C.gv_create_id(ch.ch, &id, C.uintptr_t(handle)); r != 0 {
+	if r, err := C.gv_create_id(ch.ch, &id, C.uintptr_t(handle), udp); r != 0 {
 		return nil, os.NewSyscallError("rdma_create_id", err)
 	}
 	return &ID{id: id}, nil
 }
+
+// PortNum is the device port the id is bound to (0 while unbound).
+func (id *ID) PortNum() uint8 { return uint8(C.gv_port_num(id.id)) }
+
+// AcceptUD answers a service ID resolution (a UDP port space id's connect
+// request) with qpNum, the QP that receives the port's datagrams, and
+// rdma_cm's Q_Key for the port space.
+func (id *ID) AcceptUD(qpNum uint32) error { return id.connect(nil, 1, qpNum, "rdma_accept") }
+
+// ConnectUD starts the service ID resolution of a UDP port space id whose
+// route is resolved; the outcome is its established event (carrying
+// Event.UD), or an unreachable or rejected one.
+func (id *ID) ConnectUD() error { return id.connect(nil, 0, 0, "rdma_connect") }
 
 // SetHandle changes the handle the id's events carry (for ids born from
 // connect requests, which inherit the listener's).

@@ -1,0 +1,1024 @@
+package rdma
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/goverbs/rdma/internal/ibv"
+	"github.com/goverbs/rdma/internal/wire"
+)
+
+// PacketOptions configure a PacketConn. The zero value means the
+// defaults.
+type PacketOptions struct {
+	// RecvDepth is how many datagrams may wait for ReadFrom, each in a
+	// receive of the path MTU (plus 40 bytes): 4 KiB at the test bed's
+	// MTU. Datagrams that arrive while every receive holds one are
+	// dropped and counted (PacketStats.DropsNoReceive), as a full UDP
+	// receive buffer drops them. Default 512; at least 32.
+	RecvDepth int
+	// SendDepth is how many messages (a fragmented datagram is several)
+	// may be in flight; a write waits for room. Default 256, and at least
+	// what the largest datagram needs.
+	SendDepth int
+	// Peers is how many destinations keep their address handle (least
+	// recently used out). Default 1024.
+	Peers int
+	// ResolveTimeout bounds the resolution of a new destination (address,
+	// route, and the peer's QP number). Default 2 s.
+	ResolveTimeout time.Duration
+	// ReassemblyBytes bounds the bytes of fragmented datagrams held
+	// while their fragments arrive; one source may hold a quarter.
+	// Default 4 MiB.
+	ReassemblyBytes int
+}
+
+// Defaults of PacketOptions.
+const (
+	defaultPacketRecvDepth = 512
+	defaultPacketSendDepth = 256
+	defaultPacketPeers     = 1024
+	defaultResolveTimeout  = 2 * time.Second
+	defaultReassembly      = 4 << 20
+	minPacketRecvDepth     = 32
+)
+
+func (o PacketOptions) normalized() (PacketOptions, error) {
+	if o.RecvDepth < 0 || o.SendDepth < 0 || o.Peers < 0 || o.ResolveTimeout < 0 || o.ReassemblyBytes < 0 {
+		return o, errors.New("rdma: negative PacketOptions")
+	}
+	if o.RecvDepth == 0 {
+		o.RecvDepth = defaultPacketRecvDepth
+	}
+	o.RecvDepth = max(o.RecvDepth, minPacketRecvDepth)
+	if o.SendDepth == 0 {
+		o.SendDepth = defaultPacketSendDepth
+	}
+	if o.Peers == 0 {
+		o.Peers = defaultPacketPeers
+	}
+	if o.ResolveTimeout == 0 {
+		o.ResolveTimeout = defaultResolveTimeout
+	}
+	if o.ReassemblyBytes == 0 {
+		o.ReassemblyBytes = defaultReassembly
+	}
+	o.ReassemblyBytes = max(o.ReassemblyBytes, 2*wire.MaxDatagram)
+	return o, nil
+}
+
+// Message is one datagram of ReadBatch or WriteBatch, in the shape of
+// golang.org/x/net/ipv4.Message: its bytes are Buffers, one after the
+// other; Addr is where it came from or goes to; N is how many bytes were
+// read or written; Flags is MsgTrunc after a read whose Buffers were too
+// small for the datagram (its tail was discarded).
+type Message struct {
+	Buffers [][]byte
+	Addr    net.Addr
+	N       int
+	Flags   int
+}
+
+// MsgTrunc is Message.Flags' bit for a datagram that did not fit the
+// buffers it was read into, as the MSG_TRUNC of recvmsg(2).
+const MsgTrunc = 0x20
+
+// PacketStats counts what a PacketConn did since it was opened.
+type PacketStats struct {
+	DatagramsSent, DatagramsReceived uint64
+	BytesSent, BytesReceived         uint64
+	// Drops by reason: no receive free (the reader fell behind),
+	// truncated (the reader's buffer was smaller), reassembly (a fragment
+	// lost, a datagram incomplete when it timed out, or one refused for
+	// the reassembly bounds), malformed (not this library's datagram, or
+	// a header that breaks its rules).
+	DropsNoReceive, DropsTruncated, DropsReassembly, DropsMalformed uint64
+	// PeerHits and PeerMisses count the writes that found their
+	// destination's address handle cached, and those that resolved it;
+	// PeerFailures the resolutions that failed.
+	PeerHits, PeerMisses, PeerFailures uint64
+	// SendErrors counts sends the device completed with an error.
+	SendErrors uint64
+}
+
+// PacketConn is a datagram end point over RDMA unreliable datagrams (UD):
+// a net.PacketConn whose datagrams, of up to 65,507 bytes as UDP's, go to
+// and come from other PacketConns by IP address and port. Datagrams may be
+// lost, as UDP's may, but never arrive corrupted, duplicated or merged.
+// Its methods are safe for concurrent use.
+//
+// The sender's address that ReadFrom returns is the IP address the
+// network delivered the datagram from and the port its header names: no
+// more trustworthy than UDP's source address.
+type PacketConn struct {
+	packetSys // the verbs side (packet_verbs.go)
+
+	udp   *net.UDPConn // with ListenConfig.FallbackUDP, where RDMA could not serve
+	laddr *Addr
+	port  uint16
+	opts  PacketOptions
+
+	qp   udQP
+	mtu  int    // the largest UD message
+	mem  []byte // the receives' slots, then the sends'
+	lkey uint32
+	base uint64 // mem[0]'s address as the device sees it
+	w    waiter
+
+	closing   chan struct{}
+	closeOnce sync.Once
+	rdl, wdl  *deadline
+
+	readMu   sync.Mutex // serializes readers
+	ravg     time.Duration
+	readable chan struct{}
+	rmu      sync.Mutex // the receive state below
+	queue    []rxItem   // a ring of the datagrams waiting for a reader
+	qhead    int
+	qlen     int
+	held     int // receive slots the queue holds
+	posted   int // receives posted
+	reposts  []ibv.RecvWR
+	reasm    *reassembler
+	rfail    error // the receive side failed for good (a failed post)
+
+	writeMu  sync.Mutex // serializes writers
+	wavg     time.Duration
+	writable chan struct{}
+	smu      sync.Mutex         // the send state below
+	sent     uint64             // sends posted
+	done     uint64             // sends completed (the ring's free slots follow)
+	sendRefs []*peerRef[udDest] // by send slot: the destination a datagram's last message holds
+	wrs      []ibv.UDSendWR
+	wfail    error // the send side failed for good
+	nextID   uint32
+
+	peers *peerCache[udDest]
+	stats packetCounters
+}
+
+// packetCounters are PacketStats' counters.
+type packetCounters struct {
+	sent, recvd, bytesSent, bytesRecvd             atomic.Uint64
+	noReceive, truncated, reassembly, malformed    atomic.Uint64
+	peerHits, peerMisses, peerFailures, sendErrors atomic.Uint64
+}
+
+// udQP is the UD QP as the datagram path uses it: *ibv.QP, or a fake in
+// tests.
+type udQP interface {
+	PostRecvs(wrs []ibv.RecvWR) error
+	PostUDSends(wrs []ibv.UDSendWR) error
+}
+
+// udDest is a resolved destination: its address handle and QP.
+type udDest struct {
+	ah   uintptr
+	qpn  uint32
+	qkey uint32
+	free func() // destroys the address handle
+}
+
+// rxItem is a datagram waiting for a reader: in a receive slot (slot >=
+// 0, its bytes at mem[off:off+n]) or reassembled (buf).
+type rxItem struct {
+	slot int
+	off  int
+	n    int
+	buf  []byte
+	src  netip.AddrPort
+}
+
+// wrRecvFlag marks a receive's work request id (the slot is the rest);
+// a send's is its sequence number.
+const wrRecvFlag = 1 << 63
+
+// sigEvery is how often a send is signaled (besides the last of each
+// post): its completion frees every slot up to it.
+const sigEvery = 16
+
+// repostBatch is how many consumed receives are posted again at once.
+const repostBatch = 16
+
+// slotLen is the size of a receive slot: the GRH, then a message of up
+// to the MTU.
+func (c *PacketConn) slotLen() int { return ibv.GRHLen + c.mtu }
+
+func (c *PacketConn) sendOff() int { return c.opts.RecvDepth * c.slotLen() }
+
+// minPosted is the receives kept posted however far the reader lags: a
+// datagram that finds a reader's queue full is dropped (and counted) by
+// the library, not silently by the device for want of a receive.
+func (c *PacketConn) minPosted() int { return max(16, c.opts.RecvDepth/8) }
+
+// packetMemLen is the memory a PacketConn registers.
+func packetMemLen(o PacketOptions, mtu int) int {
+	return o.RecvDepth*(ibv.GRHLen+mtu) + o.SendDepth*mtu
+}
+
+// sendDepthFor is the send depth o asks for, raised to what the largest
+// datagram needs in fragments of an MTU of mtu.
+func sendDepthFor(o PacketOptions, mtu int) int {
+	return max(o.SendDepth, wire.DgramFragments(wire.MaxDatagram, mtu-wire.DgramFragHeaderLen)+sigEvery)
+}
+
+// initPath sets the datagram path up over qp and mem (registered under
+// lkey at base): every receive posted. opts is normalized and its
+// SendDepth already raised by sendDepthFor.
+func (c *PacketConn) initPath(qp udQP, mem []byte, base uint64, lkey uint32, mtu int, sp spinner, mode PollMode) error {
+	c.qp, c.mem, c.base, c.lkey, c.mtu = qp, mem, base, lkey, mtu
+	c.w = waiter{mode: mode, spinTime: DefaultSpinTime, sp: sp}
+	c.queue = make([]rxItem, c.opts.RecvDepth)
+	c.sendRefs = make([]*peerRef[udDest], c.opts.SendDepth)
+	c.wrs = make([]ibv.UDSendWR, 0, ibv.MaxUDSendBatch)
+	c.reposts = make([]ibv.RecvWR, 0, repostBatch)
+	c.reasm = newReassembler(reassemblyLimits{Total: c.opts.ReassemblyBytes, PerSource: c.opts.ReassemblyBytes / 4, Timeout: time.Second})
+	wrs := make([]ibv.RecvWR, 0, ibv.MaxRecvBatch)
+	for i := 0; i < c.opts.RecvDepth; i++ {
+		wrs = append(wrs, c.recvWR(i))
+		if len(wrs) == cap(wrs) || i == c.opts.RecvDepth-1 {
+			if err := qp.PostRecvs(wrs); err != nil {
+				return err
+			}
+			c.posted += len(wrs)
+			wrs = wrs[:0]
+		}
+	}
+	return nil
+}
+
+func newPacketConn(opts PacketOptions) *PacketConn {
+	return &PacketConn{opts: opts, closing: make(chan struct{}), rdl: newDeadline(), wdl: newDeadline(),
+		readable: make(chan struct{}, 1), writable: make(chan struct{}, 1)}
+}
+
+func (c *PacketConn) recvWR(slot int) ibv.RecvWR {
+	off := slot * c.slotLen()
+	return ibv.RecvWR{ID: wrRecvFlag | uint64(slot), Addr: c.base + uint64(off), Len: uint32(c.slotLen()), LKey: c.lkey}
+}
+
+// complete handles one completion of the PacketConn's QP, on the poller
+// (see completer): a datagram received goes to the queue (or, a
+// fragment, to reassembly), a send's completion frees the slots up to it.
+// It reports whether receives wait to be posted again (lockAndFlush).
+func (c *PacketConn) complete(wc ibv.WC) bool {
+	if wc.WRID&wrRecvFlag == 0 {
+		c.sendDone(wc)
+		return false
+	}
+	slot := int(wc.WRID &^ wrRecvFlag)
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	c.posted--
+	if slot >= c.opts.RecvDepth {
+		return false
+	}
+	if wc.Status != ibv.WCSuccess {
+		// Flushed (the QP is going) or failed: nothing arrived.
+		if wc.Status != ibv.WCFlushErr {
+			c.stats.malformed.Add(1)
+			c.repostLocked(slot, false)
+		}
+		return len(c.reposts) > 0
+	}
+	off := slot * c.slotLen()
+	n := int(wc.ByteLen)
+	if n < ibv.GRHLen || n > c.slotLen() || wc.Flags&ibv.WCGRH == 0 {
+		c.stats.malformed.Add(1)
+		c.repostLocked(slot, false)
+		return len(c.reposts) > 0
+	}
+	ip, ok := grhSource(c.mem[off : off+ibv.GRHLen])
+	h, payload, err := wire.ParseDatagram(c.mem[off+ibv.GRHLen : off+n])
+	if !ok || err != nil {
+		c.stats.malformed.Add(1)
+		c.repostLocked(slot, false)
+		return len(c.reposts) > 0
+	}
+	src := netip.AddrPortFrom(ip, h.Port)
+	if h.Fragment {
+		d, dropped := c.reasm.add(src, h, payload, time.Now())
+		c.stats.reassembly.Add(uint64(dropped))
+		c.repostLocked(slot, false)
+		if d != nil {
+			if c.held >= c.opts.RecvDepth-c.minPosted() || c.qlen == len(c.queue) {
+				c.stats.noReceive.Add(1)
+				c.reasm.release(d)
+			} else {
+				c.push(rxItem{slot: -1, buf: d, n: len(d), src: src})
+			}
+		}
+		return len(c.reposts) > 0
+	}
+	if c.held >= c.opts.RecvDepth-c.minPosted() {
+		// The reader is behind: drop this one, keep the receive posted.
+		c.stats.noReceive.Add(1)
+		c.repostLocked(slot, false)
+		return len(c.reposts) > 0
+	}
+	c.held++
+	c.push(rxItem{slot: slot, off: off + ibv.GRHLen + wire.DgramHeaderLen, n: len(payload), src: src})
+	return len(c.reposts) > 0
+}
+
+// push queues a datagram for the readers; rmu is held.
+func (c *PacketConn) push(it rxItem) {
+	c.queue[(c.qhead+c.qlen)%len(c.queue)] = it
+	c.qlen++
+	signal(c.readable)
+}
+
+// repostLocked queues a receive slot to be posted again, and posts the
+// queue when it is a batch, or (now) at once; rmu is held.
+func (c *PacketConn) repostLocked(slot int, now bool) {
+	c.reposts = append(c.reposts, c.recvWR(slot))
+	if now || len(c.reposts) == cap(c.reposts) {
+		c.flushRepostsLocked()
+	}
+}
+
+// flushRepostsLocked posts the queued receives; rmu is held. A failed
+// post fails the receive side: nothing could arrive any more.
+func (c *PacketConn) flushRepostsLocked() {
+	if len(c.reposts) == 0 || c.rfail != nil {
+		c.reposts = c.reposts[:0]
+		return
+	}
+	if err := c.qp.PostRecvs(c.reposts); err != nil {
+		c.rfail = err
+		signal(c.readable)
+	} else {
+		c.posted += len(c.reposts)
+	}
+	c.reposts = c.reposts[:0]
+}
+
+// lockAndFlush posts the receives complete queued (see completer).
+func (c *PacketConn) lockAndFlush() {
+	c.rmu.Lock()
+	c.flushRepostsLocked()
+	c.rmu.Unlock()
+}
+
+// failAsync fails the PacketConn for an asynchronous event of its device
+// (see completer): reads and writes return err from then on.
+func (c *PacketConn) failAsync(err error, removed bool) {
+	if removed {
+		err = &deviceError{syscall.ENODEV}
+	}
+	c.rmu.Lock()
+	if c.rfail == nil {
+		c.rfail = err
+	}
+	c.rmu.Unlock()
+	signal(c.readable)
+	c.smu.Lock()
+	if c.wfail == nil {
+		c.wfail = err
+	}
+	c.smu.Unlock()
+	signal(c.writable)
+}
+
+// sendDone handles a send's completion: every send up to it is done.
+func (c *PacketConn) sendDone(wc ibv.WC) {
+	c.smu.Lock()
+	if wc.Status != ibv.WCSuccess && wc.Status != ibv.WCFlushErr {
+		c.stats.sendErrors.Add(1)
+	}
+	var refs [sigEvery * 2]*peerRef[udDest]
+	n := 0
+	for c.done <= wc.WRID && c.done < c.sent {
+		i := int(c.done % uint64(len(c.sendRefs)))
+		if r := c.sendRefs[i]; r != nil {
+			c.sendRefs[i] = nil
+			if n == len(refs) {
+				c.smu.Unlock()
+				c.releaseRefs(refs[:n])
+				c.smu.Lock()
+				n = 0
+			}
+			refs[n] = r
+			n++
+		}
+		c.done++
+	}
+	c.smu.Unlock()
+	c.releaseRefs(refs[:n])
+	signal(c.writable)
+}
+
+func (c *PacketConn) releaseRefs(refs []*peerRef[udDest]) {
+	for _, r := range refs {
+		c.peers.release(r)
+	}
+}
+
+// grhSource returns the source IP address of a datagram's GRH: an IPv6
+// header (RoCE v2 over IPv6, or InfiniBand's GRH, whose source GID is an
+// IPv4-mapped or IPv6 address under rdma_cm), or, in its last 20 bytes,
+// an IPv4 header (RoCE v2 over IPv4).
+func grhSource(grh []byte) (netip.Addr, bool) {
+	if len(grh) < ibv.GRHLen {
+		return netip.Addr{}, false
+	}
+	if grh[0]>>4 == 6 {
+		a := netip.AddrFrom16([16]byte(grh[8:24])).Unmap()
+		return a, !a.IsUnspecified()
+	}
+	if v4 := grh[20:40]; v4[0]>>4 == 4 {
+		a := netip.AddrFrom4([4]byte(v4[12:16]))
+		return a, !a.IsUnspecified()
+	}
+	return netip.Addr{}, false
+}
+
+// ReadFrom reads a datagram into b and returns its length and sender. A
+// datagram longer than b fills b and the rest is discarded, as UDP's
+// (ReadBatch reports that with MsgTrunc; PacketStats counts it).
+func (c *PacketConn) ReadFrom(b []byte) (int, net.Addr, error) {
+	if c.udp != nil {
+		return c.udp.ReadFrom(b)
+	}
+	var one [1][]byte
+	one[0] = b
+	n, src, _, err := c.read(one[:])
+	if err != nil {
+		return n, nil, c.opErr("read", nil, err)
+	}
+	return n, addrFrom(src), nil
+}
+
+// read waits for a datagram and copies it into bufs, one after the other.
+func (c *PacketConn) read(bufs [][]byte) (n int, src netip.AddrPort, flags int, err error) {
+	if c.qp == nil {
+		return 0, src, 0, syscall.EINVAL
+	}
+	c.readMu.Lock()
+	defer c.readMu.Unlock()
+	for {
+		if isClosed(c.closing) {
+			return 0, src, 0, net.ErrClosed
+		}
+		if c.rdl.expired() {
+			return 0, src, 0, errTimeout
+		}
+		c.rmu.Lock()
+		if c.qlen > 0 {
+			n, src, flags = c.popLocked(bufs)
+			c.rmu.Unlock()
+			return n, src, flags, nil
+		}
+		fail := c.rfail
+		c.rmu.Unlock()
+		if fail != nil {
+			return 0, src, 0, fail
+		}
+		c.w.wait(c.readable, c.closing, c.rdl, &c.ravg)
+	}
+}
+
+// popLocked takes the oldest datagram of the queue into bufs; rmu is
+// held.
+func (c *PacketConn) popLocked(bufs [][]byte) (n int, src netip.AddrPort, flags int) {
+	it := c.queue[c.qhead]
+	c.queue[c.qhead] = rxItem{}
+	c.qhead = (c.qhead + 1) % len(c.queue)
+	c.qlen--
+	data := it.buf
+	if it.slot >= 0 {
+		data = c.mem[it.off : it.off+it.n]
+	}
+	for _, b := range bufs {
+		n += copy(b, data[n:])
+		if n == len(data) {
+			break
+		}
+	}
+	if n < len(data) {
+		flags = MsgTrunc
+		c.stats.truncated.Add(1)
+	}
+	c.stats.recvd.Add(1)
+	c.stats.bytesRecvd.Add(uint64(len(data)))
+	if it.slot >= 0 {
+		c.held--
+		c.repostLocked(it.slot, c.posted < c.minPosted())
+	} else {
+		c.reasm.release(it.buf)
+	}
+	if c.qlen > 0 {
+		signal(c.readable)
+	}
+	return n, it.src, flags
+}
+
+// ReadBatch reads up to len(ms) datagrams: it waits for the first, then
+// takes those already there. It returns how many it read; each Message
+// has its N, Addr and Flags set. flags must be 0.
+func (c *PacketConn) ReadBatch(ms []Message, flags int) (int, error) {
+	if c.udp != nil {
+		return c.udpReadBatch(ms)
+	}
+	if len(ms) == 0 {
+		return 0, nil
+	}
+	n, src, fl, err := c.read(ms[0].Buffers)
+	if err != nil {
+		return 0, c.opErr("read", nil, err)
+	}
+	ms[0].N, ms[0].Addr, ms[0].Flags = n, addrFrom(src), fl
+	i := 1
+	c.readMu.Lock()
+	c.rmu.Lock()
+	for ; i < len(ms) && c.qlen > 0; i++ {
+		n, src, fl = c.popLocked(ms[i].Buffers)
+		ms[i].N, ms[i].Addr, ms[i].Flags = n, addrFrom(src), fl
+	}
+	c.rmu.Unlock()
+	c.readMu.Unlock()
+	return i, nil
+}
+
+// WriteTo sends b as one datagram to addr: an *Addr (what ReadFrom
+// returns) or a *net.UDPAddr. Up to 65,507 bytes, as UDP's; one longer
+// fails and sends nothing. The first datagram to a new destination waits
+// for its resolution (ResolveTimeout at most); a destination that cannot
+// be resolved fails that write (and the next ones for a second).
+func (c *PacketConn) WriteTo(b []byte, addr net.Addr) (int, error) {
+	if c.udp != nil {
+		return c.udpWriteTo(b, addr)
+	}
+	ms := [1]Message{{Buffers: [][]byte{b}, Addr: addr}}
+	n, err := c.write(ms[:])
+	if n == 0 {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+// WriteBatch sends each message as one datagram, posting them together:
+// it returns how many it sent, and the error that stopped it. flags must
+// be 0.
+func (c *PacketConn) WriteBatch(ms []Message, flags int) (int, error) {
+	if c.udp != nil {
+		return c.udpWriteBatch(ms)
+	}
+	return c.write(ms)
+}
+
+func msgLen(m *Message) int {
+	n := 0
+	for _, b := range m.Buffers {
+		n += len(b)
+	}
+	return n
+}
+
+// write sends ms; it returns how many it sent.
+func (c *PacketConn) write(ms []Message) (int, error) {
+	if c.qp == nil {
+		return 0, c.opErr("write", nil, syscall.EINVAL)
+	}
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	for i := range ms {
+		m := &ms[i]
+		m.N = 0
+		if err := c.writeOne(m); err != nil {
+			c.postPending()
+			return i, c.opErr("write", m.Addr, err)
+		}
+	}
+	if err := c.postPending(); err != nil {
+		return 0, c.opErr("write", ms[len(ms)-1].Addr, err)
+	}
+	return len(ms), nil
+}
+
+// writeOne places one datagram in the send slots (waiting for room) and
+// queues its work requests; writeMu is held.
+func (c *PacketConn) writeOne(m *Message) error {
+	if isClosed(c.closing) {
+		return net.ErrClosed
+	}
+	if c.wdl.expired() {
+		return errTimeout
+	}
+	size := msgLen(m)
+	if size > wire.MaxDatagram {
+		return &messageTooLongError{size}
+	}
+	dst, err := destOf(m.Addr)
+	if err != nil {
+		return err
+	}
+	d, ref, err := c.dest(dst)
+	if err != nil {
+		return err
+	}
+	whole := size+wire.DgramHeaderLen <= c.mtu
+	frag := c.mtu - wire.DgramFragHeaderLen
+	count := 1
+	if !whole {
+		count = wire.DgramFragments(size, frag)
+	}
+	if err := c.waitSlots(count); err != nil {
+		c.peers.release(ref)
+		return err
+	}
+	c.nextID++
+	id := c.nextID
+	r := msgReader{bufs: m.Buffers}
+	for k := 0; k < count; k++ {
+		c.smu.Lock()
+		seq := c.sent
+		slot := int(seq % uint64(c.opts.SendDepth))
+		c.smu.Unlock()
+		off := c.sendOff() + slot*c.mtu
+		h := wire.DgramHeader{Port: c.port}
+		n := size
+		if !whole {
+			n = min(frag, size-k*frag)
+			h = wire.DgramHeader{Port: c.port, Fragment: true, ID: id, Total: size, Offset: k * frag, FragSize: frag}
+		}
+		hl := wire.PutDgramHeader(c.mem[off:], h)
+		r.read(c.mem[off+hl : off+hl+n])
+		wr := ibv.UDSendWR{ID: seq, Addr: c.base + uint64(off), Len: uint32(hl + n), LKey: c.lkey,
+			AH: d.ah, QPN: d.qpn, QKey: d.qkey}
+		if seq%sigEvery == sigEvery-1 {
+			wr.Flags = ibv.SendSignaled
+		}
+		c.smu.Lock()
+		if k == count-1 {
+			c.sendRefs[slot] = ref
+		}
+		c.sent++
+		c.smu.Unlock()
+		c.wrs = append(c.wrs, wr)
+		if len(c.wrs) == cap(c.wrs) {
+			if err := c.postPending(); err != nil {
+				return err
+			}
+		}
+	}
+	m.N = size
+	c.stats.sent.Add(1)
+	c.stats.bytesSent.Add(uint64(size))
+	return nil
+}
+
+// postPending posts the queued sends, the last one signaled (so that
+// every slot comes back); writeMu is held. A failed post fails the send
+// side for good: its slots would never come back.
+func (c *PacketConn) postPending() error {
+	if len(c.wrs) == 0 {
+		return nil
+	}
+	c.wrs[len(c.wrs)-1].Flags |= ibv.SendSignaled
+	err := c.qp.PostUDSends(c.wrs)
+	c.wrs = c.wrs[:0]
+	if err != nil {
+		c.smu.Lock()
+		if c.wfail == nil {
+			c.wfail = err
+		}
+		c.smu.Unlock()
+	}
+	return err
+}
+
+// waitSlots waits until count send slots are free; writeMu is held. The
+// queued sends are posted first: their completions free slots.
+func (c *PacketConn) waitSlots(count int) error {
+	for {
+		c.smu.Lock()
+		free := c.opts.SendDepth - int(c.sent-c.done) - len(c.wrs)
+		fail := c.wfail
+		c.smu.Unlock()
+		if fail != nil {
+			return fail
+		}
+		if free >= count+len(c.wrs) || free >= count && len(c.wrs) == 0 {
+			return nil
+		}
+		if err := c.postPending(); err != nil {
+			return err
+		}
+		c.smu.Lock()
+		free = c.opts.SendDepth - int(c.sent-c.done)
+		c.smu.Unlock()
+		if free >= count {
+			return nil
+		}
+		c.w.wait(c.writable, c.closing, c.wdl, &c.wavg)
+		if isClosed(c.closing) {
+			return net.ErrClosed
+		}
+		if c.wdl.expired() {
+			return errTimeout
+		}
+	}
+}
+
+// msgReader copies a message's buffers out in pieces.
+type msgReader struct {
+	bufs [][]byte
+	i, j int
+}
+
+func (r *msgReader) read(p []byte) {
+	for len(p) > 0 {
+		b := r.bufs[r.i][r.j:]
+		n := copy(p, b)
+		p = p[n:]
+		if r.j += n; r.j == len(r.bufs[r.i]) {
+			r.i, r.j = r.i+1, 0
+		}
+	}
+}
+
+// dest returns the resolved destination of ap, held until its send
+// completes, resolving it first if needed.
+func (c *PacketConn) dest(ap netip.AddrPort) (udDest, *peerRef[udDest], error) {
+	for {
+		l := c.peers.acquire(ap, time.Now())
+		var wait <-chan struct{}
+		switch {
+		case errors.Is(l.err, errCacheClosed):
+			return udDest{}, nil, net.ErrClosed
+		case l.err != nil:
+			return udDest{}, nil, l.err
+		case l.resolve:
+			c.stats.peerMisses.Add(1)
+			wait = l.ref.wait
+			c.startResolve(ap, l.ref)
+		case l.ref != nil:
+			c.stats.peerHits.Add(1)
+			return l.v, l.ref, nil
+		default:
+			wait = l.wait
+		}
+		select {
+		case <-wait:
+		case <-c.closing:
+			return udDest{}, nil, net.ErrClosed
+		case <-c.wdl.wait():
+			return udDest{}, nil, errTimeout
+		}
+	}
+}
+
+// resolveDone records the outcome of the resolution of ref's peer.
+func (c *PacketConn) resolveDone(ref *peerRef[udDest], d udDest, err error) {
+	if err != nil {
+		c.stats.peerFailures.Add(1)
+	}
+	if r, _ := c.peers.resolved(ref, d, err, time.Now()); r != nil {
+		// The writer that asked for it acquires it again.
+		c.peers.release(r)
+	}
+}
+
+// destOf turns a write's address into the destination's IP and port.
+func destOf(a net.Addr) (netip.AddrPort, error) {
+	var ap netip.AddrPort
+	switch a := a.(type) {
+	case *Addr:
+		ap = a.AddrPort()
+	case *net.UDPAddr:
+		ap = a.AddrPort()
+	case nil:
+		return ap, errMissingAddress
+	default:
+		return ap, &net.AddrError{Err: "not an rdma or udp address", Addr: a.String()}
+	}
+	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	if !ap.Addr().IsValid() || ap.Addr().IsUnspecified() || ap.Port() == 0 {
+		return ap, &net.AddrError{Err: "invalid destination", Addr: a.String()}
+	}
+	return ap, nil
+}
+
+var errMissingAddress = errors.New("missing address")
+
+// messageTooLongError is a write's of a datagram over wire.MaxDatagram.
+type messageTooLongError struct{ size int }
+
+func (e *messageTooLongError) Error() string {
+	return "datagram of " + strconv.Itoa(e.size) + " bytes is longer than 65507"
+}
+func (e *messageTooLongError) Unwrap() error { return syscall.EMSGSIZE }
+
+func (c *PacketConn) opErr(op string, addr net.Addr, err error) error {
+	var src net.Addr
+	if c.laddr != nil {
+		src = c.laddr
+	}
+	return &net.OpError{Op: op, Net: "rdma", Source: src, Addr: addr, Err: err}
+}
+
+// LocalAddr returns the local address: an *Addr, or with FallbackUDP
+// the UDP socket's *net.UDPAddr.
+func (c *PacketConn) LocalAddr() net.Addr {
+	if c.udp != nil {
+		return c.udp.LocalAddr()
+	}
+	return c.laddr
+}
+
+// SetDeadline sets the read and write deadlines, as net.PacketConn's.
+func (c *PacketConn) SetDeadline(t time.Time) error {
+	if c.udp != nil {
+		return c.udp.SetDeadline(t)
+	}
+	if !c.rdl.set(t) || !c.wdl.set(t) {
+		return c.opErr("set", nil, net.ErrClosed)
+	}
+	return nil
+}
+
+// SetReadDeadline sets the deadline of ReadFrom and ReadBatch.
+func (c *PacketConn) SetReadDeadline(t time.Time) error {
+	if c.udp != nil {
+		return c.udp.SetReadDeadline(t)
+	}
+	if !c.rdl.set(t) {
+		return c.opErr("set", nil, net.ErrClosed)
+	}
+	return nil
+}
+
+// SetWriteDeadline sets the deadline of WriteTo and WriteBatch (a write
+// waits for room to send, and for a new destination's resolution).
+func (c *PacketConn) SetWriteDeadline(t time.Time) error {
+	if c.udp != nil {
+		return c.udp.SetWriteDeadline(t)
+	}
+	if !c.wdl.set(t) {
+		return c.opErr("set", nil, net.ErrClosed)
+	}
+	return nil
+}
+
+// Stats returns the PacketConn's counters.
+func (c *PacketConn) Stats() PacketStats {
+	s := &c.stats
+	return PacketStats{
+		DatagramsSent: s.sent.Load(), DatagramsReceived: s.recvd.Load(),
+		BytesSent: s.bytesSent.Load(), BytesReceived: s.bytesRecvd.Load(),
+		DropsNoReceive: s.noReceive.Load(), DropsTruncated: s.truncated.Load(),
+		DropsReassembly: s.reassembly.Load(), DropsMalformed: s.malformed.Load(),
+		PeerHits: s.peerHits.Load(), PeerMisses: s.peerMisses.Load(), PeerFailures: s.peerFailures.Load(),
+		SendErrors: s.sendErrors.Load(),
+	}
+}
+
+// Close closes the PacketConn: blocked reads and writes return an error
+// wrapping net.ErrClosed, and its QP, memory and address handles go.
+func (c *PacketConn) Close() error {
+	if c.udp != nil {
+		return c.udp.Close()
+	}
+	first := false
+	c.closeOnce.Do(func() {
+		first = true
+		close(c.closing)
+		c.rdl.stop()
+		c.wdl.stop()
+	})
+	if !first {
+		return c.opErr("close", nil, net.ErrClosed)
+	}
+	c.release()
+	return nil
+}
+
+// ListenPacket announces on the local address for datagrams: "host:port"
+// with an address of an RDMA interface (an empty host or unspecified
+// address needs the host to have one RDMA device). Port 0 picks a free
+// port; LocalAddr reports it. Networks are "rdma", "rdma4" and "rdma6".
+func ListenPacket(network, address string) (*PacketConn, error) {
+	var lc ListenConfig
+	return lc.listenPacket(context.Background(), network, address)
+}
+
+// ListenPacket announces on the local address for datagrams; see the
+// package-level ListenPacket. With FallbackUDP it opens a kernel UDP
+// socket on the same address where RDMA cannot serve it.
+func (lc *ListenConfig) ListenPacket(ctx context.Context, network, address string) (net.PacketConn, error) {
+	c, err := lc.listenPacket(ctx, network, address)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (lc *ListenConfig) listenPacket(ctx context.Context, network, address string) (*PacketConn, error) {
+	opErr := func(addr net.Addr, err error) error {
+		return &net.OpError{Op: "listen", Net: "rdma", Addr: addr, Err: err}
+	}
+	opts, err := lc.Packet.normalized()
+	if err != nil {
+		return nil, opErr(nil, err)
+	}
+	ap, err := resolve(ctx, network, address)
+	if err != nil {
+		return nil, opErr(nil, err)
+	}
+	c, err := listenPacket(ap, opts)
+	if err != nil && lc.FallbackUDP && fallsBackToUDP(err) {
+		return listenUDP(ctx, network, ap)
+	}
+	if err != nil {
+		return nil, opErr(addrFrom(ap), err)
+	}
+	return c, nil
+}
+
+// fallsBackToUDP reports whether a ListenPacket that failed with err may
+// use a UDP socket instead (FallbackUDP): no RDMA device serves the
+// address, its transport has no datagrams, or the build has no RDMA.
+func fallsBackToUDP(err error) bool {
+	return errors.Is(err, ErrNoDevice) || errors.Is(err, ErrUnsupported) || errors.Is(err, errNoDatagrams)
+}
+
+// errNoDatagrams is ListenPacket's error on a device whose transport has
+// no unreliable datagrams.
+var errNoDatagrams = errors.New("rdma: the device's transport (iWARP) has no unreliable datagrams")
+
+func listenUDP(ctx context.Context, network string, ap netip.AddrPort) (*PacketConn, error) {
+	udpNet := "udp"
+	switch network {
+	case "rdma4":
+		udpNet = "udp4"
+	case "rdma6":
+		udpNet = "udp6"
+	}
+	var lc net.ListenConfig
+	pc, err := lc.ListenPacket(ctx, udpNet, ap.String())
+	if err != nil {
+		return nil, err
+	}
+	c := newPacketConn(PacketOptions{})
+	c.udp = pc.(*net.UDPConn)
+	return c, nil
+}
+
+// IsUDP reports whether the PacketConn is the kernel UDP socket that
+// ListenConfig.FallbackUDP opened.
+func (c *PacketConn) IsUDP() bool { return c.udp != nil }
+
+func (c *PacketConn) udpWriteTo(b []byte, addr net.Addr) (int, error) {
+	if a, ok := addr.(*Addr); ok {
+		addr = net.UDPAddrFromAddrPort(a.AddrPort())
+	}
+	return c.udp.WriteTo(b, addr)
+}
+
+func (c *PacketConn) udpReadBatch(ms []Message) (int, error) {
+	if len(ms) == 0 {
+		return 0, nil
+	}
+	var buf []byte
+	if len(ms[0].Buffers) == 1 {
+		buf = ms[0].Buffers[0]
+	} else {
+		buf = make([]byte, wire.MaxDatagram)
+	}
+	n, _, flags, addr, err := c.udp.ReadMsgUDP(buf, nil)
+	if err != nil {
+		return 0, err
+	}
+	if len(ms[0].Buffers) != 1 {
+		data := buf[:n]
+		n = 0
+		for _, b := range ms[0].Buffers {
+			n += copy(b, data[n:])
+		}
+	}
+	ms[0].N, ms[0].Addr, ms[0].Flags = n, addr, flags&MsgTrunc
+	return 1, nil
+}
+
+func (c *PacketConn) udpWriteBatch(ms []Message) (int, error) {
+	for i := range ms {
+		var b []byte
+		for _, p := range ms[i].Buffers {
+			b = append(b, p...)
+		}
+		n, err := c.udpWriteTo(b, ms[i].Addr)
+		if err != nil {
+			return i, err
+		}
+		ms[i].N = n
+	}
+	return len(ms), nil
+}

@@ -1,0 +1,315 @@
+//go:build linux && cgo
+
+package rdma
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/goverbs/rdma/internal/ibv"
+	"github.com/goverbs/rdma/internal/rdmacm"
+)
+
+// packetSys is the verbs side of a PacketConn: a UDP port space id bound
+// to the address and listening (it answers the service ID resolutions of
+// peers that send to the port with the QP's number), one UD QP on the
+// device's shared CQ, its memory, and the resolutions in progress.
+type packetSys struct {
+	cm      *cmLoop
+	handle  uintptr
+	id      *rdmacm.ID
+	dev     *device
+	cqs     *cqShard
+	vqp     *ibv.QP
+	pd      *ibv.PD
+	mr      *ibv.MR
+	cqe     int
+	src     netip.Addr // the bound address, unless unspecified: resolutions start from it
+	wg      sync.WaitGroup
+	stopRes context.CancelFunc
+	resCtx  context.Context
+}
+
+// listenPacket sets a PacketConn up on ap.
+func listenPacket(ap netip.AddrPort, opts PacketOptions) (c *PacketConn, err error) {
+	cm, err := acquireCM()
+	if err != nil {
+		return nil, err
+	}
+	c = newPacketConn(opts)
+	c.cm = cm
+	c.resCtx, c.stopRes = context.WithCancel(context.Background())
+	c.handle = cm.register(c)
+	defer func() {
+		if err != nil {
+			c.release()
+		}
+	}()
+	if c.id, err = rdmacm.NewUDPID(cm.ch, c.handle); err != nil {
+		return nil, err
+	}
+	if err := c.id.Bind(ap); err != nil {
+		return nil, noDevice(err)
+	}
+	verbs, port := c.id.Verbs(), c.id.PortNum()
+	if verbs == nil {
+		if !ap.Addr().IsUnspecified() {
+			// Bound, but to an interface without RDMA.
+			return nil, &deviceError{syscall.ENODEV}
+		}
+		// A wildcard id has no device, and a UD QP serves one: that of
+		// the host's only device.
+		var n int
+		if verbs, n = rdmacm.OnlyDevice(); verbs == nil {
+			if n == 0 {
+				return nil, &deviceError{syscall.ENODEV}
+			}
+			return nil, fmt.Errorf("rdma: the host has %d RDMA devices: ListenPacket needs the address of one", n)
+		}
+		port = 1
+	} else {
+		c.src = ap.Addr()
+	}
+	ctx := ibv.ContextFrom(verbs)
+	if ctx.IWARP() {
+		return nil, errNoDatagrams
+	}
+	mtu := ctx.ActiveMTU(port)
+	if mtu == 0 {
+		return nil, os.NewSyscallError("ibv_query_port", syscall.EIO)
+	}
+	c.opts.SendDepth = sendDepthFor(c.opts, mtu)
+	c.cqe = c.opts.RecvDepth + c.opts.SendDepth
+	if c.dev, c.cqs, err = acquireDeviceCQ(verbs, c.cqe); err != nil {
+		return nil, err
+	}
+	if c.pd, err = ctx.AllocPD(); err != nil {
+		return nil, err
+	}
+	size := packetMemLen(c.opts, mtu)
+	mem, err := mapMemory(size)
+	if err != nil {
+		return nil, err
+	}
+	c.mem = mem
+	if c.mr, err = c.pd.RegMR(mem); err != nil {
+		return nil, registerError(err, size)
+	}
+	c.dev.addRegistered(size)
+	if c.vqp, _, err = c.pd.CreateUDQP(c.cqs.cq, c.opts.SendDepth, c.opts.RecvDepth, 0, port, ibv.UDQKey); err != nil {
+		return nil, err
+	}
+	c.cqs.add(c.vqp.Num, c)
+	if err := c.initPath(c.vqp, mem, addrOf(mem), c.mr.LKey, mtu, c.cqs.poller, PollAdaptive); err != nil {
+		return nil, err
+	}
+	c.peers = newPeerCache[udDest](c.opts.Peers, peerFailTTL, func(d udDest) { d.free() })
+	local := c.id.LocalAddr()
+	if !local.Addr().IsValid() {
+		local = ap
+	}
+	c.laddr, c.port = addrFrom(local), local.Port()
+	if err := c.id.Listen(128); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// peerFailTTL is how long a failed resolution is remembered: writes to
+// that destination fail at once meanwhile.
+const peerFailTTL = time.Second
+
+// cmEvent answers the service ID resolutions of peers that send to the
+// port, on the CM goroutine.
+func (c *PacketConn) cmEvent(ev rdmacm.Event) {
+	switch ev.Type {
+	case rdmacm.EventConnectRequest:
+		if c.vqp != nil {
+			ev.ID.AcceptUD(c.vqp.Num)
+		} else {
+			ev.ID.Reject(nil)
+		}
+		// The request's id has no further use, but must not be
+		// destroyed on this goroutine (see cmHandler).
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			retryDestroy(ev.ID.Destroy)
+		}()
+	case rdmacm.EventDeviceRemoval:
+		markRemoved(c.id.Verbs())
+		c.failAsync(nil, true)
+	}
+}
+
+// cmLost fails the PacketConn: it could neither answer peers that resolve
+// it nor resolve new destinations.
+func (c *PacketConn) cmLost(err error) { c.failAsync(err, false) }
+
+// startResolve resolves ap on a goroutine of its own and records the
+// outcome in the peer cache (resolveDone).
+func (c *PacketConn) startResolve(ap netip.AddrPort, ref *peerRef[udDest]) {
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		d, err := c.resolveDest(ap)
+		c.resolveDone(ref, d, err)
+	}()
+}
+
+// resolver receives the CM events of one resolution's id.
+type resolver struct{ ev chan rdmacm.Event }
+
+func (r *resolver) cmEvent(ev rdmacm.Event) {
+	select {
+	case r.ev <- ev:
+	default: // a resolution gets one event per step; more is not its
+	}
+}
+
+func (r *resolver) cmLost(err error) {
+	select {
+	case r.ev <- rdmacm.Event{Type: eventLost}:
+	default:
+	}
+}
+
+// resolveDest finds the address handle, QP number and Q_Key of the
+// PacketConn at ap: address and route resolution, then rdma_cm's service
+// ID resolution of ap's port.
+func (c *PacketConn) resolveDest(ap netip.AddrPort) (udDest, error) {
+	ctx, cancel := context.WithTimeout(c.resCtx, c.opts.ResolveTimeout)
+	defer cancel()
+	r := &resolver{ev: make(chan rdmacm.Event, 4)}
+	h := c.cm.register(r)
+	defer c.cm.unregister(h)
+	id, err := rdmacm.NewUDPID(c.cm.ch, h)
+	if err != nil {
+		return udDest{}, err
+	}
+	defer retryDestroy(id.Destroy)
+	wait := func(want rdmacm.EventType, call string) (rdmacm.Event, error) {
+		select {
+		case ev := <-r.ev:
+			switch {
+			case ev.Type == eventLost:
+				return ev, c.cm.lostErr()
+			case ev.Type == want:
+				return ev, nil
+			case ev.Type == rdmacm.EventRejected:
+				return ev, os.NewSyscallError(call, syscall.ECONNREFUSED)
+			}
+			return ev, os.NewSyscallError(call, eventErrno(ev, syscall.EHOSTUNREACH))
+		case <-ctx.Done():
+			if c.resCtx.Err() != nil {
+				return rdmacm.Event{}, errClosedPacket
+			}
+			return rdmacm.Event{}, os.NewSyscallError(call, syscall.ETIMEDOUT)
+		}
+	}
+	ms := int(c.opts.ResolveTimeout / time.Millisecond)
+	if err := id.ResolveAddr(c.src, ap, ms); err != nil {
+		return udDest{}, noDeviceAddr(err)
+	}
+	if _, err := wait(rdmacm.EventAddrResolved, "rdma_resolve_addr"); err != nil {
+		return udDest{}, noDeviceAddr(err)
+	}
+	if id.Verbs() != c.dev.ctx.Ptr() {
+		return udDest{}, errOtherDevice
+	}
+	if err := id.ResolveRoute(ms); err != nil {
+		return udDest{}, err
+	}
+	if _, err := wait(rdmacm.EventRouteResolved, "rdma_resolve_route"); err != nil {
+		return udDest{}, err
+	}
+	if err := id.ConnectUD(); err != nil {
+		return udDest{}, err
+	}
+	ev, err := wait(rdmacm.EventEstablished, "rdma_connect")
+	if err != nil {
+		return udDest{}, err
+	}
+	if ev.UD == nil {
+		return udDest{}, os.NewSyscallError("rdma_connect", syscall.EPROTO)
+	}
+	ah, err := c.pd.CreateAH(ev.UD.AHAttr[:])
+	if err != nil {
+		return udDest{}, err
+	}
+	return udDest{ah: ah.Handle(), qpn: ev.UD.QPNum, qkey: ev.UD.QKey, free: func() { retryDestroy(ah.Destroy) }}, nil
+}
+
+// errOtherDevice is the resolution's error for a destination that the
+// routing table reaches through another device than the PacketConn's.
+var errOtherDevice = errors.New("rdma: the destination is reached through another RDMA device than the PacketConn's")
+
+// errClosedPacket ends the resolutions of a PacketConn that is closing.
+var errClosedPacket = errors.New("rdma: use of closed PacketConn")
+
+// release tears down whatever the PacketConn has set up, in the reverse
+// order: the listening id (no more resolutions answered), the
+// resolutions, the QP, the address handles, the memory, the device.
+func (c *PacketConn) release() {
+	if c.stopRes != nil {
+		c.stopRes()
+	}
+	if c.cm != nil {
+		c.cm.unregister(c.handle)
+	}
+	if c.id != nil {
+		retryDestroy(c.id.Destroy)
+	}
+	c.wg.Wait()
+	if c.vqp != nil {
+		c.cqs.remove(c.vqp.Num)
+		retryDestroy(c.vqp.DestroyUD)
+	}
+	c.smu.Lock()
+	var refs []*peerRef[udDest]
+	for i, r := range c.sendRefs {
+		if r != nil {
+			refs = append(refs, r)
+			c.sendRefs[i] = nil
+		}
+	}
+	c.smu.Unlock()
+	if c.peers != nil {
+		c.releaseRefs(refs)
+		c.peers.close()
+	}
+	c.rmu.Lock()
+	if c.reasm != nil {
+		c.reasm.reset()
+	}
+	c.qlen = 0
+	c.rmu.Unlock()
+	stuck := false
+	if c.mr != nil {
+		if retryDestroy(c.mr.Dereg) != nil {
+			stuck = true
+		} else if c.dev != nil {
+			c.dev.addRegistered(-len(c.mem))
+		}
+	}
+	if c.mem != nil && !stuck {
+		unix.Munmap(c.mem)
+	}
+	if c.pd != nil && !stuck {
+		retryDestroy(c.pd.Dealloc)
+	}
+	if c.dev != nil {
+		c.dev.release(c.cqs, c.cqe)
+	}
+	if c.cm != nil {
+		c.cm.release()
+	}
+}
