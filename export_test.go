@@ -1,6 +1,11 @@
 package rdma
 
-import "time"
+import (
+	"net"
+	"time"
+
+	"github.com/goverbs/rdma/internal/ibv"
+)
 
 // SetPortDownGrace shortens how long a port may stay down before its
 // connections fail, for a test, and returns what restores it.
@@ -67,3 +72,36 @@ func TickRingIdle(c *Conn) { c.ringIdle() }
 
 // QPCooling is how long a kept QP rests before it serves again.
 const QPCooling = qpCooling
+
+// WritePacketRaw sends b to addr as one UD message with no datagram
+// header of this package's: the bytes a foreign or broken peer would
+// send. b must fit the MTU.
+func WritePacketRaw(c *PacketConn, b []byte, addr net.Addr) error {
+	ap, err := destOf(addr)
+	if err != nil {
+		return err
+	}
+	d, ref, err := c.dest(ap)
+	if err != nil {
+		return err
+	}
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	if err := c.waitSlots(1); err != nil {
+		c.peers.release(ref)
+		return err
+	}
+	c.smu.Lock()
+	seq := c.sent
+	slot := int(seq % uint64(c.opts.SendDepth))
+	c.sendRefs[slot] = ref
+	c.sent++
+	c.smu.Unlock()
+	off := c.sendOff() + slot*c.mtu
+	n := copy(c.mem[off:off+c.mtu], b)
+	c.wrs = append(c.wrs, ibv.UDSendWR{ID: seq, Addr: c.base + uint64(off), Len: uint32(n), LKey: c.lkey, AH: d.ah, QPN: d.qpn, QKey: d.qkey})
+	return c.postPending()
+}
+
+// PacketMTU is the largest UD message of c.
+func PacketMTU(c *PacketConn) int { return c.mtu }

@@ -2,6 +2,7 @@ package rdma_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"math/rand"
 	"net"
@@ -165,4 +166,188 @@ func TestPacketDeadlineAndClose(t *testing.T) {
 	}
 	_, err = pc.WriteTo([]byte("x"), pc.LocalAddr())
 	require.ErrorIs(t, err, net.ErrClosed)
+}
+
+// TestPacketHostile: messages that are not this library's datagrams, or
+// break its rules (short, foreign, forged fragment headers, fragments that
+// never complete, a flood of them), are each dropped and counted; the
+// datagrams around them, from the same sender and from another, arrive
+// intact.
+func TestPacketHostile(t *testing.T) {
+	needDevice(t)
+	if siw() {
+		t.Skip("siw has no UD")
+	}
+	a, b := listenPacketPair(t)
+	defer a.Close()
+	defer b.Close()
+	other, err := rdma.ListenPacket("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	defer other.Close()
+	port := uint16(a.LocalAddr().(*rdma.Addr).Port)
+	frag := func(id uint32, total, off, size, n int) []byte {
+		h := []byte{0xD7, 0x11, byte(port >> 8), byte(port), byte(id >> 24), byte(id >> 16), byte(id >> 8), byte(id),
+			byte(total >> 8), byte(total), byte(off >> 8), byte(off), byte(size >> 8), byte(size), 0, 0}
+		return append(h, make([]byte, n)...)
+	}
+	malformed := [][]byte{
+		{},                        // nothing at all
+		{0xD7},                    // a short header
+		{0xD7, 0x10, 0},           // still short
+		{0x00, 0x10, 0, 1, 'x'},   // another magic
+		{0xD7, 0x20, 0, 1, 'x'},   // another version
+		{0xD7, 0x12, 0, 1, 'x'},   // an unknown flag
+		frag(1, 100, 200, 64, 64), // a fragment past the datagram's end
+		frag(2, 1000, 64, 64, 10), // a fragment shorter than its size, not the last
+		frag(3, 50, 0, 64, 50),    // a "fragment" of a datagram that fits whole
+		append(frag(4, 1000, 0, 64, 64)[:14], 1, 0), // reserved bytes set
+	}
+	mtu := rdma.PacketMTU(a)
+	good := []byte("after the bad ones")
+	require.NoError(t, b.SetDeadline(time.Now().Add(10*time.Second)))
+	for _, m := range malformed {
+		require.NoError(t, rdma.WritePacketRaw(a, m, b.LocalAddr()))
+	}
+	// Fragments that never complete: a flood of first fragments from a,
+	// each of a datagram of 65,000 bytes.
+	fs := mtu - 16
+	for id := uint32(100); id < 400; id++ {
+		require.NoError(t, rdma.WritePacketRaw(a, frag(id, 65000, 0, fs, fs), b.LocalAddr()))
+	}
+	// Meanwhile another sender's large datagrams still get through,
+	// and so does a's own.
+	big := make([]byte, 60000)
+	rand.New(rand.NewSource(2)).Read(big)
+	_, err = other.WriteTo(big, b.LocalAddr())
+	require.NoError(t, err)
+	_, err = a.WriteTo(good, b.LocalAddr())
+	require.NoError(t, err)
+	buf := make([]byte, 70000)
+	got := map[string]bool{}
+	for i := 0; i < 2; i++ {
+		n, from, err := b.ReadFrom(buf)
+		require.NoError(t, err)
+		switch from.String() {
+		case other.LocalAddr().String():
+			require.True(t, bytes.Equal(big, buf[:n]), "the other sender's datagram differs")
+		case a.LocalAddr().String():
+			require.Equal(t, good, buf[:n])
+		default:
+			t.Fatalf("a datagram from %v", from)
+		}
+		got[from.String()] = true
+	}
+	require.Len(t, got, 2)
+	st := b.Stats()
+	require.Equal(t, uint64(len(malformed)), st.DropsMalformed, "%+v", st)
+	require.NotZero(t, st.DropsReassembly, "the flood's fragments beyond the per-source bound: %+v", st)
+	b.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	_, _, err = b.ReadFrom(buf)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "nothing else was delivered")
+}
+
+// TestPacketSlowReader: datagrams that arrive while the reader has not
+// read the earlier ones are dropped once the receives are nearly all
+// taken, and counted; the receives kept posted mean the library, not the
+// device, drops them; reading again lets new datagrams in.
+func TestPacketSlowReader(t *testing.T) {
+	needDevice(t)
+	if siw() {
+		t.Skip("siw has no UD")
+	}
+	lc := rdma.ListenConfig{Packet: rdma.PacketOptions{RecvDepth: 64}}
+	a, err := lc.ListenPacket(context.Background(), "rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	defer a.Close()
+	b, err := lc.ListenPacket(context.Background(), "rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	defer b.Close()
+	const sent = 200
+	ms := make([]rdma.Message, sent)
+	for i := range ms {
+		ms[i] = rdma.Message{Buffers: [][]byte{{byte(i), 1, 2, 3}}, Addr: b.LocalAddr()}
+	}
+	n, err := a.(*rdma.PacketConn).WriteBatch(ms, 0)
+	require.NoError(t, err)
+	require.Equal(t, sent, n)
+	bp := b.(*rdma.PacketConn)
+	// Wait until every datagram is in: taken or dropped.
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		st := bp.Stats()
+		if st.DropsNoReceive > 0 && st.DropsNoReceive == bp.Stats().DropsNoReceive {
+			time.Sleep(100 * time.Millisecond)
+			if bp.Stats().DropsNoReceive == st.DropsNoReceive {
+				break
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	got := 0
+	buf := make([]byte, 100)
+	last := -1
+	for {
+		bp.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		n, _, err := bp.ReadFrom(buf)
+		if err != nil {
+			require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+			break
+		}
+		require.Equal(t, 4, n)
+		require.Greater(t, int(buf[0]), last, "in order, none twice")
+		last = int(buf[0])
+		got++
+	}
+	st := bp.Stats()
+	require.LessOrEqual(t, got, 48, "at most the receives not kept posted hold datagrams")
+	require.Greater(t, got, 0)
+	require.NotZero(t, st.DropsNoReceive, "%+v", st)
+	// Those the device dropped, finding no receive posted in the
+	// burst, are not counted.
+	require.LessOrEqual(t, uint64(got)+st.DropsNoReceive, uint64(sent), "%+v", st)
+	t.Logf("%d sent, %d read, %d dropped by the library, %d by the device", sent, got, st.DropsNoReceive, sent-got-int(st.DropsNoReceive))
+	// Reading again made room.
+	_, err = a.WriteTo([]byte("again"), bp.LocalAddr())
+	require.NoError(t, err)
+	bp.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, _, err = bp.ReadFrom(buf)
+	require.NoError(t, err)
+	require.Equal(t, "again", string(buf[:n]))
+}
+
+// TestPacketNoDatagrams: where RDMA cannot carry datagrams (soft-iWARP's
+// device, or an address without RDMA), ListenPacket fails with an error
+// that says why, and FallbackUDP opens a working UDP socket instead.
+func TestPacketNoDatagrams(t *testing.T) {
+	needDevice(t)
+	addr := "127.0.0.1" // no RDMA device
+	if siw() {
+		addr = testAddr // iWARP: no UD
+	}
+	_, err := rdma.ListenPacket("rdma", net.JoinHostPort(addr, "0"))
+	require.Error(t, err)
+	var oe *net.OpError
+	require.ErrorAs(t, err, &oe)
+	require.Equal(t, "rdma", oe.Net)
+	if siw() {
+		require.Contains(t, err.Error(), "iWARP")
+	} else {
+		require.ErrorIs(t, err, rdma.ErrNoDevice)
+	}
+	lc := rdma.ListenConfig{FallbackUDP: true}
+	pc, err := lc.ListenPacket(context.Background(), "rdma", net.JoinHostPort(addr, "0"))
+	require.NoError(t, err)
+	defer pc.Close()
+	require.True(t, pc.(*rdma.PacketConn).IsUDP())
+	peer, err := lc.ListenPacket(context.Background(), "rdma", net.JoinHostPort(addr, "0"))
+	require.NoError(t, err)
+	defer peer.Close()
+	_, err = peer.WriteTo([]byte("over udp"), pc.LocalAddr())
+	require.NoError(t, err)
+	pc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 100)
+	n, from, err := pc.ReadFrom(buf)
+	require.NoError(t, err)
+	require.Equal(t, "over udp", string(buf[:n]))
+	require.Equal(t, peer.LocalAddr().String(), from.String())
 }

@@ -39,12 +39,12 @@ type packetSys struct {
 }
 
 // listenPacket sets a PacketConn up on ap.
-func listenPacket(ap netip.AddrPort, opts PacketOptions) (c *PacketConn, err error) {
+func listenPacket(ap netip.AddrPort, opts PacketOptions) (_ *PacketConn, err error) {
 	cm, err := acquireCM()
 	if err != nil {
 		return nil, err
 	}
-	c = newPacketConn(opts)
+	c := newPacketConn(opts)
 	c.cm = cm
 	c.resCtx, c.stopRes = context.WithCancel(context.Background())
 	c.handle = cm.register(c)
