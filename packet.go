@@ -162,6 +162,9 @@ type PacketConn struct {
 
 	peers *peerCache[udDest]
 	stats packetCounters
+
+	gmu    sync.Mutex
+	groups map[netip.Addr]udDest // the multicast groups joined: where datagrams to them go
 }
 
 // packetCounters are PacketStats' counters.
@@ -626,6 +629,11 @@ func (c *PacketConn) writeOne(m *Message) error {
 	if err != nil {
 		return err
 	}
+	release := func() {
+		if ref != nil {
+			c.peers.release(ref)
+		}
+	}
 	whole := size+wire.DgramHeaderLen <= c.mtu
 	frag := c.mtu - wire.DgramFragHeaderLen
 	count := 1
@@ -633,7 +641,7 @@ func (c *PacketConn) writeOne(m *Message) error {
 		count = wire.DgramFragments(size, frag)
 	}
 	if err := c.waitSlots(count); err != nil {
-		c.peers.release(ref)
+		release()
 		return err
 	}
 	c.nextID++
@@ -750,6 +758,16 @@ func (r *msgReader) read(p []byte) {
 // dest returns the resolved destination of ap, held until its send
 // completes, resolving it first if needed.
 func (c *PacketConn) dest(ap netip.AddrPort) (udDest, *peerRef[udDest], error) {
+	if ap.Addr().IsMulticast() {
+		// A group's address handle lives as long as the membership.
+		c.gmu.Lock()
+		d, ok := c.groups[ap.Addr()]
+		c.gmu.Unlock()
+		if !ok {
+			return d, nil, errNotMember
+		}
+		return d, nil, nil
+	}
 	for {
 		l := c.peers.acquire(ap, time.Now())
 		var wait <-chan struct{}
@@ -803,13 +821,17 @@ func destOf(a net.Addr) (netip.AddrPort, error) {
 		return ap, &net.AddrError{Err: "not an rdma or udp address", Addr: a.String()}
 	}
 	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-	if !ap.Addr().IsValid() || ap.Addr().IsUnspecified() || ap.Port() == 0 {
+	if !ap.Addr().IsValid() || ap.Addr().IsUnspecified() || ap.Port() == 0 && !ap.Addr().IsMulticast() {
 		return ap, &net.AddrError{Err: "invalid destination", Addr: a.String()}
 	}
 	return ap, nil
 }
 
 var errMissingAddress = errors.New("missing address")
+
+// errNotMember is a write's to a multicast group the PacketConn has not
+// joined: rdma_cm gives the address handle of a group to its members.
+var errNotMember = errors.New("rdma: datagrams to a multicast group need a PacketConn of ListenMulticast that joined it")
 
 // messageTooLongError is a write's of a datagram over wire.MaxDatagram.
 type messageTooLongError struct{ size int }
@@ -941,6 +963,48 @@ func (lc *ListenConfig) listenPacket(ctx context.Context, network, address strin
 	}
 	if err != nil {
 		return nil, opErr(addrFrom(ap), err)
+	}
+	return c, nil
+}
+
+// ListenMulticast joins the multicast group gaddr on the RDMA device of
+// the interface ifi (nil: the host's only RDMA device), as
+// net.ListenMulticastUDP does: the PacketConn reads the datagrams sent to
+// the group, and datagrams written to gaddr reach every member. Unlike
+// UDP's, the group's port does not select what is read: every datagram
+// to the group reaches every member, whatever port it was sent to; and
+// only a member may send to the group. The PacketConn is also an
+// ordinary one on a port of its own (LocalAddr), from which its datagrams
+// come. Networks are "rdma", "rdma4" and "rdma6".
+func ListenMulticast(network string, ifi *net.Interface, gaddr *Addr) (*PacketConn, error) {
+	opErr := func(err error) (*PacketConn, error) {
+		var a net.Addr
+		if gaddr != nil {
+			a = gaddr
+		}
+		return nil, &net.OpError{Op: "listen", Net: "rdma", Addr: a, Err: err}
+	}
+	switch network {
+	case "rdma", "rdma4", "rdma6":
+	default:
+		return opErr(net.UnknownNetworkError(network))
+	}
+	group := gaddr.AddrPort().Addr()
+	if gaddr == nil || !group.IsMulticast() || network == "rdma4" && !group.Is4() || network == "rdma6" && !group.Is6() {
+		return opErr(&net.AddrError{Err: "not a multicast address", Addr: gaddr.String()})
+	}
+	local, err := multicastLocal(ifi, group.Is6())
+	if err != nil {
+		return opErr(err)
+	}
+	opts, _ := PacketOptions{}.normalized()
+	c, err := listenPacket(netip.AddrPortFrom(local, 0), opts)
+	if err != nil {
+		return opErr(err)
+	}
+	if err := c.join(group); err != nil {
+		c.Close()
+		return opErr(err)
 	}
 	return c, nil
 }

@@ -351,3 +351,56 @@ func TestPacketNoDatagrams(t *testing.T) {
 	require.Equal(t, "over udp", string(buf[:n]))
 	require.Equal(t, peer.LocalAddr().String(), from.String())
 }
+
+// TestPacketMulticast: three members of a group on the test bed's device
+// each get a datagram one of them sends to the group, small or fragmented;
+// a PacketConn that did not join cannot send to it.
+func TestPacketMulticast(t *testing.T) {
+	needDevice(t)
+	if siw() {
+		t.Skip("siw has no UD")
+	}
+	group := &rdma.Addr{IP: net.IPv4(239, 7, 7, 7), Port: 7400}
+	var members []*rdma.PacketConn
+	for i := 0; i < 3; i++ {
+		m, err := rdma.ListenMulticast("rdma", nil, group)
+		require.NoError(t, err)
+		defer m.Close()
+		members = append(members, m)
+	}
+	msg := []byte("to the group")
+	_, err := members[0].WriteTo(msg, group)
+	require.NoError(t, err)
+	buf := make([]byte, 100)
+	for i, m := range members[1:] {
+		m.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, from, err := m.ReadFrom(buf)
+		require.NoError(t, err, "member %d", i+1)
+		require.Equal(t, msg, buf[:n])
+		require.Equal(t, members[0].LocalAddr().String(), from.String())
+	}
+	// A fragmented datagram reaches the group whole too.
+	big := make([]byte, 20000)
+	rand.New(rand.NewSource(3)).Read(big)
+	_, err = members[1].WriteTo(big, group)
+	require.NoError(t, err)
+	for _, m := range []*rdma.PacketConn{members[0], members[2]} {
+		m.SetReadDeadline(time.Now().Add(5 * time.Second))
+		for {
+			b := make([]byte, 30000)
+			n, from, err := m.ReadFrom(b)
+			require.NoError(t, err)
+			if from.String() != members[1].LocalAddr().String() {
+				continue // its own earlier datagram, looped back
+			}
+			require.True(t, bytes.Equal(big, b[:n]))
+			break
+		}
+	}
+	outsider, err := rdma.ListenPacket("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	defer outsider.Close()
+	_, err = outsider.WriteTo(msg, group)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "multicast")
+}

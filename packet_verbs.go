@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"sync"
@@ -23,19 +24,29 @@ import (
 // peers that send to the port with the QP's number), one UD QP on the
 // device's shared CQ, its memory, and the resolutions in progress.
 type packetSys struct {
-	cm      *cmLoop
-	handle  uintptr
-	id      *rdmacm.ID
-	dev     *device
-	cqs     *cqShard
-	vqp     *ibv.QP
-	pd      *ibv.PD
-	mr      *ibv.MR
-	cqe     int
-	src     netip.Addr // the bound address, unless unspecified: resolutions start from it
-	wg      sync.WaitGroup
-	stopRes context.CancelFunc
-	resCtx  context.Context
+	cm       *cmLoop
+	handle   uintptr
+	id       *rdmacm.ID
+	dev      *device
+	cqs      *cqShard
+	vqp      *ibv.QP
+	pd       *ibv.PD
+	mr       *ibv.MR
+	cqe      int
+	src      netip.Addr // the bound address, unless unspecified: resolutions start from it
+	wg       sync.WaitGroup
+	stopRes  context.CancelFunc
+	resCtx   context.Context
+	mcEv     chan rdmacm.Event // a multicast join's outcome
+	mcID     *rdmacm.ID        // the id that joins groups (a listening id may not)
+	mcHandle uintptr
+	joined   []joinedGroup
+}
+
+// joinedGroup is a multicast group the QP is attached to.
+type joinedGroup struct {
+	group netip.Addr
+	attr  [len(rdmacm.UDParam{}.AHAttr)]byte
 }
 
 // listenPacket sets a PacketConn up on ap.
@@ -123,6 +134,86 @@ func listenPacket(ap netip.AddrPort, opts PacketOptions) (_ *PacketConn, err err
 	return c, nil
 }
 
+// join joins the multicast group and attaches the QP to it.
+func (c *PacketConn) join(group netip.Addr) error {
+	c.gmu.Lock()
+	if c.mcEv == nil {
+		c.mcEv = make(chan rdmacm.Event, 1)
+	}
+	c.gmu.Unlock()
+	if c.mcID == nil {
+		// rdma_cm joins groups on a bound id, not a listening one.
+		c.mcHandle = c.cm.register(c)
+		id, err := rdmacm.NewUDPID(c.cm.ch, c.mcHandle)
+		if err != nil {
+			return err
+		}
+		c.mcID = id
+		if err := id.Bind(netip.AddrPortFrom(c.laddr.AddrPort().Addr(), 0)); err != nil {
+			return err
+		}
+	}
+	if err := c.mcID.JoinMulticast(group); err != nil {
+		return err
+	}
+	var ev rdmacm.Event
+	select {
+	case ev = <-c.mcEv:
+	case <-time.After(c.opts.ResolveTimeout):
+		return os.NewSyscallError("rdma_join_multicast", syscall.ETIMEDOUT)
+	}
+	if ev.Type != rdmacm.EventMulticastJoin || ev.UD == nil {
+		return os.NewSyscallError("rdma_join_multicast", eventErrno(ev, syscall.EHOSTUNREACH))
+	}
+	if err := c.vqp.AttachMcast(ev.UD.AHAttr[:], false); err != nil {
+		return err
+	}
+	c.joined = append(c.joined, joinedGroup{group: group, attr: ev.UD.AHAttr})
+	ah, err := c.pd.CreateAH(ev.UD.AHAttr[:])
+	if err != nil {
+		return err
+	}
+	c.gmu.Lock()
+	if c.groups == nil {
+		c.groups = map[netip.Addr]udDest{}
+	}
+	c.groups[group] = udDest{ah: ah.Handle(), qpn: ev.UD.QPNum, qkey: ev.UD.QKey, free: func() { retryDestroy(ah.Destroy) }}
+	c.gmu.Unlock()
+	return nil
+}
+
+// multicastLocal finds the address a multicast member binds to: the
+// interface's (or, for nil, the only RDMA device's) address of the
+// group's family, as its device's GID table has it.
+func multicastLocal(ifi *net.Interface, v6 bool) (netip.Addr, error) {
+	devs, err := ibv.Devices()
+	if err != nil {
+		return netip.Addr{}, hostDeviceError(err)
+	}
+	var found []netip.Addr
+	for _, d := range devs {
+		for _, p := range d.Ports {
+			for _, g := range p.GIDs {
+				if g.Type != ibv.GIDTypeRoCEv2 || ifi != nil && g.Netdev != ifi.Name {
+					continue
+				}
+				a := netip.AddrFrom16(g.GID)
+				if a.Is4In6() != !v6 || a.IsLinkLocalUnicast() {
+					continue
+				}
+				found = append(found, a.Unmap())
+			}
+		}
+	}
+	if len(found) == 0 {
+		return netip.Addr{}, &deviceError{syscall.ENODEV}
+	}
+	if ifi == nil && len(found) > 1 {
+		return netip.Addr{}, fmt.Errorf("rdma: the host's RDMA devices have %d addresses: ListenMulticast needs an interface", len(found))
+	}
+	return found[0], nil
+}
+
 // peerFailTTL is how long a failed resolution is remembered: writes to
 // that destination fail at once meanwhile.
 const peerFailTTL = time.Second
@@ -144,6 +235,11 @@ func (c *PacketConn) cmEvent(ev rdmacm.Event) {
 			defer c.wg.Done()
 			retryDestroy(ev.ID.Destroy)
 		}()
+	case rdmacm.EventMulticastJoin, rdmacm.EventMulticastError:
+		select {
+		case c.mcEv <- ev:
+		default:
+		}
 	case rdmacm.EventDeviceRemoval:
 		markRemoved(c.id.Verbs())
 		c.failAsync(nil, true)
@@ -268,7 +364,18 @@ func (c *PacketConn) release() {
 	if c.id != nil {
 		retryDestroy(c.id.Destroy)
 	}
+	if c.mcID != nil {
+		c.cm.unregister(c.mcHandle)
+		retryDestroy(c.mcID.Destroy) // leaves the groups
+	}
 	c.wg.Wait()
+	for _, g := range c.joined {
+		c.vqp.AttachMcast(g.attr[:], true)
+	}
+	c.gmu.Lock()
+	groups := c.groups
+	c.groups = nil
+	c.gmu.Unlock()
 	if c.vqp != nil {
 		c.cqs.remove(c.vqp.Num)
 		retryDestroy(c.vqp.DestroyUD)
@@ -285,6 +392,9 @@ func (c *PacketConn) release() {
 	if c.peers != nil {
 		c.releaseRefs(refs)
 		c.peers.close()
+	}
+	for _, d := range groups {
+		d.free()
 	}
 	c.rmu.Lock()
 	if c.reasm != nil {

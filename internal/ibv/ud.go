@@ -107,6 +107,14 @@ static struct ibv_qp *gv_create_ud_qp(struct ibv_pd *pd, struct ibv_cq *cq, uint
 	return qp;
 }
 
+
+// gv_mcast attaches qp to (or detaches it from) the multicast group whose
+// address handle attributes are attr.
+static int gv_mcast(struct ibv_qp *qp, const struct ibv_ah_attr *attr, int detach) {
+	if (detach)
+		return ibv_detach_mcast(qp, &attr->grh.dgid, attr->dlid);
+	return ibv_attach_mcast(qp, &attr->grh.dgid, attr->dlid);
+}
 */
 import "C"
 
@@ -188,6 +196,23 @@ func (ah *AH) Handle() uintptr { return uintptr(unsafe.Pointer(ah.ah)) }
 func (ah *AH) Destroy() error {
 	if r := C.ibv_destroy_ah(ah.ah); r != 0 {
 		return os.NewSyscallError("ibv_destroy_ah", syscall.Errno(r))
+	}
+	return nil
+}
+
+// AttachMcast attaches the QP to the multicast group whose address handle
+// attributes (a struct ibv_ah_attr, as a multicast join returns it) are
+// attr: datagrams to the group reach it. detach undoes it.
+func (qp *QP) AttachMcast(attr []byte, detach bool) error {
+	name, d := "ibv_attach_mcast", C.int(0)
+	if detach {
+		name, d = "ibv_detach_mcast", 1
+	}
+	if len(attr) != C.sizeof_struct_ibv_ah_attr {
+		return os.NewSyscallError(name, syscall.EINVAL)
+	}
+	if r := C.gv_mcast(qp.qp, (*C.struct_ibv_ah_attr)(unsafe.Pointer(&attr[0])), d); r != 0 {
+		return os.NewSyscallError(name, syscall.Errno(r))
 	}
 	return nil
 }

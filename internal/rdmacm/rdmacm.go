@@ -64,7 +64,7 @@ static int gv_get_event(struct rdma_event_channel *ch, struct gv_event *out) {
 		out->responder_resources = ev->param.conn.responder_resources;
 		out->initiator_depth = ev->param.conn.initiator_depth;
 	}
-	if (ev->event == RDMA_CM_EVENT_ESTABLISHED && ev->id->ps == RDMA_PS_UDP) {
+	if ((ev->event == RDMA_CM_EVENT_ESTABLISHED && ev->id->ps == RDMA_PS_UDP) || ev->event == RDMA_CM_EVENT_MULTICAST_JOIN) {
 		out->ud = 1;
 		out->ud_qp_num = ev->param.ud.qp_num;
 		out->ud_qkey = ev->param.ud.qkey;
@@ -101,6 +101,14 @@ static int gv_bind(struct rdma_cm_id *id, int family, const uint8_t *ip, uint16_
 	struct sockaddr_storage ss;
 	gv_sockaddr(&ss, family, ip, port);
 	return rdma_bind_addr(id, (struct sockaddr *)&ss);
+}
+
+static int gv_join_multicast(struct rdma_cm_id *id, int family, const uint8_t *ip, int leave) {
+	struct sockaddr_storage ss;
+	gv_sockaddr(&ss, family, ip, 0);
+	if (leave)
+		return rdma_leave_multicast(id, (struct sockaddr *)&ss);
+	return rdma_join_multicast(id, (struct sockaddr *)&ss, NULL);
 }
 
 static int gv_resolve_addr(struct rdma_cm_id *id, int sfamily, const uint8_t *sip,
@@ -393,6 +401,8 @@ const (
 	EventDeviceRemoval   EventType = C.RDMA_CM_EVENT_DEVICE_REMOVAL
 	EventAddrChange      EventType = C.RDMA_CM_EVENT_ADDR_CHANGE
 	EventTimewaitExit    EventType = C.RDMA_CM_EVENT_TIMEWAIT_EXIT
+	EventMulticastJoin   EventType = C.RDMA_CM_EVENT_MULTICAST_JOIN
+	EventMulticastError  EventType = C.RDMA_CM_EVENT_MULTICAST_ERROR
 )
 
 func (t EventType) String() string {
@@ -550,6 +560,27 @@ func newID(ch *EventChannel, handle uintptr, udp C.int) (*ID, error) {
 		return nil, os.NewSyscallError("rdma_create_id", err)
 	}
 	return &ID{id: id}, nil
+}
+
+// JoinMulticast joins the multicast group at group (rdma_join_multicast)
+// on the bound id's device; the outcome is a multicast join event, whose
+// UD says where datagrams to the group go (QP number 0xffffff), or a
+// multicast error event. The caller attaches its QP to the group.
+func (id *ID) JoinMulticast(group netip.Addr) error {
+	fam, ip := ipBytes(group)
+	if r, err := C.gv_join_multicast(id.id, fam, (*C.uint8_t)(&ip[0]), 0); r != 0 {
+		return os.NewSyscallError("rdma_join_multicast", err)
+	}
+	return nil
+}
+
+// LeaveMulticast leaves a group JoinMulticast joined.
+func (id *ID) LeaveMulticast(group netip.Addr) error {
+	fam, ip := ipBytes(group)
+	if r, err := C.gv_join_multicast(id.id, fam, (*C.uint8_t)(&ip[0]), 1); r != 0 {
+		return os.NewSyscallError("rdma_leave_multicast", err)
+	}
+	return nil
 }
 
 // PortNum is the device port the id is bound to (0 while unbound).
