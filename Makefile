@@ -1,5 +1,6 @@
 # make test: formatting and static checks, host unit tests and fuzzing, then
-# the device tests inside a Soft-RoCE VM (testbed/vm.sh), the fault sweep
+# the device tests inside a Soft-RoCE VM (testbed/vm.sh) with the interop
+# module's (interop/: quic-go and miekg/dns over PacketConn), the fault sweep
 # there (a test binary built with -tags faultinject that makes each call
 # into the kernel's RDMA interface fail in turn: faults_test.go), the device
 # tests again on
@@ -25,22 +26,27 @@ VMTIMEOUT   ?= 1500
 all: test
 
 # Debian packages (cgo headers and libraries, qemu, rdma-core, perftest),
-# the VM's kernel and initramfs (cached), and the Go modules.
+# the VM's kernel and initramfs (cached), and the Go modules, the interop
+# module's too.
 deps:
 	$(VM) --prepare
 	$(GO) mod download
+	cd interop && $(GO) mod download
 
 # The API is declared once for every platform: the builds without cgo, for
 # darwin and for 32-bit targets must vet too (api_test.go calls every
-# export).
+# export). The interop module (its own go.mod, so that quic-go and
+# miekg/dns stay out of the library's dependencies) is checked as well.
 check: verbs-note
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 ifeq ($(HAVE_VERBS),yes)
 	$(GO) vet ./...
 	$(GO) vet -tags faultinject ./...
 	$(GO) run $(STATICCHECK) ./...
+	cd interop && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...
 endif
 	CGO_ENABLED=0 $(GO) vet ./...
+	cd interop && CGO_ENABLED=0 $(GO) vet ./...
 	CGO_ENABLED=0 GOARCH=386 $(GO) vet ./...
 	CGO_ENABLED=0 GOARCH=arm $(GO) vet ./...
 	GOOS=darwin GOARCH=arm64 $(GO) vet ./...
@@ -86,6 +92,7 @@ ifneq ($(HAVE_VERBS),yes)
 endif
 
 # Test binaries are built on the host and run in the VM: same libraries.
+# The interop tests run on Soft-RoCE only: iWARP has no datagrams.
 vmtest: deps
 	mkdir -p $(OUT)
 	$(GO) test -c -o $(OUT)/rdma.test .
@@ -93,7 +100,10 @@ vmtest: deps
 	$(GO) test -c -o $(OUT)/rdmaperf.test ./cmd/rdmaperf
 	$(GO) test -c -o $(OUT)/rdmainfo.test ./cmd/rdmainfo
 	$(GO) test -tags faultinject -c -o $(OUT)/rdma.faults.test .
+	cd interop && $(GO) test -c -o $(abspath $(OUT))/interop.test .
 	$(VM) --timeout $(VMTIMEOUT) -- sh -c '$(OUT)/rdma.test -test.v -test.count=1 -test.timeout 20m && $(OUT)/rdmaperf.test -test.v -test.count=1 && $(OUT)/rdmainfo.test -test.v -test.count=1 && \
+		echo "=== quic-go and miekg/dns over PacketConn (interop/)" && \
+		$(OUT)/interop.test -test.v -test.count=1 -test.timeout 5m && \
 		echo "=== every benchmark, a small fixed count" && \
 		$(OUT)/rdma.test -test.count=1 -test.run "^$$" -test.bench . -test.benchtime 20x -test.timeout 5m && \
 		echo "=== the same tests under the race detector (-short)" && \
