@@ -107,6 +107,57 @@ func useEveryExport(c *rdma.Conn, l *rdma.Listener) []error {
 	return errs
 }
 
+// useEveryPacketExport calls every exported function and method of the
+// datagram half, as useEveryExport does.
+func useEveryPacketExport(p *rdma.PacketConn) []error {
+	var errs []error
+	add := func(err error) { errs = append(errs, err) }
+	_, err := rdma.ListenPacket("rdma", "192.0.2.1:0")
+	add(err)
+	lc := rdma.ListenConfig{FallbackUDP: false, Packet: rdma.PacketOptions{RecvDepth: 64, SendDepth: 64, Peers: 8,
+		ResolveTimeout: time.Second, ReassemblyBytes: 1 << 20}}
+	_, err = lc.ListenPacket(context.Background(), "rdma", "192.0.2.1:0")
+	add(err)
+	_, err = rdma.ListenMulticast("rdma", nil, &rdma.Addr{IP: net.IPv4(239, 1, 1, 1), Port: 1})
+	add(err)
+	b := make([]byte, 10)
+	_, _, err = p.ReadFrom(b)
+	add(err)
+	_, err = p.WriteTo(b, &rdma.Addr{IP: net.IPv4(192, 0, 2, 1), Port: 1})
+	add(err)
+	ms := []rdma.Message{{Buffers: [][]byte{b}, Addr: &rdma.Addr{}}}
+	_, err = p.ReadBatch(ms, 0)
+	add(err)
+	_, err = p.WriteBatch(ms, 0)
+	add(err)
+	add(p.SetDeadline(time.Time{}))
+	add(p.SetReadDeadline(time.Time{}))
+	add(p.SetWriteDeadline(time.Time{}))
+	add(p.Close())
+	_ = p.LocalAddr()
+	_ = p.IsUDP()
+	_ = p.Stats().DropsNoReceive + uint64(rdma.MsgTrunc)
+	var _ net.PacketConn = p
+	return errs
+}
+
+// TestPacketZeroValuesFail checks that the methods of a nil or zero
+// PacketConn return net's errors instead of panicking.
+func TestPacketZeroValuesFail(t *testing.T) {
+	for _, p := range []*rdma.PacketConn{nil, new(rdma.PacketConn)} {
+		errs := useEveryPacketExport(p)
+		n := 0
+		for _, err := range errs {
+			var oe *net.OpError
+			if errors.As(err, &oe) && errors.Is(err, syscall.EINVAL) {
+				require.Equal(t, "rdma", oe.Net)
+				n++
+			}
+		}
+		require.Equal(t, 8, n, "each PacketConn method that returns an error: %v", errs)
+	}
+}
+
 // TestZeroValuesFail checks, on every build, that the methods of nil and
 // zero values return net's errors instead of panicking, as a zero
 // net.TCPConn's do.

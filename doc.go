@@ -77,6 +77,15 @@
 // connection's receive ring, which the protocol itself writes (and, on
 // iWARP, the memory RDMA READs land in: see RemoteRegion.ReadAtContext).
 //
+// # Datagrams
+//
+// ListenPacket returns a PacketConn, a net.PacketConn over RDMA unreliable
+// datagrams (UD), the UDP of RDMA: one queue pair for any number of peers,
+// datagrams of up to 65,507 bytes (fragmented beyond the path MTU) that may
+// be lost but never arrive changed or merged, batches (ReadBatch,
+// WriteBatch), multicast groups (ListenMulticast), and, with
+// ListenConfig.FallbackUDP, a UDP socket where RDMA has no datagrams.
+//
 // # Fallback
 //
 // With Dialer.FallbackTCP and ListenConfig.FallbackTCP a service also runs

@@ -449,6 +449,9 @@ func grhSource(grh []byte) (netip.Addr, bool) {
 // datagram longer than b fills b and the rest is discarded, as UDP's
 // (ReadBatch reports that with MsgTrunc; PacketStats counts it).
 func (c *PacketConn) ReadFrom(b []byte) (int, net.Addr, error) {
+	if c.invalid() {
+		return 0, nil, c.opErr("read", nil, syscall.EINVAL)
+	}
 	if c.udp != nil {
 		return c.udp.ReadFrom(b)
 	}
@@ -529,6 +532,9 @@ func (c *PacketConn) popLocked(bufs [][]byte) (n int, src netip.AddrPort, flags 
 // takes those already there. It returns how many it read; each Message
 // has its N, Addr and Flags set. flags must be 0.
 func (c *PacketConn) ReadBatch(ms []Message, flags int) (int, error) {
+	if c.invalid() {
+		return 0, c.opErr("read", nil, syscall.EINVAL)
+	}
 	if c.udp != nil {
 		return c.udpReadBatch(ms)
 	}
@@ -558,6 +564,9 @@ func (c *PacketConn) ReadBatch(ms []Message, flags int) (int, error) {
 // for its resolution (ResolveTimeout at most); a destination that cannot
 // be resolved fails that write (and the next ones for a second).
 func (c *PacketConn) WriteTo(b []byte, addr net.Addr) (int, error) {
+	if c.invalid() {
+		return 0, c.opErr("write", addr, syscall.EINVAL)
+	}
 	if c.udp != nil {
 		return c.udpWriteTo(b, addr)
 	}
@@ -573,6 +582,9 @@ func (c *PacketConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 // it returns how many it sent, and the error that stopped it. flags must
 // be 0.
 func (c *PacketConn) WriteBatch(ms []Message, flags int) (int, error) {
+	if c.invalid() {
+		return 0, c.opErr("write", nil, syscall.EINVAL)
+	}
 	if c.udp != nil {
 		return c.udpWriteBatch(ms)
 	}
@@ -841,9 +853,13 @@ func (e *messageTooLongError) Error() string {
 }
 func (e *messageTooLongError) Unwrap() error { return syscall.EMSGSIZE }
 
+// invalid reports whether c is nil or a zero PacketConn: its methods
+// fail with EINVAL then, as a zero net.UDPConn's do.
+func (c *PacketConn) invalid() bool { return c == nil || c.udp == nil && c.qp == nil }
+
 func (c *PacketConn) opErr(op string, addr net.Addr, err error) error {
 	var src net.Addr
-	if c.laddr != nil {
+	if c != nil && c.laddr != nil {
 		src = c.laddr
 	}
 	return &net.OpError{Op: op, Net: "rdma", Source: src, Addr: addr, Err: err}
@@ -852,6 +868,9 @@ func (c *PacketConn) opErr(op string, addr net.Addr, err error) error {
 // LocalAddr returns the local address: an *Addr, or with FallbackUDP
 // the UDP socket's *net.UDPAddr.
 func (c *PacketConn) LocalAddr() net.Addr {
+	if c.invalid() {
+		return nil
+	}
 	if c.udp != nil {
 		return c.udp.LocalAddr()
 	}
@@ -860,6 +879,9 @@ func (c *PacketConn) LocalAddr() net.Addr {
 
 // SetDeadline sets the read and write deadlines, as net.PacketConn's.
 func (c *PacketConn) SetDeadline(t time.Time) error {
+	if c.invalid() {
+		return c.opErr("set", nil, syscall.EINVAL)
+	}
 	if c.udp != nil {
 		return c.udp.SetDeadline(t)
 	}
@@ -871,6 +893,9 @@ func (c *PacketConn) SetDeadline(t time.Time) error {
 
 // SetReadDeadline sets the deadline of ReadFrom and ReadBatch.
 func (c *PacketConn) SetReadDeadline(t time.Time) error {
+	if c.invalid() {
+		return c.opErr("set", nil, syscall.EINVAL)
+	}
 	if c.udp != nil {
 		return c.udp.SetReadDeadline(t)
 	}
@@ -883,6 +908,9 @@ func (c *PacketConn) SetReadDeadline(t time.Time) error {
 // SetWriteDeadline sets the deadline of WriteTo and WriteBatch (a write
 // waits for room to send, and for a new destination's resolution).
 func (c *PacketConn) SetWriteDeadline(t time.Time) error {
+	if c.invalid() {
+		return c.opErr("set", nil, syscall.EINVAL)
+	}
 	if c.udp != nil {
 		return c.udp.SetWriteDeadline(t)
 	}
@@ -894,6 +922,9 @@ func (c *PacketConn) SetWriteDeadline(t time.Time) error {
 
 // Stats returns the PacketConn's counters.
 func (c *PacketConn) Stats() PacketStats {
+	if c == nil {
+		return PacketStats{}
+	}
 	s := &c.stats
 	return PacketStats{
 		DatagramsSent: s.sent.Load(), DatagramsReceived: s.recvd.Load(),
@@ -908,6 +939,9 @@ func (c *PacketConn) Stats() PacketStats {
 // Close closes the PacketConn: blocked reads and writes return an error
 // wrapping net.ErrClosed, and its QP, memory and address handles go.
 func (c *PacketConn) Close() error {
+	if c.invalid() {
+		return c.opErr("close", nil, syscall.EINVAL)
+	}
 	if c.udp != nil {
 		return c.udp.Close()
 	}
@@ -1040,7 +1074,7 @@ func listenUDP(ctx context.Context, network string, ap netip.AddrPort) (*PacketC
 
 // IsUDP reports whether the PacketConn is the kernel UDP socket that
 // ListenConfig.FallbackUDP opened.
-func (c *PacketConn) IsUDP() bool { return c.udp != nil }
+func (c *PacketConn) IsUDP() bool { return c != nil && c.udp != nil }
 
 func (c *PacketConn) udpWriteTo(b []byte, addr net.Addr) (int, error) {
 	if a, ok := addr.(*Addr); ok {
