@@ -75,14 +75,18 @@ func TestPacketSizes(t *testing.T) {
 }
 
 // TestPacketManyPeers: many PacketConns send to one, which answers each;
-// every datagram arrives from the right peer.
+// every datagram arrives from the right peer. The server keeps 4 address
+// handles for its 16 peers: they are evicted and resolved again all along,
+// never freed under a send that uses them.
 func TestPacketManyPeers(t *testing.T) {
 	needDevice(t)
 	if siw() {
 		t.Skip("siw has no UD")
 	}
-	srv, err := rdma.ListenPacket("rdma", net.JoinHostPort(testAddr, "0"))
+	lc := rdma.ListenConfig{Packet: rdma.PacketOptions{Peers: 4}}
+	pc, err := lc.ListenPacket(context.Background(), "rdma", net.JoinHostPort(testAddr, "0"))
 	require.NoError(t, err)
+	srv := pc.(*rdma.PacketConn)
 	defer srv.Close()
 	const peers, rounds = 16, 20
 	go func() {
@@ -132,7 +136,10 @@ func TestPacketManyPeers(t *testing.T) {
 	for err := range errs {
 		require.NoError(t, err)
 	}
-	require.Equal(t, uint64(peers*rounds), srv.Stats().DatagramsReceived)
+	st := srv.Stats()
+	require.Equal(t, uint64(peers*rounds), st.DatagramsReceived)
+	require.Greater(t, st.PeerMisses, uint64(peers), "evicted handles were resolved again: %+v", st)
+	t.Logf("%+v", st)
 }
 
 // TestPacketDeadlineAndClose: a read past its deadline times out as net's

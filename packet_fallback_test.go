@@ -1,0 +1,62 @@
+package rdma_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goverbs/rdma"
+)
+
+// TestPacketFallbackUDP runs on every build and host: on loopback, where
+// no RDMA device serves (or the build has no RDMA), ListenPacket fails
+// with the documented error, and FallbackUDP gives a UDP socket that
+// exchanges datagrams with another, *rdma.Addr destinations included.
+func TestPacketFallbackUDP(t *testing.T) {
+	_, err := rdma.ListenPacket("rdma", "127.0.0.1:0")
+	require.Error(t, err)
+	var oe *net.OpError
+	require.ErrorAs(t, err, &oe)
+	require.Equal(t, "rdma", oe.Net)
+	require.True(t, isNoDeviceOrUnsupported(err), "%v", err)
+
+	lc := rdma.ListenConfig{FallbackUDP: true}
+	a, err := lc.ListenPacket(context.Background(), "rdma4", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer a.Close()
+	b, err := lc.ListenPacket(context.Background(), "rdma4", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer b.Close()
+	require.True(t, a.(*rdma.PacketConn).IsUDP())
+	bu := b.LocalAddr().(*net.UDPAddr)
+	_, err = a.WriteTo([]byte("one"), &rdma.Addr{IP: bu.IP, Port: bu.Port})
+	require.NoError(t, err)
+	ms := []rdma.Message{{Buffers: [][]byte{[]byte("two")}, Addr: b.LocalAddr()}}
+	n, err := a.(*rdma.PacketConn).WriteBatch(ms, 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	b.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 10)
+	n, from, err := b.ReadFrom(buf)
+	require.NoError(t, err)
+	require.Equal(t, "one", string(buf[:n]))
+	require.Equal(t, a.LocalAddr().String(), from.String())
+	in := []rdma.Message{{Buffers: [][]byte{make([]byte, 2), make([]byte, 10)}}}
+	n, err = b.(*rdma.PacketConn).ReadBatch(in, 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, 3, in[0].N)
+	require.Equal(t, "tw", string(in[0].Buffers[0]))
+	require.Equal(t, "o", string(in[0].Buffers[1][:1]))
+}
+
+// isNoDeviceOrUnsupported reports whether err says that RDMA cannot serve
+// here: no device (a host without RDMA, or loopback), or no RDMA in the
+// build.
+func isNoDeviceOrUnsupported(err error) bool {
+	return errors.Is(err, rdma.ErrNoDevice) || errors.Is(err, rdma.ErrUnsupported)
+}
