@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/netip"
 	"syscall"
 	"testing"
 	"time"
@@ -130,6 +131,10 @@ func useEveryPacketExport(p *rdma.PacketConn) []error {
 	add(err)
 	_, err = p.WriteBatch(ms, 0)
 	add(err)
+	_, _, err = p.ReadFromAddrPort(b)
+	add(err)
+	_, err = p.WriteToAddrPort(b, netip.MustParseAddrPort("192.0.2.1:1"))
+	add(err)
 	add(p.SetDeadline(time.Time{}))
 	add(p.SetReadDeadline(time.Time{}))
 	add(p.SetWriteDeadline(time.Time{}))
@@ -154,7 +159,7 @@ func TestPacketZeroValuesFail(t *testing.T) {
 				n++
 			}
 		}
-		require.Equal(t, 8, n, "each PacketConn method that returns an error: %v", errs)
+		require.Equal(t, 10, n, "each PacketConn method that returns an error: %v", errs)
 	}
 }
 

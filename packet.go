@@ -464,6 +464,23 @@ func (c *PacketConn) ReadFrom(b []byte) (int, net.Addr, error) {
 	return n, addrFrom(src), nil
 }
 
+// ReadFromAddrPort is ReadFrom with the sender's address as a
+// netip.AddrPort, as net.UDPConn's: it allocates nothing.
+func (c *PacketConn) ReadFromAddrPort(b []byte) (int, netip.AddrPort, error) {
+	if c.invalid() {
+		return 0, netip.AddrPort{}, c.opErr("read", nil, syscall.EINVAL)
+	}
+	if c.udp != nil {
+		return c.udp.ReadFromUDPAddrPort(b)
+	}
+	one := [1][]byte{b}
+	n, src, _, err := c.read(one[:])
+	if err != nil {
+		return n, src, c.opErr("read", nil, err)
+	}
+	return n, src, nil
+}
+
 // read waits for a datagram and copies it into bufs, one after the other.
 func (c *PacketConn) read(bufs [][]byte) (n int, src netip.AddrPort, flags int, err error) {
 	if c.qp == nil {
@@ -570,12 +587,48 @@ func (c *PacketConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 	if c.udp != nil {
 		return c.udpWriteTo(b, addr)
 	}
-	ms := [1]Message{{Buffers: [][]byte{b}, Addr: addr}}
-	n, err := c.write(ms[:])
-	if n == 0 {
-		return 0, err
+	dst, err := destOf(addr)
+	if err != nil {
+		return 0, c.opErr("write", addr, err)
+	}
+	if err := c.writeSingle(b, dst); err != nil {
+		return 0, c.opErr("write", addr, err)
 	}
 	return len(b), nil
+}
+
+// WriteToAddrPort is WriteTo to an address given as a netip.AddrPort, as
+// net.UDPConn's: it allocates nothing.
+func (c *PacketConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
+	if c.invalid() {
+		return 0, c.opErr("write", addrFrom(addr), syscall.EINVAL)
+	}
+	if c.udp != nil {
+		return c.udp.WriteToUDPAddrPort(b, addr)
+	}
+	dst, err := destOf(net.UDPAddrFromAddrPort(addr))
+	if err == nil {
+		err = c.writeSingle(b, dst)
+	}
+	if err != nil {
+		return 0, c.opErr("write", addrFrom(addr), err)
+	}
+	return len(b), nil
+}
+
+// writeSingle sends one datagram.
+func (c *PacketConn) writeSingle(b []byte, dst netip.AddrPort) error {
+	if c.qp == nil {
+		return syscall.EINVAL
+	}
+	bufs := [1][]byte{b}
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	if _, err := c.writeOne(bufs[:], dst); err != nil {
+		c.postPending()
+		return err
+	}
+	return c.postPending()
 }
 
 // WriteBatch sends each message as one datagram, posting them together:
@@ -591,14 +644,6 @@ func (c *PacketConn) WriteBatch(ms []Message, flags int) (int, error) {
 	return c.write(ms)
 }
 
-func msgLen(m *Message) int {
-	n := 0
-	for _, b := range m.Buffers {
-		n += len(b)
-	}
-	return n
-}
-
 // write sends ms; it returns how many it sent.
 func (c *PacketConn) write(ms []Message) (int, error) {
 	if c.qp == nil {
@@ -609,7 +654,11 @@ func (c *PacketConn) write(ms []Message) (int, error) {
 	for i := range ms {
 		m := &ms[i]
 		m.N = 0
-		if err := c.writeOne(m); err != nil {
+		dst, err := destOf(m.Addr)
+		if err == nil {
+			m.N, err = c.writeOne(m.Buffers, dst)
+		}
+		if err != nil {
 			c.postPending()
 			return i, c.opErr("write", m.Addr, err)
 		}
@@ -622,24 +671,23 @@ func (c *PacketConn) write(ms []Message) (int, error) {
 
 // writeOne places one datagram in the send slots (waiting for room) and
 // queues its work requests; writeMu is held.
-func (c *PacketConn) writeOne(m *Message) error {
+func (c *PacketConn) writeOne(bufs [][]byte, dst netip.AddrPort) (int, error) {
 	if isClosed(c.closing) {
-		return net.ErrClosed
+		return 0, net.ErrClosed
 	}
 	if c.wdl.expired() {
-		return errTimeout
+		return 0, errTimeout
 	}
-	size := msgLen(m)
+	size := 0
+	for _, b := range bufs {
+		size += len(b)
+	}
 	if size > wire.MaxDatagram {
-		return &messageTooLongError{size}
-	}
-	dst, err := destOf(m.Addr)
-	if err != nil {
-		return err
+		return 0, &messageTooLongError{size}
 	}
 	d, ref, err := c.dest(dst)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	release := func() {
 		if ref != nil {
@@ -654,11 +702,11 @@ func (c *PacketConn) writeOne(m *Message) error {
 	}
 	if err := c.waitSlots(count); err != nil {
 		release()
-		return err
+		return 0, err
 	}
 	c.nextID++
 	id := c.nextID
-	r := msgReader{bufs: m.Buffers}
+	r := msgReader{bufs: bufs}
 	for k := 0; k < count; k++ {
 		c.smu.Lock()
 		seq := c.sent
@@ -687,14 +735,13 @@ func (c *PacketConn) writeOne(m *Message) error {
 		c.wrs = append(c.wrs, wr)
 		if len(c.wrs) == cap(c.wrs) {
 			if err := c.postPending(); err != nil {
-				return err
+				return 0, err
 			}
 		}
 	}
-	m.N = size
 	c.stats.sent.Add(1)
 	c.stats.bytesSent.Add(uint64(size))
-	return nil
+	return size, nil
 }
 
 // postPending posts the queued sends, the last one signaled (so that
