@@ -36,7 +36,8 @@ type PacketOptions struct {
 	ResolveTimeout time.Duration
 	// ReassemblyBytes bounds the bytes of fragmented datagrams held
 	// while their fragments arrive; one source may hold a quarter.
-	// Default 4 MiB.
+	// Default 4 MiB; at least 256 KiB, so that a source's quarter holds
+	// the largest datagram (whose buffer is 64 KiB).
 	ReassemblyBytes int
 }
 
@@ -70,7 +71,7 @@ func (o PacketOptions) normalized() (PacketOptions, error) {
 	if o.ReassemblyBytes == 0 {
 		o.ReassemblyBytes = defaultReassembly
 	}
-	o.ReassemblyBytes = max(o.ReassemblyBytes, 2*wire.MaxDatagram)
+	o.ReassemblyBytes = max(o.ReassemblyBytes, 4*maxReassemblyBuf)
 	return o, nil
 }
 
@@ -317,8 +318,10 @@ func (c *PacketConn) complete(wc ibv.WC) bool {
 		}
 		return len(c.reposts) > 0
 	}
-	if c.held >= c.opts.RecvDepth-c.minPosted() {
+	if c.held >= c.opts.RecvDepth-c.minPosted() || c.qlen == len(c.queue) {
 		// The reader is behind: drop this one, keep the receive posted.
+		// Reassembled datagrams hold no receive, so they alone can fill
+		// the queue.
 		c.stats.noReceive.Add(1)
 		c.repostLocked(slot, false)
 		return len(c.reposts) > 0
@@ -556,10 +559,22 @@ func (c *PacketConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 	if c.udp != nil {
 		return c.udpWriteTo(b, addr)
 	}
-	ms := [1]Message{{Buffers: [][]byte{b}, Addr: addr}}
-	n, err := c.write(ms[:])
-	if n == 0 {
-		return 0, err
+	// b goes in an array on the stack, not in a Message: escape analysis
+	// cannot tell a Message's buffers from its address, which errors keep,
+	// and would move them to the heap with it.
+	var one [1][]byte
+	one[0] = b
+	if c.qp == nil {
+		return 0, c.opErr("write", nil, syscall.EINVAL)
+	}
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	_, err := c.writeOne(one[:], addr)
+	if perr := c.postPending(); err == nil {
+		err = perr
+	}
+	if err != nil {
+		return 0, c.opErr("write", addr, err)
 	}
 	return len(b), nil
 }
@@ -574,9 +589,9 @@ func (c *PacketConn) WriteBatch(ms []Message, flags int) (int, error) {
 	return c.write(ms)
 }
 
-func msgLen(m *Message) int {
+func msgLen(bufs [][]byte) int {
 	n := 0
-	for _, b := range m.Buffers {
+	for _, b := range bufs {
 		n += len(b)
 	}
 	return n
@@ -591,8 +606,9 @@ func (c *PacketConn) write(ms []Message) (int, error) {
 	defer c.writeMu.Unlock()
 	for i := range ms {
 		m := &ms[i]
-		m.N = 0
-		if err := c.writeOne(m); err != nil {
+		n, err := c.writeOne(m.Buffers, m.Addr)
+		m.N = n
+		if err != nil {
 			c.postPending()
 			return i, c.opErr("write", m.Addr, err)
 		}
@@ -603,26 +619,27 @@ func (c *PacketConn) write(ms []Message) (int, error) {
 	return len(ms), nil
 }
 
-// writeOne places one datagram in the send slots (waiting for room) and
-// queues its work requests; writeMu is held.
-func (c *PacketConn) writeOne(m *Message) error {
+// writeOne places one datagram, bufs one after the other, to addr in the
+// send slots (waiting for room) and queues its work requests; writeMu is
+// held. It returns the datagram's length.
+func (c *PacketConn) writeOne(bufs [][]byte, addr net.Addr) (int, error) {
 	if isClosed(c.closing) {
-		return net.ErrClosed
+		return 0, net.ErrClosed
 	}
 	if c.wdl.expired() {
-		return errTimeout
+		return 0, errTimeout
 	}
-	size := msgLen(m)
+	size := msgLen(bufs)
 	if size > wire.MaxDatagram {
-		return &messageTooLongError{size}
+		return 0, &messageTooLongError{size}
 	}
-	dst, err := destOf(m.Addr)
+	dst, err := destOf(addr)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	d, ref, err := c.dest(dst)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	whole := size+wire.DgramHeaderLen <= c.mtu
 	frag := c.mtu - wire.DgramFragHeaderLen
@@ -632,11 +649,11 @@ func (c *PacketConn) writeOne(m *Message) error {
 	}
 	if err := c.waitSlots(count); err != nil {
 		c.peers.release(ref)
-		return err
+		return 0, err
 	}
 	c.nextID++
 	id := c.nextID
-	r := msgReader{bufs: m.Buffers}
+	r := msgReader{bufs: bufs}
 	for k := 0; k < count; k++ {
 		c.smu.Lock()
 		seq := c.sent
@@ -665,14 +682,21 @@ func (c *PacketConn) writeOne(m *Message) error {
 		c.wrs = append(c.wrs, wr)
 		if len(c.wrs) == cap(c.wrs) {
 			if err := c.postPending(); err != nil {
-				return err
+				if k < count-1 {
+					// The fragments posted before may still be in
+					// flight: this one's slot, never to complete now,
+					// holds the destination until release.
+					c.smu.Lock()
+					c.sendRefs[slot] = ref
+					c.smu.Unlock()
+				}
+				return 0, err
 			}
 		}
 	}
-	m.N = size
 	c.stats.sent.Add(1)
 	c.stats.bytesSent.Add(uint64(size))
-	return nil
+	return size, nil
 }
 
 // postPending posts the queued sends, the last one signaled (so that
