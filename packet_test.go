@@ -915,3 +915,157 @@ func TestPacketAllocs(t *testing.T) {
 	require.LessOrEqual(t, both, 1.0, "WriteTo+ReadFrom")
 	require.LessOrEqual(t, writes, 1.0, "WriteTo+ReadBatch")
 }
+
+// FuzzPacketCompletions feeds a PacketConn (over the fake fabric, the
+// fuzzer playing the network and the peers' NICs) receive completions
+// built from arbitrary bytes: GRHs, messages, lengths, flags and
+// statuses, fragments whose headers follow the rules or nearly, datagrams
+// of a real peer among them, interleaved with ReadBatch. Whatever
+// arrives, it must not panic, and must keep every receive slot posted,
+// queued or waiting to be posted (once), its queue and reassembly
+// memory within their bounds.
+//
+// Each event is 4 bytes (op, then its arguments) and, for some, bytes of
+// the input after it.
+func FuzzPacketCompletions(f *testing.F) {
+	good := dgramMsg(wire.DgramHeader{Port: 9}, []byte("hello"))
+	ev := func(op, a, b, c byte, tail ...byte) []byte { return append([]byte{op, a, b, c}, tail...) }
+	cat := func(bs ...[]byte) []byte {
+		var out []byte
+		for _, b := range bs {
+			out = append(out, b...)
+		}
+		return out
+	}
+	f.Add(cat(ev(0, 0, 0, byte(len(good)), good...), ev(3, 0, 4, 0)))
+	f.Add(cat(ev(0, 8, 0, 3, good...), ev(0, 4, 0, 5, good...), ev(0, 3, 0, 2, good...), ev(3, 3, 255, 0)))
+	f.Add(cat(ev(0, 16+5<<5, 0, 5, good...), ev(0, 16+1<<5, 0, 5, good...), ev(3, 0, 1, 0)))
+	f.Add(cat(ev(2, 0, 0x0b, 0xb8, 0, 0, 0, 0), ev(2, 0, 0x0b, 0xb8, 0, 1, 0, 0), ev(2, 0, 0x0b, 0xb8, 0, 2, 0, 0), ev(3, 1, 255, 0)))
+	f.Add(cat(ev(2, 1, 0x0b, 0xb8, 0, 0, 0, 0), ev(2, 1, 0x09, 0xc4, 0, 1, 0, 0), ev(2, 5, 0xff, 0xe3, 0, 0, 0, 0)))
+	f.Add(cat(ev(4, 0, 0x10, 0), ev(4, 0, 0, 64), ev(4, 0, 0xff, 0xe3), ev(3, 3, 255, 0)))
+	var flood [][]byte
+	for i := range 40 {
+		flood = append(flood, ev(4, 0, 0, byte(i)), ev(2, byte(i*4), 0xff, 0xe3, 0, 0, 0, 0))
+	}
+	f.Add(cat(flood...))
+	f.Fuzz(fuzzPacket)
+}
+
+func fuzzPacket(t *testing.T, data []byte) {
+	fab := newUDFabric(t, 2, PacketOptions{RecvDepth: minPacketRecvDepth, ReassemblyBytes: 1}, false)
+	a, b := fab.ends[0], fab.ends[1]
+	c := b.c
+	sources := []netip.Addr{a.ap.Addr(), netip.MustParseAddr("10.9.0.2"), netip.MustParseAddr("fd00::1")}
+	flushed := 0 // receives completed flushed, not posted again
+	take := func(n int) []byte {
+		n = min(n, len(data))
+		p := data[:n]
+		data = data[n:]
+		return p
+	}
+	readBuf := make([]byte, wire.MaxDatagram)
+	for len(data) >= 4 {
+		h := take(4)
+		arg := int(h[2])<<8 | int(h[3])
+		switch h[0] % 5 {
+		case 0, 1: // a message as it arrived, with what the completion says
+			msg := take(arg % (c.mtu + 1))
+			var grh [ibv.GRHLen]byte
+			switch h[1] & 3 {
+			case 3:
+				copy(grh[:], take(ibv.GRHLen))
+			case 2:
+				grh = grhV6(sources[2])
+			default:
+				grh = grhV4(sources[h[1]&1])
+			}
+			wc := ibv.WC{Opcode: ibv.WCOpRecv, ByteLen: uint32(ibv.GRHLen + len(msg)), Flags: ibv.WCGRH}
+			if h[1]&4 != 0 {
+				wc.Flags = 0
+			}
+			if h[1]&8 != 0 {
+				wc.ByteLen = uint32(arg)
+			}
+			if h[1]&16 != 0 {
+				wc.Status = uint32(h[1] >> 5)
+			}
+			if b.receive(grh, msg, wc) && wc.Status == ibv.WCFlushErr {
+				flushed++
+			}
+		case 2: // a fragment by the rules, or nearly: total, then offset
+			// index, fragment size and length choices
+			x := take(4)
+			if len(x) < 4 {
+				break
+			}
+			total := arg
+			size := []int{1008, 500, wire.MinFragSize, int(x[2]) << 2}[x[1]&3]
+			off := int(x[0]) * max(size, 1)
+			n := max(0, min(size, total-off))
+			if x[1]&4 != 0 {
+				n = int(x[3])
+			}
+			n = min(n, c.mtu-wire.DgramFragHeaderLen)
+			port := uint16(9)
+			if h[1]&2 == 0 {
+				port = a.ap.Port()
+			}
+			fh := wire.DgramHeader{Port: port, Fragment: true, ID: uint32(h[1] >> 2 & 3), Total: total, Offset: off, FragSize: size}
+			b.receiveFrom(sources[h[1]&1], dgramMsg(fh, make([]byte, n)))
+		case 3: // the application reads what is queued
+			c.rmu.Lock()
+			queued := c.qlen > 0
+			c.rmu.Unlock()
+			if queued {
+				ms := make([]Message, int(h[1]%4)+1)
+				for i := range ms {
+					ms[i].Buffers = [][]byte{readBuf[:int(h[2])*16]}
+				}
+				require.NoError(t, c.SetReadDeadline(time.Now().Add(time.Second)))
+				_, err := c.ReadBatch(ms, 0)
+				require.NoError(t, err)
+			}
+		case 4: // a datagram of the real peer's
+			_, err := a.c.WriteTo(make([]byte, arg%(wire.MaxDatagram+1)), c.LocalAddr())
+			require.NoError(t, err)
+		}
+		s := b.state()
+		if s.posted < 0 || s.posted > c.opts.RecvDepth || s.posted != s.fakePosted {
+			t.Fatalf("receives posted: %+v", s)
+		}
+		if s.posted+s.held+s.reposts+flushed != c.opts.RecvDepth {
+			t.Fatalf("receive slots lost or doubled: %+v, %d flushed", s, flushed)
+		}
+		if s.held > c.opts.RecvDepth-c.minPosted() || s.qlen > len(c.queue) || s.held > s.qlen {
+			t.Fatalf("queue: %+v", s)
+		}
+		c.rmu.Lock()
+		held := c.reasm.held()
+		for src, rs := range c.reasm.sources {
+			if rs.held > c.opts.ReassemblyBytes/4 {
+				t.Fatalf("reassembly: %v holds %d", src, rs.held)
+			}
+		}
+		c.rmu.Unlock()
+		if held > c.opts.ReassemblyBytes {
+			t.Fatalf("reassembly holds %d", held)
+		}
+	}
+	// Drained, the queue holds nothing, every slot is posted again (but
+	// the flushed).
+	for {
+		c.rmu.Lock()
+		queued := c.qlen > 0
+		c.rmu.Unlock()
+		if !queued {
+			break
+		}
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(time.Second)))
+		_, err := c.ReadBatch([]Message{{Buffers: [][]byte{readBuf}}, {Buffers: [][]byte{readBuf}}}, 0)
+		require.NoError(t, err)
+	}
+	s := b.state()
+	if s.held != 0 || s.qlen != 0 || s.posted+s.reposts+flushed != c.opts.RecvDepth {
+		t.Fatalf("drained: %+v, %d flushed", s, flushed)
+	}
+}
