@@ -65,22 +65,22 @@ endif
 # Every parser of peer-supplied bytes is fuzzed (internal/wire's, and the root's fuzz_test.go and
 # remotekey_test.go), each target in the package it lives in (FUZZ_TARGETS: package:target
 # pairs). Within make test each target runs a fixed count of inputs, about 10 s here (the
-# completion path is ten times slower per input than the parsers): a wall-clock -fuzztime races
-# Go's fuzz coordinator at its deadline (golang/go#75804, unfixed before Go 1.27) and fails the
-# run with a bare "context deadline exceeded", no input at fault. Longer by hand: make fuzz
-# FUZZTIME=10m.
+# completion paths, FuzzConn* and FuzzPacket*, are ten times slower per input than the
+# parsers): a wall-clock -fuzztime races Go's fuzz coordinator at its deadline (golang/go#75804,
+# unfixed before Go 1.27) and fails the run with a bare "context deadline exceeded", no input at
+# fault. Longer by hand: make fuzz FUZZTIME=10m.
 FUZZTIME        ?=
 FUZZ_EXECS      ?= 150000x
 FUZZ_SLOW_EXECS ?= 50000x
 FUZZ_TARGETS     = ./internal/wire:FuzzParseHello ./internal/wire:FuzzParseReject ./internal/wire:FuzzParseRingDesc \
                    ./internal/wire:FuzzParseDatagram \
-                   .:FuzzConnCompletions .:FuzzConnHeaders .:FuzzRemoteKey
+                   .:FuzzConnCompletions .:FuzzConnHeaders .:FuzzRemoteKey .:FuzzPacketCompletions
 fuzz:
 	@for pf in $(FUZZ_TARGETS); do \
 		p=$${pf%%:*}; f=$${pf#*:}; \
 		t="$(FUZZTIME)"; \
 		if [ -z "$$t" ]; then \
-			case $$f in FuzzConn*) t=$(FUZZ_SLOW_EXECS) ;; *) t=$(FUZZ_EXECS) ;; esac; \
+			case $$f in FuzzConn*|FuzzPacket*) t=$(FUZZ_SLOW_EXECS) ;; *) t=$(FUZZ_EXECS) ;; esac; \
 		fi; \
 		echo "fuzz $$f in $$p for $$t"; \
 		CGO_ENABLED=0 $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $$t -fuzzminimizetime 5s $$p || exit 1; \

@@ -36,7 +36,8 @@ type PacketOptions struct {
 	ResolveTimeout time.Duration
 	// ReassemblyBytes bounds the bytes of fragmented datagrams held
 	// while their fragments arrive; one source may hold a quarter.
-	// Default 4 MiB.
+	// Default 4 MiB; at least 256 KiB, so that a source's quarter holds
+	// the largest datagram (whose buffer is 64 KiB).
 	ReassemblyBytes int
 }
 
@@ -70,7 +71,7 @@ func (o PacketOptions) normalized() (PacketOptions, error) {
 	if o.ReassemblyBytes == 0 {
 		o.ReassemblyBytes = defaultReassembly
 	}
-	o.ReassemblyBytes = max(o.ReassemblyBytes, 2*wire.MaxDatagram)
+	o.ReassemblyBytes = max(o.ReassemblyBytes, 4*maxReassemblyBuf)
 	return o, nil
 }
 
@@ -322,8 +323,10 @@ func (c *PacketConn) complete(wc ibv.WC) bool {
 		}
 		return len(c.reposts) > 0
 	}
-	if c.held >= c.opts.RecvDepth-c.minPosted() {
+	if c.held >= c.opts.RecvDepth-c.minPosted() || c.qlen == len(c.queue) {
 		// The reader is behind: drop this one, keep the receive posted.
+		// Reassembled datagrams hold no receive, so they alone can fill
+		// the queue.
 		c.stats.noReceive.Add(1)
 		c.repostLocked(slot, false)
 		return len(c.reposts) > 0
@@ -735,6 +738,14 @@ func (c *PacketConn) writeOne(bufs [][]byte, dst netip.AddrPort) (int, error) {
 		c.wrs = append(c.wrs, wr)
 		if len(c.wrs) == cap(c.wrs) {
 			if err := c.postPending(); err != nil {
+				if k < count-1 {
+					// The fragments posted before may still be in
+					// flight: this one's slot, never to complete now,
+					// holds the destination until release.
+					c.smu.Lock()
+					c.sendRefs[slot] = ref
+					c.smu.Unlock()
+				}
 				return 0, err
 			}
 		}

@@ -46,8 +46,24 @@ func (a *Addr) AddrPort() netip.AddrPort {
 }
 
 func addrFrom(ap netip.AddrPort) *Addr {
+	// The Addr and its IP's bytes in one allocation: ReadFrom makes one
+	// per datagram.
+	a := new(struct {
+		Addr
+		ip [16]byte
+	})
 	ip := ap.Addr()
-	return &Addr{IP: net.IP(ip.AsSlice()), Port: int(ap.Port()), Zone: ip.Zone()}
+	a.Port, a.Zone = int(ap.Port()), ip.Zone()
+	switch {
+	case ip.Is4():
+		b := ip.As4()
+		copy(a.ip[:], b[:])
+		a.IP = net.IP(a.ip[:4:4])
+	case ip.IsValid():
+		a.ip = ip.As16()
+		a.IP = net.IP(a.ip[:])
+	}
+	return &a.Addr
 }
 
 // ResolveAddr parses and resolves address ("host:port") for network
