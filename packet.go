@@ -159,6 +159,9 @@ type PacketConn struct {
 	sendRefs []*peerRef[udDest] // by send slot: the destination a datagram's last message holds
 	wrs      []ibv.UDSendWR
 	wfail    error // the send side failed for good
+	// qpGone: the QP is destroyed (Close); set with writeMu and rmu held,
+	// so that no post, of sends (writeMu) or receives (rmu), reaches it.
+	qpGone bool
 	nextID   uint32
 
 	peers *peerCache[udDest]
@@ -355,7 +358,7 @@ func (c *PacketConn) repostLocked(slot int, now bool) {
 // flushRepostsLocked posts the queued receives; rmu is held. A failed
 // post fails the receive side: nothing could arrive any more.
 func (c *PacketConn) flushRepostsLocked() {
-	if len(c.reposts) == 0 || c.rfail != nil {
+	if len(c.reposts) == 0 || c.rfail != nil || c.qpGone {
 		c.reposts = c.reposts[:0]
 		return
 	}
@@ -759,6 +762,10 @@ func (c *PacketConn) writeOne(bufs [][]byte, dst netip.AddrPort) (int, error) {
 // every slot comes back); writeMu is held. A failed post fails the send
 // side for good: its slots would never come back.
 func (c *PacketConn) postPending() error {
+	if c.qpGone {
+		c.wrs = c.wrs[:0]
+		return net.ErrClosed
+	}
 	if len(c.wrs) == 0 {
 		return nil
 	}

@@ -378,6 +378,14 @@ func (c *PacketConn) release() {
 	c.gmu.Unlock()
 	if c.vqp != nil {
 		c.cqs.remove(c.vqp.Num)
+		// A writer or reader may be about to post: it sees qpGone once
+		// it holds its lock. (Close has closed closing: a writer waiting
+		// for room gives writeMu up.)
+		c.writeMu.Lock()
+		c.rmu.Lock()
+		c.qpGone = true
+		c.rmu.Unlock()
+		c.writeMu.Unlock()
 		retryDestroy(c.vqp.DestroyUD)
 	}
 	c.smu.Lock()
