@@ -81,7 +81,7 @@ func WritePacketRaw(c *PacketConn, b []byte, addr net.Addr) error {
 	if err != nil {
 		return err
 	}
-	d, ref, err := c.dest(ap)
+	d, ref, err := c.dest(ap, false)
 	if err != nil {
 		return err
 	}

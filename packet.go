@@ -691,7 +691,7 @@ func (c *PacketConn) writeOne(bufs [][]byte, dst netip.AddrPort) (int, error) {
 	if size > wire.MaxDatagram {
 		return 0, &messageTooLongError{size}
 	}
-	d, ref, err := c.dest(dst)
+	d, ref, err := c.dest(dst, true)
 	if err != nil {
 		return 0, err
 	}
@@ -782,28 +782,23 @@ func (c *PacketConn) postPending() error {
 	return err
 }
 
-// waitSlots waits until count send slots are free; writeMu is held. The
-// queued sends are posted first: their completions free slots.
+// waitSlots waits until count send slots are free; writeMu is held.
+// Sends queued but not posted count as taken (c.sent has them), and are
+// posted before a wait: only their completions could free slots.
 func (c *PacketConn) waitSlots(count int) error {
 	for {
 		c.smu.Lock()
-		free := c.opts.SendDepth - int(c.sent-c.done) - len(c.wrs)
+		free := c.opts.SendDepth - int(c.sent-c.done)
 		fail := c.wfail
 		c.smu.Unlock()
 		if fail != nil {
 			return fail
 		}
-		if free >= count+len(c.wrs) || free >= count && len(c.wrs) == 0 {
+		if free >= count {
 			return nil
 		}
 		if err := c.postPending(); err != nil {
 			return err
-		}
-		c.smu.Lock()
-		free = c.opts.SendDepth - int(c.sent-c.done)
-		c.smu.Unlock()
-		if free >= count {
-			return nil
 		}
 		c.w.wait(c.writable, c.closing, c.wdl, &c.wavg)
 		if isClosed(c.closing) {
@@ -833,8 +828,11 @@ func (r *msgReader) read(p []byte) {
 }
 
 // dest returns the resolved destination of ap, held until its send
-// completes, resolving it first if needed.
-func (c *PacketConn) dest(ap netip.AddrPort) (udDest, *peerRef[udDest], error) {
+// completes, resolving it first if needed. With locked, the caller holds
+// writeMu: dest posts what is queued and lets writeMu go while it waits
+// for a resolution, so that a new destination holds up no write to
+// another.
+func (c *PacketConn) dest(ap netip.AddrPort, locked bool) (udDest, *peerRef[udDest], error) {
 	if ap.Addr().IsMulticast() {
 		// A group's address handle lives as long as the membership.
 		c.gmu.Lock()
@@ -863,12 +861,25 @@ func (c *PacketConn) dest(ap netip.AddrPort) (udDest, *peerRef[udDest], error) {
 		default:
 			wait = l.wait
 		}
+		if locked {
+			if err := c.postPending(); err != nil {
+				return udDest{}, nil, err
+			}
+			c.writeMu.Unlock()
+		}
+		var err error
 		select {
 		case <-wait:
 		case <-c.closing:
-			return udDest{}, nil, net.ErrClosed
+			err = net.ErrClosed
 		case <-c.wdl.wait():
-			return udDest{}, nil, errTimeout
+			err = errTimeout
+		}
+		if locked {
+			c.writeMu.Lock()
+		}
+		if err != nil {
+			return udDest{}, nil, err
 		}
 	}
 }
