@@ -710,6 +710,12 @@ func (c *PacketConn) writeOne(bufs [][]byte, dst netip.AddrPort) (int, error) {
 		release()
 		return 0, err
 	}
+	if c.qpGone {
+		// Closed, or the device removed, while the write waited: the
+		// memory goes too.
+		release()
+		return 0, net.ErrClosed
+	}
 	c.nextID++
 	id := c.nextID
 	r := msgReader{bufs: bufs}

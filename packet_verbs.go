@@ -41,6 +41,10 @@ type packetSys struct {
 	mcID     *rdmacm.ID        // the id that joins groups (a listening id may not)
 	mcHandle uintptr
 	joined   []joinedGroup
+	// released makes release run once: from Close, or at once when the
+	// device is removed (the kernel finishes the removal only once every
+	// object of the device is gone).
+	released sync.Once
 }
 
 // joinedGroup is a multicast group the QP is attached to.
@@ -243,6 +247,12 @@ func (c *PacketConn) cmEvent(ev rdmacm.Event) {
 	case rdmacm.EventDeviceRemoval:
 		markRemoved(c.id.Verbs())
 		c.failAsync(nil, true)
+		// Off the CM goroutine: release destroys ids.
+		releasing.Add(1)
+		go func() {
+			defer releasing.Done()
+			c.release()
+		}()
 	}
 }
 
@@ -354,7 +364,9 @@ var errClosedPacket = errors.New("rdma: use of closed PacketConn")
 // release tears down whatever the PacketConn has set up, in the reverse
 // order: the listening id (no more resolutions answered), the
 // resolutions, the QP, the address handles, the memory, the device.
-func (c *PacketConn) release() {
+func (c *PacketConn) release() { c.released.Do(c.releaseVerbs) }
+
+func (c *PacketConn) releaseVerbs() {
 	if c.stopRes != nil {
 		c.stopRes()
 	}
