@@ -7,9 +7,10 @@
 # soft-iWARP (testbed/vm.sh --provider siw), the scale test in a
 # VM with more memory, then the two-host tests on a pair of them
 # (testbed/vm.sh --pair). make demo: the echo example in
-# the VM. make bench: the benchmark table. Those install what they need on a
-# Debian machine (as root). make check and make unit need neither root nor
-# the VM: without the verbs headers they check the portable build only.
+# the VM. make bench: the zero-cost rows on the host, then the benchmark
+# table. Those install what they need on a Debian machine (as root). make
+# check and make unit need neither root nor the VM: without the verbs
+# headers they check the portable build only.
 
 GO          ?= go
 CC          ?= cc
@@ -21,7 +22,7 @@ VM          := testbed/vm.sh
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 VMTIMEOUT   ?= 1500
 
-.PHONY: all deps check unit fuzz verbs-note vmtest test info demo bench microbench clean
+.PHONY: all deps check unit fuzz verbs-note vmtest test info demo bench microbench zerocost clean
 
 all: test
 
@@ -60,6 +61,10 @@ endif
 	CGO_ENABLED=0 $(GO) test -count=1 ./...
 	@echo "=== every benchmark, a small fixed count (device ones skip here; vmtest runs them)"
 	CGO_ENABLED=0 $(GO) test -count=1 -run '^$$' -bench . -benchtime 200x ./...
+ifeq ($(HAVE_VERBS),yes)
+	@echo "=== the zero-cost rows, Go and C, with cgo (no device needed)"
+	$(GO) test -count=1 -run '^$$' -bench '^BenchmarkZeroCost$$' -benchtime 200x .
+endif
 	$(MAKE) fuzz FUZZTIME=$(FUZZTIME)
 
 # Every parser of peer-supplied bytes is fuzzed (internal/wire's, and the root's fuzz_test.go and
@@ -138,10 +143,15 @@ clean:
 # The table on Soft-RoCE, then its latency, streaming and one-sided rows on
 # soft-iWARP (bench/results-siw.*), then the latency, stream, setup and HTTP
 # rows across the test bed's two VMs (bench/results-pair.*).
-bench: deps
+bench: deps zerocost
 	bench/bench.sh
 	BENCH_ONLY=siw bench/bench.sh
 	BENCH_ONLY=pair bench/bench.sh
+
+# The library against C per message over the zero-cost provider, on this
+# host: bench/results-zerocost.md.
+zerocost:
+	bench/zerocost.sh
 
 # The testing.B benchmarks of the data path (round trips per poll mode,
 # streaming per write size), in the VM.

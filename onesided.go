@@ -320,8 +320,8 @@ func (e *oneSidedError) Unwrap() []error {
 // wakeup.
 func (c *Conn) waitOneSided(ctx context.Context, i int) error {
 	s := &c.os.slots[i]
-	start := time.Now()
-	c.w.waitDone(ctx, s.done, c.closing, time.Duration(c.os.avgWait.Load()))
+	start := c.w.clock()
+	c.w.waitDone(ctx, s.done, c.closing, time.Duration(c.os.avgWait.Load()), start)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !s.finished {
@@ -334,7 +334,9 @@ func (c *Conn) waitOneSided(ctx context.Context, i int) error {
 	}
 	// A moving average, as a Read's (see waiter.wait); concurrent
 	// callers may lose each other's updates, which only blurs it.
-	c.os.avgWait.Store(int64(nextAvgWait(time.Duration(c.os.avgWait.Load()), time.Since(start))))
+	if !start.IsZero() {
+		c.os.avgWait.Store(int64(nextAvgWait(time.Duration(c.os.avgWait.Load()), time.Since(start))))
+	}
 	status := s.status
 	c.os.put(i)
 	return c.oneSidedErr(status)

@@ -653,6 +653,13 @@ func (c *Context) CreatePolledCQ(cqe int) (*CQ, error) {
 	return &CQ{cq: cq, Cap: int(cq.cqe)}, nil
 }
 
+// CQFrom wraps an ibv_cq pointer made elsewhere (a provider's own, in
+// benchmarks); it is never destroyed here.
+func CQFrom(p unsafe.Pointer) *CQ {
+	cq := (*C.struct_ibv_cq)(p)
+	return &CQ{cq: cq, Cap: int(cq.cqe)}
+}
+
 // Ptr is the C pointer, for rdmacm.ID.CreateQP.
 func (cq *CQ) Ptr() unsafe.Pointer { return unsafe.Pointer(cq.cq) }
 

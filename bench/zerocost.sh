@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The zero-cost rows of make bench (BenchmarkZeroCost, zerocost_bench_test.go): the library
+# against C per message over internal/zerocost, on this host (no device, no VM), as a table
+# with the date. Writes bench/results-zerocost.md (and .txt, go test's own output).
+#
+#   bench/zerocost.sh
+#
+# Environment: GO (go), BENCH_ZC_TIME (the -benchtime of each sub-benchmark, 1s), BENCH_ZC_COUNT
+# (runs of each, 3: the table shows the median).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+go=${GO:-go}
+out=bench/results-zerocost
+trap 'rm -f $out.txt.tmp' EXIT
+"$go" test -count="${BENCH_ZC_COUNT:-3}" -run '^$' -bench '^BenchmarkZeroCost$' -benchtime "${BENCH_ZC_TIME:-1s}" . | tee "$out.txt.tmp"
+mv "$out.txt.tmp" "$out.txt"
+{
+	echo "Zero-cost provider, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, GOMAXPROCS unset, median of ${BENCH_ZC_COUNT:-3} runs of ${BENCH_ZC_TIME:-1s}:"
+	echo
+	echo "| row | Go ns/msg | C ns/msg | Go/C | Go CPU ns/msg | C CPU ns/msg | Go cgo calls/msg | Go verbs/msg | C verbs/msg | Go allocs/msg |"
+	echo "|---|---|---|---|---|---|---|---|---|---|"
+	awk '
+	# The value before a unit, in a benchmark line.
+	function val(unit,   i) { for (i = 3; i < NF; i++) if ($(i + 1) == unit) return $i; return "" }
+	function median(key,   n, a, i, j, t) {
+		n = split(vals[key], a, " ")
+		for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
+		return a[int((n + 1) / 2)]
+	}
+	/^BenchmarkZeroCost\// {
+		split($1, p, "/"); row = p[2]; side = p[3]; sub(/-[0-9]+$/, "", side)
+		if (!(row in seen)) { seen[row] = 1; rows[++nrows] = row }
+		for (k = 1; k <= 5; k++) {
+			u = (k == 1 ? "ns/op" : k == 2 ? "cpu-ns/msg" : k == 3 ? "cgo/msg" : k == 4 ? "verbs/msg" : "allocs/op")
+			v = val(u); if (v != "") vals[row SUBSEP side SUBSEP u] = vals[row SUBSEP side SUBSEP u] " " v
+		}
+	}
+	END {
+		for (r = 1; r <= nrows; r++) {
+			row = rows[r]
+			g = median(row SUBSEP "Go" SUBSEP "ns/op"); c = median(row SUBSEP "C" SUBSEP "ns/op")
+			printf "| %s | %.0f | %.0f | %.1f | %.0f | %.0f | %.2f | %.2f | %.2f | %s |\n", row, g, c, (c > 0 ? g / c : 0),
+				median(row SUBSEP "Go" SUBSEP "cpu-ns/msg"), median(row SUBSEP "C" SUBSEP "cpu-ns/msg"),
+				median(row SUBSEP "Go" SUBSEP "cgo/msg"), median(row SUBSEP "Go" SUBSEP "verbs/msg"),
+				median(row SUBSEP "C" SUBSEP "verbs/msg"), median(row SUBSEP "Go" SUBSEP "allocs/op")
+		}
+	}' "$out.txt"
+} >"$out.md"
+echo
+cat "$out.md"
