@@ -162,7 +162,7 @@ type PacketConn struct {
 	// qpGone: the QP is destroyed (Close); set with writeMu and rmu held,
 	// so that no post, of sends (writeMu) or receives (rmu), reaches it.
 	qpGone bool
-	nextID   uint32
+	nextID uint32
 
 	peers *peerCache[udDest]
 	stats packetCounters
