@@ -6,7 +6,7 @@
 #
 # Environment: GO (go), BENCH_ROUNDS (5), BENCH_SECONDS (2), BENCH_ONLY (all; onesided: that section
 # alone; siw: latency, streaming and one-sided on soft-iWARP, in the test bed's siw VM; pair: latency,
-# a stream, connection setup and HTTP across the test bed's two VMs), BENCH_GO_MODE (pinned: two processes,
+# a stream, connection setup and HTTP across the test bed's two VMs; ud: the datagram rows alone), BENCH_GO_MODE (pinned: two processes,
 # as iperf users run rdmaperf and as the C peers run; local: both ends in one process): passed on
 # to run.sh.
 # The VM's whole output is kept in .testbed-out/bench.log.

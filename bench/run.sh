@@ -6,6 +6,8 @@
 #   - perftest:      ib_send_lat / ib_send_bw over rdma_cm (-R), busy polling and -e (events)
 #   - rsockets:      rstream
 #   - cmtime:        rdma_cm's connection steps, timed by rdmacm-utils' cmtime
+#   - datagrams:     rdmaperf -test dgram-* over PacketConn (rdma) and Go's UDP (-net udp), beside
+#                    ib_send_lat / ib_send_bw -c UD (perftest over unreliable datagrams)
 # for: latency 64 B and 4 KiB, throughput with 4 KiB, 64 KiB and 1 MiB writes, 64 B message rate
 # over 1 and 8 connections, io.Copy of a file, connection setup (one dial, and bursts of 20; HTTP/1.1
 # with 20 clients), and the CPU an idle connection costs; and one-sided RDMA between registered
@@ -22,7 +24,7 @@
 # hits them alike; BENCH_ONLY (all): onesided runs the one-sided section alone, siw the rows
 # measured on soft-iWARP (bench.sh runs that in the test bed's siw VM), pair the rows measured
 # across two hosts (bench.sh runs run.sh on both VMs of testbed/vm.sh --pair: the agent serves,
-# the driver measures);
+# the driver measures), ud the datagram rows alone;
 # BENCH_SECONDS (2): length of each rdmaperf test; BENCH_BUDGET (780): no new
 # round starts when it might end after this many seconds; BENCH_COPY_BYTES (256 MiB): the file
 # io.Copy sends; BENCH_ENVIRONMENT: the machine's
@@ -147,7 +149,7 @@ run_rdmaperf_oneproc() {
 	go_mode=$saved
 	# Rename what this call appended (a failure is recorded under the same label).
 	if (($(wc -l <"$results") > before)); then
-		sed -i "$((before + 1)),\$ s|\"impl\":\"rdmaperf/rdma\"|\"impl\":\"rdmaperf/rdma one process\"|" "$results"
+		sed -i "$((before + 1)),\$ s|\"impl\":\"rdmaperf/rdma\([^\"]*\)\"|\"impl\":\"rdmaperf/rdma\1 one process\"|" "$results"
 	fi
 }
 
@@ -459,7 +461,114 @@ cmtime_run() {
 	emit cmtime dial 0 "$conns" $figures
 }
 
+# ---- datagrams: perftest over UD ------------------------------------------------------------
+# perftest's UD mode has no rdma_cm for its bandwidth tool here (-R fails to connect), so both
+# tools run over their own out-of-band socket with the device and the GID index given: the RoCE v2
+# GID that carries $addr (::ffff:a.b.c.d), found in sysfs.
+ud_dev=''
+ud_gid=''
+ud_target() {
+	local d i want
+	[[ -n $ud_dev ]] && return 0
+	want=$(awk -F. -v a="$addr" 'BEGIN { split(a, o, "."); printf "0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x", o[1], o[2], o[3], o[4] }')
+	for d in /sys/class/infiniband/*; do
+		for i in $(ls "$d/ports/1/gids" 2>/dev/null); do
+			[[ $(cat "$d/ports/1/gids/$i" 2>/dev/null) == "$want" ]] || continue
+			[[ $(cat "$d/ports/1/gid_attrs/types/$i" 2>/dev/null) == "RoCE v2" ]] || continue
+			ud_dev=${d##*/} ud_gid=$i
+			return 0
+		done
+	done
+	return 1
+}
+
+# perftest_ud_lat SIZE ITERS: ib_send_lat -c UD, its p50, p99 and average (half the round trip).
+perftest_ud_lat() {
+	local size=$1 n=$2 rc
+	if ! ud_target; then
+		fail perftest dgram-lat "$size" 1 "no RoCE v2 GID for $addr"
+		return
+	fi
+	next_port
+	pair ib_send_lat -c UD -d "$ud_dev" -x "$ud_gid" -p "$port" -s "$size" -n "$n" -- \
+		ib_send_lat -c UD -d "$ud_dev" -x "$ud_gid" -p "$port" -s "$size" -n "$n" "$addr"
+	rc=$?
+	if ((rc)); then
+		fail perftest dgram-lat "$size" 1 "ib_send_lat -c UD exit $rc: $(tail_of "$work/client.log")"
+	elif ! perftest_fields "$work/client.log"; then
+		fail perftest dgram-lat "$size" 1 "no result row in ib_send_lat output: $(tail_of "$work/client.log")"
+	else
+		emit perftest dgram-lat "$size" 1 \
+			"p50_us=${pf[t_typical]:-}" "p99_us=${pf[p99]:-}" "avg_us=${pf[t_avg]:-}" "count=${pf[iterations]:-}" "lost=0"
+	fi
+}
+
+# perftest_ud_bw WORKLOAD ROW-SIZE SIZE ITERS: ib_send_bw -c UD with SIZE-byte datagrams (at most
+# the MTU: perftest's UD does not fragment), recorded in the row of ROW-SIZE: the sender's figures
+# from its client, what arrived from its server's report.
+perftest_ud_bw() {
+	local workload=$1 row=$2 size=$3 n=$4 rc sent_mb sent_msg
+	if ! ud_target; then
+		fail perftest "$workload" "$row" 1 "no RoCE v2 GID for $addr"
+		return
+	fi
+	next_port
+	pair ib_send_bw -c UD -d "$ud_dev" -x "$ud_gid" -p "$port" -s "$size" -n "$n" -- \
+		ib_send_bw -c UD -d "$ud_dev" -x "$ud_gid" -p "$port" -s "$size" -n "$n" "$addr"
+	rc=$?
+	if ((rc)); then
+		fail perftest "$workload" "$row" 1 "ib_send_bw -c UD exit $rc: $(tail_of "$work/client.log")"
+		return
+	fi
+	if ! perftest_fields "$work/client.log" || [[ -z ${pf[bw_avg]:-} || -z ${pf[MsgRate]:-} ]]; then
+		fail perftest "$workload" "$row" 1 "no result row in ib_send_bw output: $(tail_of "$work/client.log")"
+		return
+	fi
+	sent_mb=$(awk -v m="${pf[bw_avg]}" 'BEGIN { printf "%.4f", m * 1.048576 }')
+	sent_msg=$(awk -v r="${pf[MsgRate]}" 'BEGIN { printf "%.1f", r * 1e6 }')
+	if ! perftest_fields "$work/server.log" || [[ -z ${pf[bw_avg]:-} || -z ${pf[MsgRate]:-} ]]; then
+		fail perftest "$workload" "$row" 1 "no result row in ib_send_bw's server output: $(tail_of "$work/server.log")"
+		return
+	fi
+	emit perftest "$workload" "$row" 1 "mb_s=$sent_mb" "msg_s=$sent_msg" \
+		"recv_mb_s=$(awk -v m="${pf[bw_avg]}" 'BEGIN { printf "%.4f", m * 1.048576 }')" \
+		"recv_msg_s=$(awk -v r="${pf[MsgRate]}" 'BEGIN { printf "%.1f", r * 1e6 }')" \
+		"count=$n" "size_b=$size"
+}
+
 # ---- the run -------------------------------------------------------------------------------
+
+# ud_round: datagrams (BENCH_ONLY=ud, and in the full run): this library's PacketConn, one
+# WriteTo per datagram and 32 per WriteBatch, beside perftest over UD and Go's UDP (-net udp),
+# one WriteTo per datagram and 32 per sendmmsg (golang.org/x/net's WriteBatch).
+ud_round() {
+	local net size psize
+	echo "== datagrams, latency (round $round)"
+	for net in rdma udp; do run_rdmaperf "$net" dgram-lat 64 1 -test dgram-lat -size 64 -duration "${secs}s"; done
+	[[ $go_mode == pinned ]] && run_rdmaperf_oneproc rdma dgram-lat 64 1 -test dgram-lat -size 64 -duration "${secs}s"
+	perftest_ud_lat 64 2000
+	echo "== datagrams, rate 64 B (round $round)"
+	for net in rdma udp; do
+		run_rdmaperf "$net" dgram-rate 64 1 -test dgram-rate -size 64 -duration "${secs}s"
+		run_rdmaperf "$net" dgram-rate 64 1 -test dgram-rate -size 64 -batch 32 -duration "${secs}s"
+	done
+	[[ $go_mode == pinned ]] && run_rdmaperf_oneproc rdma dgram-rate 64 1 -test dgram-rate -size 64 -batch 32 -duration "${secs}s"
+	perftest_ud_bw dgram-rate 64 64 $((25000 * secs))
+	echo "== datagrams, throughput (round $round)"
+	# 4092 B is the largest datagram a 4096 B MTU carries whole (the library's header is 4 B);
+	# 65507 B, the largest, goes in 17 fragments. perftest's UD sends at most the MTU: its row
+	# beside 65507 B is ib_send_bw -c UD -s 4096.
+	for size in 1024 4092 65507; do
+		run_rdmaperf rdma dgram-bw "$size" 1 -test dgram-bw -size "$size" -batch 32 -duration "${secs}s"
+		[[ $go_mode == pinned && $size == 65507 ]] && run_rdmaperf_oneproc rdma dgram-bw "$size" 1 -test dgram-bw -size "$size" -batch 32 -duration "${secs}s"
+		for net in udp; do
+			run_rdmaperf "$net" dgram-bw "$size" 1 -test dgram-bw -size "$size" -duration "${secs}s"
+			run_rdmaperf "$net" dgram-bw "$size" 1 -test dgram-bw -size "$size" -batch 32 -duration "${secs}s"
+		done
+		psize=$((size > 4096 ? 4096 : size))
+		perftest_ud_bw dgram-bw "$size" "$psize" $((size > 1024 ? 3000 : 5000))
+	done
+}
 
 # The one-sided section: this library's RemoteRegion between registered regions and perftest's
 # one-sided tools, on the same sizes, interleaved.
@@ -530,6 +639,10 @@ one_round() {
 		siw_round
 		return
 	fi
+	if [[ $only == ud ]]; then
+		ud_round
+		return
+	fi
 	echo "== latency (round $round)"
 	for size in 64 4096; do
 		for net in rdma tcp; do run_rdmaperf "$net" lat "$size" 1 -test lat -size "$size" -duration "${secs}s" -stats; done
@@ -580,6 +693,7 @@ one_round() {
 	for net in rdma tcp; do run_rdmaperf "$net" http 64 20 -test http -size 64 -conns 20 -duration "${secs}s"; done
 	for net in rdma tcp; do run_rdmaperf "$net" http-kept 64 20 -test http -keep -size 64 -conns 20 -duration "${secs}s"; done
 	onesided_round
+	ud_round
 }
 
 if [[ $only == pair ]]; then
@@ -635,6 +749,7 @@ notes=(
 	"its post pattern in C: bench/postrate.c sends 100,000 64 B messages as this library does toward a message-oriented reader (an inline RDMA WRITE with immediate per message into a 16 KiB ring, every 8th signaled, credits back in a SEND of their own every 16 messages), both sides busy-polling and pinned like perftest; 8 messages per ibv_post_send for the corked row (this library's corked chains are shorter), 1 for the SetNoDelay row: what the pattern costs the provider without Go; on soft-iWARP, whose latency row it has instead, postrate -L: 10,000 round trips of this library's 64 B message there (a 72 B inline SEND, its header and the payload, into 128-byte receive slots, every 32nd signaled), both sides busy-polling and pinned like perftest, half the round trip"
 	"rsockets: rstream in its default non-blocking (busy-polling) mode, pinned like perftest; latency is -C 1 -I 2000, average only (usec/xfer, half the round trip); throughput and rate are -C N (N transfers one way, then N back), MB/s = size / usec-per-xfer"
 	"connection setup: rdmaperf -test dial repeats, for ${secs} s, a sample of Dial, the first round trip (the test header out, the server's ready byte back) and Close; with 20 conns a sample is a burst of 20 goroutines doing that at once, timed until the last has closed; p50/p99 are of the samples (one dial, or one burst), conn/s is connections completed per second, setup is the p50 of the time until the sample's last Dial returned; one unmeasured burst first. HTTP/1.1: rdmaperf -test http, 20 goroutines sending GETs of 64 B bodies for ${secs} s on one http.Client with http.DefaultTransport's settings (2 idle connections per host kept, so requests often dial) dialing through the transport; p50/p99 are of a request, including any dial it waited for; http-kept (-keep) is the README's Transport, which keeps an idle connection per client (MaxIdleConnsPerHost 20), so requests reuse connections"
+	"datagrams: rdmaperf -test dgram-lat is a ping-pong of datagrams between a PacketConn at each end (-net udp: Go's *net.UDPConn), half the round trip, lost round trips (1 s without an answer) counted and not timed; dgram-rate and dgram-bw send datagrams one way for ${secs} s, one WriteTo each or 32 per WriteBatch (-batch 32: PacketConn.WriteBatch; for Go UDP golang.org/x/net's, sendmmsg), and the server counts what arrived (ReadBatch of 64, recvmmsg for UDP): sent is the sender's rate, received what arrived over the longer of the sending time and the first-to-last arrival; perftest: ib_send_lat / ib_send_bw -c UD with -d and -x (the RoCE v2 GID of the address, no rdma_cm), pinned like the other peers, sent from its client's report and received from its server's; perftest's UD sends at most the MTU, so its figure beside the largest datagrams is ib_send_bw -c UD -s 4096"
 	"cmtime (rdmacm-utils, C, the rdma_cm peer): server cmtime -b ADDR -c N, client cmtime -s ADDR -c N, pinned like perftest, one run per round (its figure is the median of the rounds, and it has no p99); its client takes all N connections through each rdma_cm step before the next (create id, resolve address, resolve route, create QP, connect; then disconnect, destroy) and prints each step's wall time; setup is the sum of the steps up to connect (all N established), p50 is that plus disconnect and destroy (all N torn down), conn/s is N over that. Unlike rdmaperf's figure it exchanges no data (no first round trip), its QPs have one send and one receive entry and no registered buffers, and with N > 1 every connection finishes a step before any starts the next"
 )
 {

@@ -34,6 +34,9 @@ type run struct {
 	// with what moved since the previous call (-i).
 	interval time.Duration
 	report   func(Interval)
+	// batch is how many datagrams a datagram blast sends per WriteBatch
+	// (-batch; 1: one WriteTo each).
+	batch int
 	// tail, when set (-tail), gets the latency test's breakdown of its
 	// slowest round trips (see tailProbe).
 	tail func(string)
@@ -130,7 +133,7 @@ func (r *run) latency() (map[string]float64, error) {
 // one-way trips; what names an op in the error when none completed.
 func (r *run) timeOps(op func() error, halve bool, what string) (map[string]float64, error) {
 	for range r.warmup {
-		if err := op(); err != nil {
+		if err := op(); err != nil && err != errLost {
 			return nil, err
 		}
 	}
@@ -140,7 +143,9 @@ func (r *run) timeOps(op func() error, halve bool, what string) (map[string]floa
 	deadline := start.Add(r.duration)
 	for i := 0; r.more(i, deadline); i++ {
 		t := time.Now()
-		if err := op(); err != nil {
+		if err := op(); err == errLost {
+			continue
+		} else if err != nil {
 			return nil, err
 		}
 		samples = append(samples, time.Since(t))

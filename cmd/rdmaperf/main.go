@@ -10,6 +10,8 @@
 //	rdmaperf -c host -test dial -P 20              # bursts of 20 dials, each with one round trip and Close
 //	rdmaperf -c host -test http -P 20              # 20 HTTP/1.1 clients on http.DefaultTransport's settings
 //	rdmaperf -c host -test write-lat -l 64         # one-sided: RDMA WRITE ping-pong (also read-lat, write-bw, read-bw)
+//	rdmaperf -c host -test dgram-lat               # datagram ping-pong over a PacketConn (-net udp: Go's UDP)
+//	rdmaperf -c host -test dgram-rate -batch 32    # 64 B datagrams, 32 per WriteBatch (also dgram-bw)
 //	rdmaperf -local -addr 10.77.0.1:0 -test lat    # both ends in one process
 //	rdmaperf -render results.json                  # bench JSON to markdown
 //
@@ -38,6 +40,14 @@
 // regions with RDMA WRITE and READ (rdma.RemoteRegion), as perftest's
 // ib_write_lat, ib_read_lat, ib_write_bw and ib_read_bw do: see
 // onesided.go.
+//
+// The datagram tests send -size byte datagrams over rdma.PacketConn (RDMA
+// unreliable datagrams) or, with -net udp, over Go's UDP on the same
+// addresses: dgram-lat is a ping-pong (half the round trip, as
+// ib_send_lat -c UD reports; lost round trips are counted, not timed),
+// dgram-rate and dgram-bw a one-way blast, -batch datagrams per WriteBatch
+// (one WriteTo each with -batch 1), reporting both the rate sent and the
+// rate that arrived at the server, and the share lost: see dgram.go.
 //
 // The client tells the server what to do with a small header at the start
 // of each connection, so one server serves every test.
@@ -110,6 +120,7 @@ type config struct {
 	cpuProfile    string
 	noDelay       bool
 	keepConns     bool
+	batch         int
 }
 
 // seconds is a flag of a duration given as iperf3 does, in seconds ("10",
@@ -152,8 +163,8 @@ func parseArgs(args []string, out io.Writer) (*config, error) {
 	fs.BoolVar(&cfg.local, "local", false, "run a server and a client in this process (listening on -addr)")
 	fs.StringVar(&cfg.render, "render", "", "print the bench results `file` (JSON) as a markdown table and exit")
 	fs.StringVar(&cfg.addr, "addr", "", "listen `address` (default :"+defaultPort+" for -s; $RDMA_TEST_ADDR:0 for -local)")
-	fs.StringVar(&cfg.netw, "net", "rdma", "transport: rdma (this library) or tcp (Go's net, for comparison)")
-	fs.StringVar(&cfg.test, "test", "lat", "client test: lat (ping-pong latency), bw (one-way throughput), rate (message rate), copy (io.Copy of a file to the connection, and to io.Discard at the server), dial (Dial, first round trip, Close), http (HTTP/1.1 GETs of -size bytes), or one-sided RDMA between registered regions: write-lat (WRITE ping-pong), read-lat, write-bw, read-bw")
+	fs.StringVar(&cfg.netw, "net", "rdma", "transport: rdma (this library) or tcp (Go's net, for comparison); udp: the datagram tests over Go's UDP (a server of tcp or udp serves them)")
+	fs.StringVar(&cfg.test, "test", "lat", "client test: lat (ping-pong latency), bw (one-way throughput), rate (message rate), copy (io.Copy of a file to the connection, and to io.Discard at the server), dial (Dial, first round trip, Close), http (HTTP/1.1 GETs of -size bytes), or one-sided RDMA between registered regions: write-lat (WRITE ping-pong), read-lat, write-bw, read-bw; or datagrams: dgram-lat (ping-pong), dgram-rate, dgram-bw (one-way, counted at the server)")
 	fs.Int64Var(&cfg.copyLen, "bytes", 1<<30, "copy: the file's size in bytes")
 	fs.BoolVar(&cfg.plain, "plain", false, "copy: hide the connection's ReadFrom and WriteTo, so io.Copy goes through its own buffers")
 	fs.IntVar(&cfg.size, "size", 0, "message (write) size in bytes (default 64 for lat and rate, 65536 for bw)")
@@ -174,6 +185,7 @@ func parseArgs(args []string, out io.Writer) (*config, error) {
 	fs.IntVar(&cfg.rdepth, "rdepth", 0, "rdma: receives posted per connection (0: library default)")
 	poll := fs.String("poll", "adaptive", "rdma: how a waiting Read/Write learns of completions: adaptive (spin, then park), busy (spin) or event (park)")
 	fs.DurationVar(&cfg.spin, "spin", 0, "rdma: with -poll adaptive, how long a waiting Read/Write polls before it parks (0: library default, 50µs, longer while recent waits were short)")
+	fs.IntVar(&cfg.batch, "batch", 1, "dgram-rate, dgram-bw: datagrams per WriteBatch (rdma: PacketConn.WriteBatch; udp: golang.org/x/net's, sendmmsg); 1: one WriteTo each")
 	fs.BoolVar(&cfg.keepConns, "keep", false, "http: the README's Transport, which keeps an idle connection for each of the -P clients (MaxIdleConnsPerHost), instead of http.DefaultTransport's two; reports workload http-kept")
 	fs.BoolVar(&cfg.noDelay, "nodelay", false, "rdma client: SetNoDelay(true) on every connection: a small Write goes out at once even while the peer is behind (Go's TCP connections have it on already)")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write the process's CPU profile (runtime/pprof) to `file` when the client's test ends, or when the server is stopped by SIGINT or SIGTERM")
@@ -225,10 +237,23 @@ func parseArgs(args []string, out io.Writer) (*config, error) {
 		if cfg.workload == "bw" || strings.HasSuffix(cfg.workload, "-bw") {
 			cfg.size = 64 << 10
 		}
+		if cfg.workload == "dgram-bw" {
+			cfg.size = maxDatagram
+		}
 	}
 	switch {
 	case cfg.size < 1 || cfg.size > maxMsgSize:
 		return bad("-size %d outside [1, %d]", cfg.size, maxMsgSize)
+	case isDgram(cfg.workload) && cfg.size > maxDatagram:
+		return bad("-size %d: a datagram has at most %d bytes", cfg.size, maxDatagram)
+	case isDgram(cfg.workload) && cfg.netw == "tcp":
+		return bad("-test %s sends datagrams: -net rdma or udp", cfg.workload)
+	case cfg.netw == "udp" && !isDgram(cfg.workload):
+		return bad("-net udp runs the datagram tests (dgram-lat, dgram-rate, dgram-bw), not %s", cfg.workload)
+	case cfg.batch < 1:
+		return bad("-batch must be at least 1")
+	case isDgram(cfg.workload) && cfg.conns != 1:
+		return bad("-test %s runs on one datagram end point: no -conns", cfg.workload)
 	case cfg.conns < 1:
 		return bad("-conns must be at least 1")
 	case cfg.count < 0 || cfg.warmup < 0:
@@ -347,6 +372,7 @@ func main() {
 		duration:  cfg.duration,
 		conns:     cfg.conns,
 		warmup:    cfg.warmup,
+		batch:     cfg.batch,
 		reverse:   cfg.reverse,
 		interval:  cfg.interval,
 		// Called from one goroutine, and never after stream returns.
@@ -372,6 +398,9 @@ func main() {
 	}
 	if cfg.reverse {
 		res.Impl += " reverse"
+	}
+	if cfg.batch > 1 && isDgram(workload) && workload != "dgram-lat" {
+		res.Impl += " batch"
 	}
 	stopProfile := func() {}
 	if cfg.cpuProfile != "" {
@@ -402,8 +431,15 @@ func main() {
 	case "write-lat", "read-lat", "write-bw", "read-bw":
 		res.Conns = 1
 		res.Metrics, err = r.oneSided(workload)
+	case "dgram-lat":
+		res.Metrics, err = r.dgramLatency()
+	case "dgram-rate", "dgram-bw":
+		res.Metrics, err = r.dgramStream()
+		if res.Metrics != nil && cfg.batch > 1 {
+			res.Metrics["batch"] = float64(cfg.batch)
+		}
 	default:
-		log.Fatalf("unknown -test %q (lat, bw, rate, copy, dial, http, write-lat, read-lat, write-bw or read-bw)", workload)
+		log.Fatalf("unknown -test %q (lat, bw, rate, copy, dial, http, write-lat, read-lat, write-bw, read-bw, dgram-lat, dgram-rate or dgram-bw)", workload)
 	}
 	stopProfile()
 	if err != nil {
@@ -506,7 +542,9 @@ func newTransport(name string, opts rdma.Options) (*transport, error) {
 			return c, err
 		}
 		return t, nil
-	case "tcp":
+	case "tcp", "udp":
+		// udp: the datagram tests' datagrams over UDP, their connection
+		// over TCP.
 		d := net.Dialer{Timeout: dialTimeout}
 		return &transport{
 			name:   name,
@@ -514,7 +552,7 @@ func newTransport(name string, opts rdma.Options) (*transport, error) {
 			dial:   func(a string) (net.Conn, error) { return d.Dial("tcp", a) },
 		}, nil
 	}
-	return nil, errors.New("-net must be rdma or tcp")
+	return nil, errors.New("-net must be rdma, tcp or udp")
 }
 
 // describe is the one-line, human-readable form of a result.
@@ -544,6 +582,12 @@ func describe(r Result) string {
 	case r.Workload == "lat" || r.Workload == "write-lat":
 		fmt.Fprintf(&b, ": one-way p50 %.2f µs, p99 %.2f µs, avg %.2f µs (%.0f round trips in %.2f s)",
 			m["p50_us"], m["p99_us"], m["avg_us"], m["count"], m["seconds"])
+	case r.Workload == "dgram-lat":
+		fmt.Fprintf(&b, ": one-way p50 %.2f µs, p99 %.2f µs, avg %.2f µs (%.0f round trips in %.2f s, %.0f lost)",
+			m["p50_us"], m["p99_us"], m["avg_us"], m["count"], m["seconds"], m["lost"])
+	case r.Workload == "dgram-rate" || r.Workload == "dgram-bw":
+		fmt.Fprintf(&b, ": sent %.2f MB/s, %.0f msg/s; received %.2f MB/s, %.0f msg/s (%.0f of %.0f datagrams, %.2f%% lost; %.2f s, %.2f CPU s)",
+			m["mb_s"], m["msg_s"], m["recv_mb_s"], m["recv_msg_s"], m["recv_count"], m["count"], m["loss_pct"], m["seconds"], m["cpu_s"])
 	case r.Workload == "read-lat":
 		fmt.Fprintf(&b, ": p50 %.2f µs, p99 %.2f µs, avg %.2f µs per READ (%.0f in %.2f s)",
 			m["p50_us"], m["p99_us"], m["avg_us"], m["count"], m["seconds"])

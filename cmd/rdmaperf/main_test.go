@@ -116,6 +116,8 @@ func TestHeaderRejectsStrangers(t *testing.T) {
 		{kind: kindHTTP, size: 64},
 		{kind: kindRegion, size: 4096},
 		{kind: kindRegionPong, size: 64},
+		{kind: kindDgramEcho, size: 64},
+		{kind: kindDgramSink, size: 65507},
 	} {
 		b := h.marshal()
 		want := headerLen
@@ -131,12 +133,14 @@ func TestHeaderRejectsStrangers(t *testing.T) {
 		}
 	}
 	// The kind after the newest is refused, as an older server refuses
-	// kindHTTP and the one-sided kinds; they carry nothing after the header.
-	if _, err := readHeader(bytes.NewReader(header{kind: kindRegionPong + 1, size: 64}.marshal())); err == nil ||
+	// kindHTTP, the one-sided and the datagram kinds; they carry nothing
+	// after the header.
+	if _, err := readHeader(bytes.NewReader(header{kind: kindDgramSink + 1, size: 64}.marshal())); err == nil ||
 		!strings.Contains(err.Error(), "unknown test kind") {
-		t.Errorf("kind %d: %v, want unknown test kind", kindRegionPong+1, err)
+		t.Errorf("kind %d: %v, want unknown test kind", kindDgramSink+1, err)
 	}
-	for k, name := range map[kind]string{kindHTTP: "http", kindRegion: "region", kindRegionPong: "region ping-pong"} {
+	for k, name := range map[kind]string{kindHTTP: "http", kindRegion: "region", kindRegionPong: "region ping-pong",
+		kindDgramEcho: "datagram echo", kindDgramSink: "datagram sink"} {
 		if k.String() != name {
 			t.Errorf("kind %d is %q, want %q", byte(k), k, name)
 		}

@@ -28,6 +28,9 @@ import (
 // key (rdma.RemoteKeyLen bytes), and for the ping-pong the client answers
 // with its own; an older server, one without HTTP tests included, refuses
 // them too.
+// The datagram tests' kinds (kindDgramEcho, kindDgramSink) came the same
+// way: after the ready byte the server sends the port of its datagram end
+// point (see dgram.go), which an older server never does.
 
 const (
 	magic      = "rprf"
@@ -53,6 +56,8 @@ const (
 	kindHTTP                       // hand the connection to an HTTP/1.1 server answering with size bytes
 	kindRegion                     // one-sided: expose a region of size bytes, send its key
 	kindRegionPong                 // one-sided ping-pong: regions both ways, answer each WRITE with one
+	kindDgramEcho                  // datagrams: send the datagram end's port, echo each datagram to its sender
+	kindDgramSink                  // datagrams: send the port, count datagrams until EOF, then report the counts
 )
 
 func (k kind) String() string {
@@ -75,13 +80,17 @@ func (k kind) String() string {
 		return "region"
 	case kindRegionPong:
 		return "region ping-pong"
+	case kindDgramEcho:
+		return "datagram echo"
+	case kindDgramSink:
+		return "datagram sink"
 	}
 	return fmt.Sprintf("kind(%d)", byte(k))
 }
 
 type header struct {
 	kind  kind
-	size  int    // message size for echo, idle and source; response body for http; write size (informative) for sink
+	size  int    // message size for echo, idle and source; response body for http; write size (informative) for sink; datagram size
 	count uint64 // source: writes to make; 0: until the client half-closes
 }
 
@@ -107,7 +116,7 @@ func readHeader(r io.Reader) (header, error) {
 	}
 	h := header{kind: kind(b[5]), size: int(binary.BigEndian.Uint32(b[8:]))}
 	switch {
-	case h.kind < kindEcho || h.kind > kindRegionPong:
+	case h.kind < kindEcho || h.kind > kindDgramSink:
 		return h, fmt.Errorf("unknown test kind %d", h.kind)
 	case h.size < 1 || h.size > maxMsgSize:
 		return h, fmt.Errorf("message size %d outside [1, %d]", h.size, maxMsgSize)

@@ -86,6 +86,10 @@ var metricsOf = map[string][]metric{
 	"read-lat":  {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"avg_us", "avg µs"}},
 	"write-bw":  {{"mb_s", "MB/s"}},
 	"read-bw":   {{"mb_s", "MB/s"}},
+	// Datagrams: what the sender sent, and what arrived at the receiver.
+	"dgram-lat":  {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"avg_us", "avg µs"}, {"lost", "round trips lost"}},
+	"dgram-rate": {{"recv_msg_s", "msg/s received"}, {"msg_s", "msg/s sent"}, {"loss_pct", "% lost"}},
+	"dgram-bw":   {{"recv_mb_s", "MB/s received"}, {"mb_s", "MB/s sent"}, {"loss_pct", "% lost"}},
 }
 
 var workloadNames = map[string]string{
@@ -103,6 +107,55 @@ var workloadNames = map[string]string{
 	"read-lat":         "one-sided READ latency",
 	"write-bw":         "one-sided WRITE throughput",
 	"read-bw":          "one-sided READ throughput",
+	"dgram-lat":        "datagram latency (one-way)",
+	"dgram-rate":       "datagram rate",
+	"dgram-bw":         "datagram throughput",
+}
+
+// The datagram rows have a table of their own: this library's PacketConn
+// beside perftest over UD (ib_send_lat, ib_send_bw -c UD) and Go's UDP.
+const (
+	selfBatch = self + " batch"
+	udp       = "rdmaperf/udp"
+	udpBatch  = udp + " batch"
+)
+
+var (
+	dgramColumns = []struct{ impl, title string }{
+		{self, "this library, WriteTo"},
+		{selfBatch, "this library, WriteBatch"},
+		{oneProc, "this library, one process"},
+		{selfBatch + " one process", "this library, WriteBatch, one process"},
+		{"perftest", "perftest -c UD"},
+		{udp, "Go UDP"},
+		{udpBatch, "Go UDP, WriteBatch"},
+	}
+	dgramRatios = []struct{ mine, peer, title string }{
+		{self, "perftest", "÷ perftest"},
+		{self, udp, "÷ Go UDP"},
+		{selfBatch, "perftest", "WriteBatch ÷ perftest"},
+		{selfBatch, udp, "WriteBatch ÷ Go UDP"},
+		{selfBatch, udpBatch, "WriteBatch ÷ Go UDP WriteBatch"},
+		{oneProc, "perftest", "one process ÷ perftest"},
+		{selfBatch + " one process", "perftest", "WriteBatch, one process ÷ perftest"},
+	}
+)
+
+// dgramGoals are the datagram rows' goals: a ratio of this library's
+// figure to a peer's, at most or at least a bound.
+var dgramGoals = []struct {
+	what          string
+	key           rowKey
+	mine, metric  string
+	peers         []string // the goal holds against each
+	bound         float64
+	atMost, below bool // atMost: ratio ≤ bound; below: ratio < bound; else ratio ≥ bound
+}{
+	{"64 B round trip p50 ≤ 1.3× ib_send_lat -c UD", rowKey{"dgram-lat", 64, 1}, self, "p50_us", []string{"perftest"}, 1.3, true, false},
+	{"64 B round trip p50 below Go UDP's", rowKey{"dgram-lat", 64, 1}, self, "p50_us", []string{udp}, 1, false, true},
+	{"64 B rate with WriteBatch (received) ≥ 0.8× ib_send_bw -c UD", rowKey{"dgram-rate", 64, 1}, selfBatch, "recv_msg_s", []string{"perftest"}, 0.8, false, false},
+	{"64 B rate with WriteBatch (received) ≥ Go UDP's, WriteTo and WriteBatch", rowKey{"dgram-rate", 64, 1}, selfBatch, "recv_msg_s", []string{udp, udpBatch}, 1, false, false},
+	{"largest datagrams (received) ≥ 0.8× the bytes/s of ib_send_bw -c UD at the MTU", rowKey{"dgram-bw", maxDatagram, 1}, selfBatch, "recv_mb_s", []string{"perftest"}, 0.8, false, false},
 }
 
 func renderFile(w io.Writer, path string) error {
@@ -183,36 +236,67 @@ func renderMarkdown(w io.Writer, br *benchRun) {
 	}
 	figure := func(k rowKey, impl, metric string) (float64, bool) { return figure0(runs, k, impl, metric) }
 
-	head := []string{"workload", "figure"}
-	for _, c := range columns {
-		head = append(head, c.title)
-	}
-	for _, r := range ratios {
-		head = append(head, r.title)
-	}
-	fmt.Fprintf(w, "| %s |\n", strings.Join(head, " | "))
-	fmt.Fprintf(w, "|%s\n", strings.Repeat(" --- |", len(head)))
+	var streams, dgrams []rowKey
 	for _, k := range keys {
-		for _, m := range metricsOf[k.workload] {
-			cells := []string{rowName(k), m.label}
-			have := false
-			for _, c := range columns {
-				v, ok := figure(k, c.impl, m.key)
-				cells = append(cells, cell(v, ok))
-				have = have || ok
-			}
-			if !have {
-				continue
-			}
-			for _, r := range ratios {
-				v, ok := ratio(k, r.mine, r.peer, m.key)
+		if isDgram(k.workload) {
+			dgrams = append(dgrams, k)
+		} else {
+			streams = append(streams, k)
+		}
+	}
+	table := func(keys []rowKey, columns []struct{ impl, title string }, ratios []struct{ mine, peer, title string }) {
+		head := []string{"workload", "figure"}
+		for _, c := range columns {
+			head = append(head, c.title)
+		}
+		for _, r := range ratios {
+			head = append(head, r.title)
+		}
+		fmt.Fprintf(w, "| %s |\n", strings.Join(head, " | "))
+		fmt.Fprintf(w, "|%s\n", strings.Repeat(" --- |", len(head)))
+		for _, k := range keys {
+			tableRows(w, k, columns, ratios, figure, ratio)
+		}
+	}
+	if len(streams) > 0 || len(dgrams) == 0 {
+		table(streams, columns, ratios)
+	}
+	if len(dgrams) > 0 {
+		if len(streams) > 0 {
+			fmt.Fprintf(w, "\n## Datagrams\n\n")
+		}
+		table(dgrams, dgramColumns, dgramRatios)
+		fmt.Fprintf(w, "\nGoals (ratios as in the table: the median of the per-round ratios):\n\n")
+		fmt.Fprintf(w, "| goal | ratio | met |\n| --- | --- | --- |\n")
+		for _, g := range dgramGoals {
+			var rs []string
+			met, have := true, false
+			for _, p := range g.peers {
+				v, ok := ratio(g.key, g.mine, p, g.metric)
 				if !ok {
-					cells = append(cells, "")
+					met = false
+					rs = append(rs, "— ("+p+")")
 					continue
 				}
-				cells = append(cells, fmt.Sprintf("%.2f", v))
+				have = true
+				rs = append(rs, fmt.Sprintf("%.2f", v))
+				switch {
+				case g.atMost:
+					met = met && v <= g.bound
+				case g.below:
+					met = met && v < g.bound
+				default:
+					met = met && v >= g.bound
+				}
 			}
-			fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | "))
+			verdict := "no"
+			switch {
+			case !have:
+				verdict = "not measured"
+			case met:
+				verdict = "yes"
+			}
+			fmt.Fprintf(w, "| %s | %s | %s |\n", g.what, strings.Join(rs, ", "), verdict)
 		}
 	}
 	fmt.Fprintf(w, "\nRatios are this library's figure divided by the peer's: above 1 is slower for "+
@@ -245,6 +329,34 @@ func renderMarkdown(w io.Writer, br *benchRun) {
 		for _, p := range problems {
 			fmt.Fprintf(w, "- %s\n", p)
 		}
+	}
+}
+
+// tableRows prints a row group's rows: each metric of its workload that
+// some column has, the columns' figures and the ratios.
+func tableRows(w io.Writer, k rowKey, columns []struct{ impl, title string }, ratios []struct{ mine, peer, title string },
+	figure func(rowKey, string, string) (float64, bool), ratio func(rowKey, string, string, string) (float64, bool)) {
+	for _, m := range metricsOf[k.workload] {
+		cells := []string{rowName(k), m.label}
+		have := false
+		for _, c := range columns {
+			v, ok := figure(k, c.impl, m.key)
+			cells = append(cells, cell(v, ok))
+			have = have || ok
+		}
+		if !have {
+			continue
+		}
+		for _, r := range ratios {
+			v, ok := ratio(k, r.mine, r.peer, m.key)
+			// Losses are counted, not compared: a ratio of them says nothing.
+			if !ok || m.key == "loss_pct" || m.key == "lost" {
+				cells = append(cells, "")
+				continue
+			}
+			cells = append(cells, fmt.Sprintf("%.2f", v))
+		}
+		fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | "))
 	}
 }
 

@@ -65,6 +65,8 @@ func handle(c net.Conn, verbose bool, web *httpFront) (kept bool, err error) {
 		return true, nil
 	case kindRegion, kindRegionPong:
 		return false, serveRegion(c, h.size, h.kind == kindRegionPong)
+	case kindDgramEcho, kindDgramSink:
+		return false, serveDgram(c, h.size, h.kind == kindDgramEcho)
 	default:
 		return false, echo(c, h.size)
 	}
