@@ -3,8 +3,6 @@ package rdma
 import (
 	"net"
 	"time"
-
-	"github.com/goverbs/rdma/internal/ibv"
 )
 
 // SetPortDownGrace shortens how long a port may stay down before its
@@ -93,13 +91,10 @@ func WritePacketRaw(c *PacketConn, b []byte, addr net.Addr) error {
 	}
 	c.smu.Lock()
 	seq := c.sent
-	slot := int(seq % uint64(c.opts.SendDepth))
-	c.sendRefs[slot] = ref
-	c.sent++
 	c.smu.Unlock()
-	off := c.sendOff() + slot*c.mtu
+	off := c.sendOff() + int(seq%uint64(c.opts.SendDepth))*c.mtu
 	n := copy(c.mem[off:off+c.mtu], b)
-	c.wrs = append(c.wrs, ibv.UDSendWR{ID: seq, Addr: c.base + uint64(off), Len: uint32(n), LKey: c.lkey, AH: d.ah, QPN: d.qpn, QKey: d.qkey})
+	c.queueSend(seq, off, n, d, ref)
 	return c.postPending()
 }
 

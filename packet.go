@@ -126,12 +126,15 @@ type PacketConn struct {
 	port  uint16
 	opts  PacketOptions
 
-	qp   udQP
-	mtu  int    // the largest UD message
-	mem  []byte // the receives' slots, then the sends'
-	lkey uint32
-	base uint64 // mem[0]'s address as the device sees it
-	w    waiter
+	qp  udQP
+	mtu int // the largest UD message
+	// maxInline is the largest message the QP sends inline (copied at
+	// the post).
+	maxInline int
+	mem       []byte // the receives' slots, then the sends'
+	lkey      uint32
+	base      uint64 // mem[0]'s address as the device sees it
+	w         waiter
 
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -207,8 +210,12 @@ type rxItem struct {
 // a send's is its sequence number.
 const wrRecvFlag = 1 << 63
 
-// sigEvery is how often a send is signaled (besides the last of each
-// post): its completion frees every slot up to it.
+// sigEvery is how often a send is signaled: its completion frees every
+// slot up to it. Besides, every send is signaled that leaves more than
+// half of the slots in flight, so a writer that waits for room always
+// has a signaled send ahead to wake it (sendDepthFor makes the largest
+// datagram need at most half), and a writer that sends now and then
+// costs no completion per datagram.
 const sigEvery = 16
 
 // repostBatch is how many consumed receives are posted again at once.
@@ -235,7 +242,7 @@ func packetMemLen(o PacketOptions, mtu int) int {
 // sendDepthFor is the send depth o asks for, raised to what the largest
 // datagram needs in fragments of an MTU of mtu.
 func sendDepthFor(o PacketOptions, mtu int) int {
-	return max(o.SendDepth, wire.DgramFragments(wire.MaxDatagram, mtu-wire.DgramFragHeaderLen)+sigEvery)
+	return max(o.SendDepth, 2*wire.DgramFragments(wire.MaxDatagram, mtu-wire.DgramFragHeaderLen)+sigEvery)
 }
 
 // initPath sets the datagram path up over qp and mem (registered under
@@ -733,18 +740,11 @@ func (c *PacketConn) writeOne(bufs [][]byte, dst netip.AddrPort) (int, error) {
 		}
 		hl := wire.PutDgramHeader(c.mem[off:], h)
 		r.read(c.mem[off+hl : off+hl+n])
-		wr := ibv.UDSendWR{ID: seq, Addr: c.base + uint64(off), Len: uint32(hl + n), LKey: c.lkey,
-			AH: d.ah, QPN: d.qpn, QKey: d.qkey}
-		if seq%sigEvery == sigEvery-1 {
-			wr.Flags = ibv.SendSignaled
-		}
-		c.smu.Lock()
+		var last *peerRef[udDest]
 		if k == count-1 {
-			c.sendRefs[slot] = ref
+			last = ref
 		}
-		c.sent++
-		c.smu.Unlock()
-		c.wrs = append(c.wrs, wr)
+		c.queueSend(seq, off, hl+n, d, last)
 		if len(c.wrs) == cap(c.wrs) {
 			if err := c.postPending(); err != nil {
 				if k < count-1 {
@@ -764,8 +764,28 @@ func (c *PacketConn) writeOne(bufs [][]byte, dst netip.AddrPort) (int, error) {
 	return size, nil
 }
 
-// postPending posts the queued sends, the last one signaled (so that
-// every slot comes back); writeMu is held. A failed post fails the send
+// queueSend queues the send of the n bytes at mem[off:] to d as send
+// seq, whose slot holds ref (the destination of a datagram's last
+// message), if any, until it completes; writeMu is held.
+func (c *PacketConn) queueSend(seq uint64, off, n int, d udDest, ref *peerRef[udDest]) {
+	wr := ibv.UDSendWR{ID: seq, Addr: c.base + uint64(off), Len: uint32(n), LKey: c.lkey,
+		AH: d.ah, QPN: d.qpn, QKey: d.qkey}
+	if n <= c.maxInline {
+		// The device copies it at the post: no DMA read of the slot
+		// later.
+		wr.Flags = ibv.SendInline
+	}
+	c.smu.Lock()
+	if seq%sigEvery == sigEvery-1 || int(seq+1-c.done) > c.opts.SendDepth/2 {
+		wr.Flags |= ibv.SendSignaled
+	}
+	c.sendRefs[int(seq%uint64(c.opts.SendDepth))] = ref
+	c.sent++
+	c.smu.Unlock()
+	c.wrs = append(c.wrs, wr)
+}
+
+// postPending posts the queued sends; writeMu is held. A failed post fails the send
 // side for good: its slots would never come back.
 func (c *PacketConn) postPending() error {
 	if c.qpGone {
@@ -775,7 +795,6 @@ func (c *PacketConn) postPending() error {
 	if len(c.wrs) == 0 {
 		return nil
 	}
-	c.wrs[len(c.wrs)-1].Flags |= ibv.SendSignaled
 	err := c.qp.PostUDSends(c.wrs)
 	c.wrs = c.wrs[:0]
 	if err != nil {

@@ -119,7 +119,7 @@ func listenPacket(ap netip.AddrPort, opts PacketOptions) (_ *PacketConn, err err
 		return nil, registerError(err, size)
 	}
 	c.dev.addRegistered(size)
-	if c.vqp, _, err = c.pd.CreateUDQP(c.cqs.cq, c.opts.SendDepth, c.opts.RecvDepth, 0, port, ibv.UDQKey); err != nil {
+	if c.vqp, c.maxInline, err = c.pd.CreateUDQP(c.cqs.cq, c.opts.SendDepth, c.opts.RecvDepth, udInline, port, ibv.UDQKey); err != nil {
 		return nil, err
 	}
 	c.cqs.add(c.vqp.Num, c)
@@ -217,6 +217,10 @@ func multicastLocal(ifi *net.Interface, v6 bool) (netip.Addr, error) {
 	}
 	return found[0], nil
 }
+
+// udInline is the inline size a PacketConn's QP asks for: small
+// datagrams (a request, a reply) are copied at the post.
+const udInline = 256
 
 // peerFailTTL is how long a failed resolution is remembered: writes to
 // that destination fail at once meanwhile.
