@@ -236,15 +236,30 @@ func (w *waiter) wait(ready, closing chan struct{}, dl *deadline, avg *time.Dura
 			adaptiveSpins.leave()
 		}
 	}
+	// A spin usually ends with ready signaled: take it without the
+	// select below, which locks all three channels (a tenth of a 64 B
+	// round trip's CPU over the zero-cost provider).
 	select {
 	case <-ready:
-		if !start.IsZero() {
-			*avg = nextAvgWait(*avg, time.Since(start))
-		}
+		w.noteWait(start, avg)
+		return spun
+	default:
+	}
+	select {
+	case <-ready:
+		w.noteWait(start, avg)
 	case <-closing:
 	case <-dl.wait():
 	}
 	return spun
+}
+
+// noteWait folds a wait that started at start and ended with ready into
+// avg, for the modes that keep one (see clock).
+func (w *waiter) noteWait(start time.Time, avg *time.Duration) {
+	if !start.IsZero() {
+		*avg = nextAvgWait(*avg, time.Since(start))
+	}
 }
 
 // clock returns the time a wait starts, for the moving average of waits,
@@ -266,6 +281,13 @@ func (w *waiter) clock() time.Time {
 // With a zero start the budget runs from the first look at the clock,
 // spinCheck polls in: a reply caught before then costs no clock read.
 func (w *waiter) spin(ready, closing chan struct{}, budget time.Duration, start time.Time) bool {
+	// One poll before counting as a spinner: the completion waited for
+	// is often in the CQ already (a reply that came while this side was
+	// sending), and then the poller need not step aside, and two atomic
+	// updates of the count (an eighth of the poll's cost) are saved.
+	if w.sp.tryPoll(); len(ready) > 0 {
+		return false
+	}
 	w.sp.spinStart()
 	defer w.sp.spinEnd()
 	for i := 1; len(ready) == 0 && !isClosed(closing); i++ {
@@ -339,6 +361,13 @@ func (w *waiter) waitDone(ctx context.Context, done, closing chan struct{}, avg 
 			adaptiveSpins.leave()
 		}
 	}
+	// As in wait: the spin usually saw it, and the select below would
+	// lock both channels to take it.
+	select {
+	case <-done:
+		return
+	default:
+	}
 	select {
 	case <-done:
 	case <-ctx.Done():
@@ -352,6 +381,10 @@ func (w *waiter) waitDone(ctx context.Context, done, closing chan struct{}, avg 
 // its post within a round trip, which polls in a tighter loop catch sooner
 // (in the test bed, 4 KiB READs' median fell by 10-40 %).
 func (w *waiter) spinUntil(ctx context.Context, done, closing chan struct{}, budget time.Duration, start time.Time) {
+	// One poll first, as in spin.
+	if w.sp.tryPoll(); len(done) > 0 {
+		return
+	}
 	w.sp.spinStart()
 	defer w.sp.spinEnd()
 	if budget >= 0 && start.IsZero() {
