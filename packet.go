@@ -356,6 +356,11 @@ func (c *PacketConn) push(it rxItem) {
 // repostLocked queues a receive slot to be posted again, and posts the
 // queue when it is a batch, or (now) at once; rmu is held.
 func (c *PacketConn) repostLocked(slot int, now bool) {
+	// RoCE v2 over IPv4 writes only the last 20 bytes of the GRH room:
+	// the first 20 must not keep an IPv6 header's bytes from an earlier
+	// datagram (see grhSource).
+	off := slot * c.slotLen()
+	clear(c.mem[off : off+ibv.GRHLen/2])
 	c.reposts = append(c.reposts, c.recvWR(slot))
 	if now || len(c.reposts) == cap(c.reposts) {
 		c.flushRepostsLocked()
@@ -403,13 +408,24 @@ func (c *PacketConn) failAsync(err error, removed bool) {
 	}
 	c.smu.Unlock()
 	signal(c.writable)
+	if removed {
+		// The kernel finishes a device's removal only once every
+		// object of it is gone: they go now, not at Close.
+		c.releaseAsync()
+	}
 }
 
 // sendDone handles a send's completion: every send up to it is done.
 func (c *PacketConn) sendDone(wc ibv.WC) {
 	c.smu.Lock()
 	if wc.Status != ibv.WCSuccess && wc.Status != ibv.WCFlushErr {
+		// A failed send leaves the QP's send queue in its error state:
+		// every later send would be flushed unseen. The writes fail
+		// instead.
 		c.stats.sendErrors.Add(1)
+		if c.wfail == nil {
+			c.wfail = &sendFailedError{wcStatusString(wc.Status)}
+		}
 	}
 	var refs [sigEvery * 2]*peerRef[udDest]
 	n := 0
@@ -565,6 +581,9 @@ func (c *PacketConn) ReadBatch(ms []Message, flags int) (int, error) {
 	if c.invalid() {
 		return 0, c.opErr("read", nil, syscall.EINVAL)
 	}
+	if flags != 0 {
+		return 0, c.opErr("read", nil, syscall.EINVAL)
+	}
 	if c.udp != nil {
 		return c.udpReadBatch(ms)
 	}
@@ -651,6 +670,9 @@ func (c *PacketConn) WriteBatch(ms []Message, flags int) (int, error) {
 	if c.invalid() {
 		return 0, c.opErr("write", nil, syscall.EINVAL)
 	}
+	if flags != 0 {
+		return 0, c.opErr("write", nil, syscall.EINVAL)
+	}
 	if c.udp != nil {
 		return c.udpWriteBatch(ms)
 	}
@@ -675,6 +697,9 @@ func (c *PacketConn) write(ms []Message) (int, error) {
 			c.postPending()
 			return i, c.opErr("write", m.Addr, err)
 		}
+	}
+	if len(ms) == 0 {
+		return 0, nil
 	}
 	if err := c.postPending(); err != nil {
 		return 0, c.opErr("write", ms[len(ms)-1].Addr, err)
@@ -869,10 +894,21 @@ func (c *PacketConn) dest(ap netip.AddrPort, locked bool) (udDest, *peerRef[udDe
 		return d, nil, nil
 	}
 	for {
+		if isClosed(c.closing) {
+			return udDest{}, nil, net.ErrClosed
+		}
 		l := c.peers.acquire(ap, time.Now())
 		var wait <-chan struct{}
 		switch {
 		case errors.Is(l.err, errCacheClosed):
+			// Closed, or released for a device's removal (then the
+			// writes' error says so).
+			c.smu.Lock()
+			fail := c.wfail
+			c.smu.Unlock()
+			if fail != nil {
+				return udDest{}, nil, fail
+			}
 			return udDest{}, nil, net.ErrClosed
 		case l.err != nil:
 			return udDest{}, nil, l.err
@@ -945,6 +981,13 @@ var errMissingAddress = errors.New("missing address")
 // errNotMember is a write's to a multicast group the PacketConn has not
 // joined: rdma_cm gives the address handle of a group to its members.
 var errNotMember = errors.New("rdma: datagrams to a multicast group need a PacketConn of ListenMulticast that joined it")
+
+// sendFailedError is the writes' error once the device completed a send
+// with an error.
+type sendFailedError struct{ status string }
+
+func (e *sendFailedError) Error() string { return "rdma: a datagram's send failed: " + e.status }
+func (e *sendFailedError) Unwrap() error { return syscall.EIO }
 
 // messageTooLongError is a write's of a datagram over wire.MaxDatagram.
 type messageTooLongError struct{ size int }

@@ -1069,3 +1069,47 @@ func fuzzPacket(t *testing.T, data []byte) {
 		t.Fatalf("drained: %+v, %d flushed", s, flushed)
 	}
 }
+
+// TestPacketSendErrorFailsWrites: a send the device completed with an
+// error leaves the QP's send queue in its error state, so the writes
+// after it fail with an error that says so instead of vanishing.
+func TestPacketSendErrorFailsWrites(t *testing.T) {
+	f := newUDFabric(t, 2, PacketOptions{RecvDepth: 64}, false)
+	a, b := f.ends[0], f.ends[1]
+	_, err := a.c.WriteTo([]byte("one"), b.c.LocalAddr())
+	require.NoError(t, err)
+	readExpect(t, b, []byte("one"), a.ap)
+	a.c.complete(ibv.WC{WRID: 0, Status: ibv.WCRetryExcErr})
+	_, err = a.c.WriteTo([]byte("two"), b.c.LocalAddr())
+	require.ErrorIs(t, err, syscall.EIO)
+	require.ErrorContains(t, err, "send failed")
+	require.Equal(t, uint64(1), a.c.Stats().SendErrors)
+}
+
+// TestPacketStaleGRH: a receive slot that last held an IPv6 datagram's
+// GRH and now an IPv4 one's (whose device writes only the GRH room's last
+// 20 bytes) reports the IPv4 source.
+func TestPacketStaleGRH(t *testing.T) {
+	f := newUDFabric(t, 1, PacketOptions{RecvDepth: minPacketRecvDepth}, false)
+	b := f.ends[0]
+	msg := dgramMsg(wire.DgramHeader{Port: 77}, []byte("x"))
+	wc := ibv.WC{Opcode: ibv.WCOpRecv, ByteLen: uint32(ibv.GRHLen + len(msg)), Flags: ibv.WCGRH}
+	// Every slot once with an IPv6 GRH, then each with an IPv4 one that
+	// leaves the first 20 bytes as the slot had them.
+	for range minPacketRecvDepth {
+		require.True(t, b.receive(grhV6(netip.MustParseAddr("fd00::5")), msg, wc))
+		readExpect(t, b, []byte("x"), netip.MustParseAddrPort("[fd00::5]:77"))
+	}
+	var v4 [ibv.GRHLen]byte
+	full := grhV4(netip.MustParseAddr("10.9.9.9"))
+	for range minPacketRecvDepth {
+		b.mu.Lock()
+		r := b.ring[b.head] // the receive the next datagram takes
+		b.mu.Unlock()
+		off := int(r.Addr - b.base)
+		copy(v4[:20], b.c.mem[off:off+20]) // what the device leaves
+		copy(v4[20:], full[20:])
+		require.True(t, b.receive(v4, msg, wc))
+		readExpect(t, b, []byte("x"), netip.MustParseAddrPort("10.9.9.9:77"))
+	}
+}

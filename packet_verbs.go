@@ -45,6 +45,11 @@ type packetSys struct {
 	// device is removed (the kernel finishes the removal only once every
 	// object of the device is gone).
 	released sync.Once
+	// resMu guards resClosed: once the release has begun, no resolution
+	// starts (its goroutine would use the CM channel and the PD the
+	// release frees).
+	resMu     sync.Mutex
+	resClosed bool
 }
 
 // joinedGroup is a multicast group the QP is attached to.
@@ -249,14 +254,10 @@ func (c *PacketConn) cmEvent(ev rdmacm.Event) {
 		default:
 		}
 	case rdmacm.EventDeviceRemoval:
-		markRemoved(c.id.Verbs())
-		c.failAsync(nil, true)
-		// Off the CM goroutine: release destroys ids.
-		releasing.Add(1)
-		go func() {
-			defer releasing.Done()
-			c.release()
-		}()
+		if c.dev != nil {
+			markRemoved(c.dev.ctx.Ptr())
+		}
+		c.failAsync(nil, true) // and releases
 	}
 }
 
@@ -267,6 +268,12 @@ func (c *PacketConn) cmLost(err error) { c.failAsync(err, false) }
 // startResolve resolves ap on a goroutine of its own and records the
 // outcome in the peer cache (resolveDone).
 func (c *PacketConn) startResolve(ap netip.AddrPort, ref *peerRef[udDest]) {
+	c.resMu.Lock()
+	defer c.resMu.Unlock()
+	if c.resClosed {
+		c.resolveDone(ref, udDest{}, errClosedPacket)
+		return
+	}
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
@@ -370,18 +377,35 @@ var errClosedPacket = errors.New("rdma: use of closed PacketConn")
 // resolutions, the QP, the address handles, the memory, the device.
 func (c *PacketConn) release() { c.released.Do(c.releaseVerbs) }
 
+// releaseAsync releases off the caller's goroutine (the CM goroutine or
+// the device's events reader, where ids may not be destroyed).
+func (c *PacketConn) releaseAsync() {
+	releasing.Add(1)
+	go func() {
+		defer releasing.Done()
+		c.release()
+	}()
+}
+
 func (c *PacketConn) releaseVerbs() {
+	c.resMu.Lock()
+	c.resClosed = true
+	c.resMu.Unlock()
 	if c.stopRes != nil {
 		c.stopRes()
 	}
 	if c.cm != nil {
+		// Both handles before either id goes: an event of one must
+		// not find the other destroyed.
 		c.cm.unregister(c.handle)
+		if c.mcHandle != 0 {
+			c.cm.unregister(c.mcHandle)
+		}
 	}
 	if c.id != nil {
 		retryDestroy(c.id.Destroy)
 	}
 	if c.mcID != nil {
-		c.cm.unregister(c.mcHandle)
 		retryDestroy(c.mcID.Destroy) // leaves the groups
 	}
 	c.wg.Wait()

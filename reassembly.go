@@ -90,7 +90,7 @@ type reassemblySource struct {
 type reassembler struct {
 	limits  reassemblyLimits
 	partial map[reassemblyKey]*partialDgram
-	sources map[netip.AddrPort]*reassemblySource
+	sources map[netip.Addr]*reassemblySource // by the source's IP: the port is the sender's to choose
 	oldest  *partialDgram
 	newest  *partialDgram
 	total   int // bytes charged to incomplete datagrams
@@ -123,7 +123,7 @@ func newReassembler(l reassemblyLimits) *reassembler {
 	return &reassembler{
 		limits:  l,
 		partial: make(map[reassemblyKey]*partialDgram),
-		sources: make(map[netip.AddrPort]*reassemblySource),
+		sources: make(map[netip.Addr]*reassemblySource),
 	}
 }
 
@@ -203,7 +203,7 @@ func (r *reassembler) recentlyDone(key reassemblyKey) bool {
 func (r *reassembler) start(key reassemblyKey, h wire.DgramHeader, now time.Time) (p *partialDgram, evicted int) {
 	class := reassemblyClass(h.Total)
 	size := minReassemblyBuf << class
-	s := r.sources[key.src]
+	s := r.sources[key.src.Addr()]
 	own := 0
 	if s != nil {
 		own = s.held
@@ -216,7 +216,7 @@ func (r *reassembler) start(key reassemblyKey, h wire.DgramHeader, now time.Time
 		r.memoDone(s.oldest.key)
 		r.drop(s.oldest)
 		evicted++
-		s = r.sources[key.src]
+		s = r.sources[key.src.Addr()]
 	}
 	if s == nil {
 		if n := len(r.spareSrc); n > 0 {
@@ -225,7 +225,7 @@ func (r *reassembler) start(key reassemblyKey, h wire.DgramHeader, now time.Time
 		} else {
 			s = new(reassemblySource)
 		}
-		r.sources[key.src] = s
+		r.sources[key.src.Addr()] = s
 	}
 	if n := len(r.spare); n > 0 {
 		p = r.spare[n-1]
@@ -348,7 +348,7 @@ func (r *reassembler) remove(p *partialDgram) {
 	} else {
 		r.newest = p.prev
 	}
-	s := r.sources[p.key.src]
+	s := r.sources[p.key.src.Addr()]
 	if p.sprev != nil {
 		p.sprev.snext = p.snext
 	} else {
@@ -362,7 +362,7 @@ func (r *reassembler) remove(p *partialDgram) {
 	s.held -= p.charge
 	r.total -= p.charge
 	if s.oldest == nil {
-		delete(r.sources, p.key.src)
+		delete(r.sources, p.key.src.Addr())
 		*s = reassemblySource{}
 		r.spareSrc = append(r.spareSrc, s)
 	}

@@ -266,9 +266,9 @@ func TestReassemblyFloodFromOneSource(t *testing.T) {
 		}
 	}
 	require.Equal(t, 2<<20, r.held())
-	require.Equal(t, 1<<20, r.sources[dgramSrcA].held)
-	require.Equal(t, 1<<20, r.sources[dgramSrcB].held)
-	require.Nil(t, r.sources[dgramSrcC])
+	require.Equal(t, 1<<20, r.sources[dgramSrcA.Addr()].held)
+	require.Equal(t, 1<<20, r.sources[dgramSrcB.Addr()].held)
+	require.Nil(t, r.sources[dgramSrcC.Addr()])
 
 	// Everyone's time comes.
 	require.Equal(t, 32, r.expire(now.Add(time.Second)))
@@ -341,4 +341,30 @@ func TestReassemblyAllocs(t *testing.T) {
 	}
 	require.Zero(t, testing.AllocsPerRun(1000, round))
 	require.Zero(t, r.held())
+}
+
+// TestReassemblyPerSourceByIP: a sender that names other ports in its
+// headers is still one source: its first fragments from four ports share
+// one per-source bound, and another sender's datagram still completes.
+func TestReassemblyPerSourceByIP(t *testing.T) {
+	r := newReassembler(reassemblyLimits{Total: 4 << 20, PerSource: 1 << 20, Timeout: time.Second})
+	now := time.Now()
+	for port := uint16(1); port <= 4; port++ {
+		src := netip.AddrPortFrom(dgramSrcA.Addr(), port)
+		for i := range 40 {
+			h := wire.DgramHeader{Port: port, Fragment: true, ID: uint32(i), Total: wire.MaxDatagram, FragSize: 4080}
+			r.add(src, h, make([]byte, 4080), now)
+		}
+	}
+	require.LessOrEqual(t, r.sources[dgramSrcA.Addr()].held, 1<<20, "one bound for all of the sender's ports")
+	data := make([]byte, 20000)
+	var got []byte
+	for off := 0; off < len(data); off += 4080 {
+		h := wire.DgramHeader{Port: 9, Fragment: true, ID: 1, Total: len(data), Offset: off, FragSize: 4080}
+		d, _ := r.add(dgramSrcB, h, data[off:min(len(data), off+4080)], now)
+		if d != nil {
+			got = d
+		}
+	}
+	require.Len(t, got, len(data), "the other sender's datagram completed")
 }
