@@ -36,6 +36,10 @@ type clientSample struct {
 	done       int
 	lat        []time.Duration
 	unanswered bool // its last request got no answer within clientGrace
+	// perSecond is the requests completed in each second of the window
+	// (the last one partial if the window is): a timeline that shows
+	// whether connections stalled together.
+	perSecond []int
 }
 
 // fairness is the spread of the requests each connection completed in the
@@ -76,19 +80,19 @@ func (r *run) clients() (map[string]float64, error) {
 	samples := make([]clientSample, len(conns))
 	var wg sync.WaitGroup
 	begin := make(chan struct{})
-	var deadline time.Time // set before begin is closed
+	var start, deadline time.Time // set before begin is closed
 	for i, c := range conns {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			<-begin
-			samples[i] = r.request(c, deadline)
+			samples[i] = r.request(c, start, deadline)
 		}()
 	}
 	// Every goroutine is waiting on begin before the clock starts, so no
 	// connection gets a head start.
 	cpu0 := cpuTime()
-	start := time.Now()
+	start = time.Now()
 	deadline = start.Add(r.duration)
 	close(begin)
 	wg.Wait()
@@ -150,11 +154,11 @@ func (r *run) clients() (map[string]float64, error) {
 	return m, nil
 }
 
-// request is one connection's part of the window: a request, its answer,
+// request is one connection's part of the window, which began at start: a request, its answer,
 // the next, until the window ends; the request outstanding then is
 // waited for (up to clientGrace), so that its latency counts.
-func (r *run) request(c net.Conn, deadline time.Time) clientSample {
-	var s clientSample
+func (r *run) request(c net.Conn, start, deadline time.Time) clientSample {
+	s := clientSample{perSecond: make([]int, (r.duration+time.Second-1)/time.Second)}
 	msg := make([]byte, r.size)
 	back := make([]byte, r.size)
 	grace := r.grace
@@ -179,6 +183,7 @@ func (r *run) request(c net.Conn, deadline time.Time) clientSample {
 		s.lat = append(s.lat, end.Sub(t))
 		if !end.After(deadline) {
 			s.done++
+			s.perSecond[min(int(end.Sub(start)/time.Second), len(s.perSecond)-1)]++
 		}
 	}
 	return s

@@ -61,6 +61,8 @@ func TestClients(t *testing.T) {
 		total += s.done
 		require.GreaterOrEqual(t, len(s.lat), s.done, "every request done in the window was timed")
 		require.False(t, s.unanswered)
+		require.Len(t, s.perSecond, 1, "a window of 0.2 s has one (partial) second")
+		require.Equal(t, s.done, s.perSecond[0])
 	}
 	require.Equal(t, float64(total), m["count"])
 	require.Equal(t, 0.2, m["seconds"])

@@ -197,7 +197,7 @@ func parseArgs(args []string, out io.Writer) (*config, error) {
 	fs.IntVar(&cfg.batch, "batch", 1, "dgram-rate, dgram-bw: datagrams per WriteBatch (rdma: PacketConn.WriteBatch; udp: golang.org/x/net's, sendmmsg); 1: one WriteTo each")
 	fs.BoolVar(&cfg.keepConns, "keep", false, "http: the README's Transport, which keeps an idle connection for each of the -P clients (MaxIdleConnsPerHost), instead of http.DefaultTransport's two; reports workload http-kept")
 	fs.BoolVar(&cfg.noDelay, "nodelay", false, "rdma client: SetNoDelay(true) on every connection: a small Write goes out at once even while the peer is behind (Go's TCP connections have it on already)")
-	fs.StringVar(&cfg.perConn, "perconn", "", "clients: write each connection's requests in the window to `file`, a line each in dial order: index, local address, requests completed in the window, all requests answered, slowest µs")
+	fs.StringVar(&cfg.perConn, "perconn", "", "clients: write each connection's requests in the window to `file`, a line each in dial order: index, local address, requests completed in the window, all requests answered, slowest µs, then the requests completed in each second of the window")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write the process's CPU profile (runtime/pprof) to `file` when the client's test ends, or when the server is stopped by SIGINT or SIGTERM")
 	// iperf3's names for the same settings, for its users' fingers.
 	fs.Var(seconds{&cfg.duration}, "t", "alias of -duration (iperf3): `seconds`")
@@ -410,7 +410,11 @@ func main() {
 			for _, d := range s.lat {
 				slowest = max(slowest, d)
 			}
-			fmt.Fprintf(f, "%d %s %d %d %.0f\n", i, addr, s.done, len(s.lat), slowest.Seconds()*1e6)
+			fmt.Fprintf(f, "%d %s %d %d %.0f", i, addr, s.done, len(s.lat), slowest.Seconds()*1e6)
+			for _, n := range s.perSecond {
+				fmt.Fprintf(f, " %d", n)
+			}
+			fmt.Fprintln(f)
 		}
 	}
 	if cfg.tail {
