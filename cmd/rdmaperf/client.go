@@ -37,6 +37,15 @@ type run struct {
 	// batch is how many datagrams a datagram blast sends per WriteBatch
 	// (-batch; 1: one WriteTo each).
 	batch int
+	// perConn, when set (-perconn), gets each connection's share of a
+	// clients test, in dial order, with its local address.
+	perConn func(i int, addr string, s clientSample)
+	// grace is how long a clients test waits after its window for the
+	// requests outstanding (0: clientGrace).
+	grace time.Duration
+	// rdma says the connections are this library's (a clients test then
+	// times the devices' release of them).
+	rdma bool
 	// tail, when set (-tail), gets the latency test's breakdown of its
 	// slowest round trips (see tailProbe).
 	tail func(string)

@@ -9,6 +9,7 @@
 //	rdmaperf -c host:port -idle 5s                 # CPU used while idle
 //	rdmaperf -c host -test dial -P 20              # bursts of 20 dials, each with one round trip and Close
 //	rdmaperf -c host -test http -P 20              # 20 HTTP/1.1 clients on http.DefaultTransport's settings
+//	rdmaperf -c host -test clients -P 1000 -t 8    # 1,000 connections, one 64 B request outstanding on each
 //	rdmaperf -c host -test write-lat -l 64         # one-sided: RDMA WRITE ping-pong (also read-lat, write-bw, read-bw)
 //	rdmaperf -c host -test dgram-lat               # datagram ping-pong over a PacketConn (-net udp: Go's UDP)
 //	rdmaperf -c host -test dgram-rate -batch 32    # 64 B datagrams, 32 per WriteBatch (also dgram-bw)
@@ -33,7 +34,14 @@
 // or, with -P N, in bursts of N at once (p50, p99 and average of a dial or
 // burst, in µs; connections per second). -test http times GET requests of
 // -P clients on one http.Client with http.DefaultTransport's settings
-// (requests per second; p50 and p99 of a request, in µs). -json prints
+// (requests per second; p50 and p99 of a request, in µs). -test clients
+// dials -P connections to one echo server, -P at a time up to 64, then
+// keeps one -size request outstanding on each for -t seconds: requests
+// per second summed, p50 and p99 of a request, CPU per request (of this
+// process: the client's, or with -local both ends'), the time to dial and
+// to close them all, and how evenly they were served: the requests each
+// connection completed in the window (fewest, 10th percentile, median,
+// most, and how many got fewer than half the median). -json prints
 // one JSON object per test instead of a sentence.
 //
 // The one-sided tests (-net rdma only) move -size bytes between registered
@@ -121,6 +129,7 @@ type config struct {
 	noDelay       bool
 	keepConns     bool
 	batch         int
+	perConn       string
 }
 
 // seconds is a flag of a duration given as iperf3 does, in seconds ("10",
@@ -164,13 +173,13 @@ func parseArgs(args []string, out io.Writer) (*config, error) {
 	fs.StringVar(&cfg.render, "render", "", "print the bench results `file` (JSON) as a markdown table and exit")
 	fs.StringVar(&cfg.addr, "addr", "", "listen `address` (default :"+defaultPort+" for -s; $RDMA_TEST_ADDR:0 for -local)")
 	fs.StringVar(&cfg.netw, "net", "rdma", "transport: rdma (this library) or tcp (Go's net, for comparison); udp: the datagram tests over Go's UDP (a server of tcp or udp serves them)")
-	fs.StringVar(&cfg.test, "test", "lat", "client test: lat (ping-pong latency), bw (one-way throughput), rate (message rate), copy (io.Copy of a file to the connection, and to io.Discard at the server), dial (Dial, first round trip, Close), http (HTTP/1.1 GETs of -size bytes), or one-sided RDMA between registered regions: write-lat (WRITE ping-pong), read-lat, write-bw, read-bw; or datagrams: dgram-lat (ping-pong), dgram-rate, dgram-bw (one-way, counted at the server)")
+	fs.StringVar(&cfg.test, "test", "lat", "client test: lat (ping-pong latency), bw (one-way throughput), rate (message rate), copy (io.Copy of a file to the connection, and to io.Discard at the server), dial (Dial, first round trip, Close), clients (-P connections, one request outstanding on each, with the spread of requests per connection), http (HTTP/1.1 GETs of -size bytes), or one-sided RDMA between registered regions: write-lat (WRITE ping-pong), read-lat, write-bw, read-bw; or datagrams: dgram-lat (ping-pong), dgram-rate, dgram-bw (one-way, counted at the server)")
 	fs.Int64Var(&cfg.copyLen, "bytes", 1<<30, "copy: the file's size in bytes")
 	fs.BoolVar(&cfg.plain, "plain", false, "copy: hide the connection's ReadFrom and WriteTo, so io.Copy goes through its own buffers")
 	fs.IntVar(&cfg.size, "size", 0, "message (write) size in bytes (default 64 for lat and rate, 65536 for bw)")
 	fs.IntVar(&cfg.count, "n", 0, "round trips (lat), writes per connection (bw, rate), dials or bursts (dial) or requests per client (http); 0: run for -duration")
 	fs.Var(seconds{&cfg.duration}, "duration", "how long to run when -n is 0: `seconds` or a duration (500ms)")
-	fs.IntVar(&cfg.conns, "conns", 1, "parallel connections (bw, rate), connections dialed at once (dial) or concurrent clients (http)")
+	fs.IntVar(&cfg.conns, "conns", 1, "parallel connections (bw, rate), connections dialed at once (dial) or concurrent clients (http, clients)")
 	fs.BoolVar(&cfg.reverse, "R", false, "bw, rate: reverse, the server sends and the client receives (iperf3)")
 	fs.Var(seconds{&cfg.interval}, "i", "bw, rate: `seconds` between progress reports of what moved (iperf3; 0: none)")
 	fs.IntVar(&cfg.warmup, "warmup", 100, "unmeasured round trips before a latency test (dial, http: above 0, one unmeasured dial or request first)")
@@ -188,6 +197,7 @@ func parseArgs(args []string, out io.Writer) (*config, error) {
 	fs.IntVar(&cfg.batch, "batch", 1, "dgram-rate, dgram-bw: datagrams per WriteBatch (rdma: PacketConn.WriteBatch; udp: golang.org/x/net's, sendmmsg); 1: one WriteTo each")
 	fs.BoolVar(&cfg.keepConns, "keep", false, "http: the README's Transport, which keeps an idle connection for each of the -P clients (MaxIdleConnsPerHost), instead of http.DefaultTransport's two; reports workload http-kept")
 	fs.BoolVar(&cfg.noDelay, "nodelay", false, "rdma client: SetNoDelay(true) on every connection: a small Write goes out at once even while the peer is behind (Go's TCP connections have it on already)")
+	fs.StringVar(&cfg.perConn, "perconn", "", "clients: write each connection's requests in the window to `file`, a line each in dial order: index, local address, requests completed in the window, all requests answered, slowest µs, then the requests completed in each second of the window")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write the process's CPU profile (runtime/pprof) to `file` when the client's test ends, or when the server is stopped by SIGINT or SIGTERM")
 	// iperf3's names for the same settings, for its users' fingers.
 	fs.Var(seconds{&cfg.duration}, "t", "alias of -duration (iperf3): `seconds`")
@@ -266,6 +276,10 @@ func parseArgs(args []string, out io.Writer) (*config, error) {
 		return bad("-R reverses -test bw or rate, not %s", cfg.workload)
 	case isOneSided(cfg.workload) && cfg.netw != "rdma":
 		return bad("-test %s is one-sided RDMA: -net rdma only", cfg.workload)
+	case cfg.workload == "clients" && cfg.count > 0:
+		return bad("-test clients runs for -t seconds: no -n")
+	case cfg.perConn != "" && cfg.workload != "clients":
+		return bad("-perconn is for -test clients")
 	case cfg.workload == "write-lat" && (cfg.size < 8 || cfg.size%8 != 0):
 		return bad("-test write-lat polls the block's last 8 bytes: -size must be a multiple of 8")
 	}
@@ -373,6 +387,7 @@ func main() {
 		conns:     cfg.conns,
 		warmup:    cfg.warmup,
 		batch:     cfg.batch,
+		rdma:      tr.name == "rdma",
 		reverse:   cfg.reverse,
 		interval:  cfg.interval,
 		// Called from one goroutine, and never after stream returns.
@@ -383,6 +398,24 @@ func main() {
 				fmt.Println(iv)
 			}
 		},
+	}
+	if cfg.perConn != "" {
+		f, err := os.Create(cfg.perConn)
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer f.Close()
+		r.perConn = func(i int, addr string, s clientSample) {
+			slowest := time.Duration(0)
+			for _, d := range s.lat {
+				slowest = max(slowest, d)
+			}
+			fmt.Fprintf(f, "%d %s %d %d %.0f", i, addr, s.done, len(s.lat), slowest.Seconds()*1e6)
+			for _, n := range s.perSecond {
+				fmt.Fprintf(f, " %d", n)
+			}
+			fmt.Fprintln(f)
+		}
 	}
 	if cfg.tail {
 		r.tail = func(s string) { fmt.Fprintln(os.Stderr, s) }
@@ -428,6 +461,8 @@ func main() {
 		res.Metrics, err = r.dials()
 	case "http":
 		res.Metrics, err = r.httpLoad()
+	case "clients":
+		res.Metrics, err = r.clients()
 	case "write-lat", "read-lat", "write-bw", "read-bw":
 		res.Conns = 1
 		res.Metrics, err = r.oneSided(workload)
@@ -439,7 +474,7 @@ func main() {
 			res.Metrics["batch"] = float64(cfg.batch)
 		}
 	default:
-		log.Fatalf("unknown -test %q (lat, bw, rate, copy, dial, http, write-lat, read-lat, write-bw, read-bw, dgram-lat, dgram-rate or dgram-bw)", workload)
+		log.Fatalf("unknown -test %q (lat, bw, rate, copy, dial, http, clients, write-lat, read-lat, write-bw, read-bw, dgram-lat, dgram-rate or dgram-bw)", workload)
 	}
 	stopProfile()
 	if err != nil {
@@ -459,6 +494,11 @@ func main() {
 		// What carries over to a NIC without system calls: the library's
 		// crossings into C (posts, polls, CM calls; the dial's few
 		// included) and posts, per message this client sent.
+		if workload == "clients" && res.Metrics != nil && res.Metrics["count"] > 0 {
+			// How the client's waits for answers ended, per request.
+			res.Metrics["parks_per_req"] = float64(s.Parks) / res.Metrics["count"]
+			res.Metrics["spins_per_req"] = float64(s.Spins) / res.Metrics["count"]
+		}
 		if s.MessagesSent > 0 && res.Metrics != nil {
 			res.Metrics["cgo_per_msg"] = float64(runtime.NumCgoCall()-cgo0) / float64(s.MessagesSent)
 			res.Metrics["posts_per_msg"] = float64(s.SendPosts) / float64(s.MessagesSent)
@@ -579,6 +619,19 @@ func describe(r Result) string {
 	case r.Workload == "http" || r.Workload == "http-kept":
 		fmt.Fprintf(&b, ": %.0f req/s, p50 %.0f µs, p99 %.0f µs, avg %.0f µs a request (%.0f requests, %.0f connections dialed, in %.2f s, %.2f CPU s)",
 			m["req_s"], m["p50_us"], m["p99_us"], m["avg_us"], m["count"], m["dials"], m["seconds"], m["cpu_s"])
+	case r.Workload == "clients":
+		fmt.Fprintf(&b, ": %.0f req/s, p50 %.0f µs, p99 %.0f µs, max %.0f µs a request, %.1f CPU µs a request; requests per connection in %.2f s: min %.0f, p10 %.0f, median %.0f, max %.0f, %.0f under half the median",
+			m["req_s"], m["p50_us"], m["p99_us"], m["max_us"], m["cpu_us_per_req"], m["seconds"], m["min_req"], m["p10_req"], m["median_req"], m["max_req"], m["starved"])
+		if m["unanswered"] > 0 {
+			fmt.Fprintf(&b, ", %.0f unanswered", m["unanswered"])
+		}
+		fmt.Fprintf(&b, "; dialing all %.3f s, closing all %.3f s", m["dial_s"], m["close_s"])
+		if v, ok := m["release_s"]; ok {
+			fmt.Fprintf(&b, ", device resources released %.2f s later", v)
+		}
+		if v, ok := m["parks_per_req"]; ok {
+			fmt.Fprintf(&b, "; %.2f parks, %.2f spins a request", v, m["spins_per_req"])
+		}
 	case r.Workload == "lat" || r.Workload == "write-lat":
 		fmt.Fprintf(&b, ": one-way p50 %.2f µs, p99 %.2f µs, avg %.2f µs (%.0f round trips in %.2f s)",
 			m["p50_us"], m["p99_us"], m["avg_us"], m["count"], m["seconds"])

@@ -80,6 +80,11 @@ var metricsOf = map[string][]metric{
 	"dial":      {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"conn_s", "conn/s"}, {"setup_us", "setup p50 µs"}},
 	"http":      {{"req_s", "req/s"}, {"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}},
 	"http-kept": {{"req_s", "req/s"}, {"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}},
+	// Many clients: the rate, the latency, what a request costs, and the
+	// spread of requests per connection (fairness).
+	"clients": {{"req_s", "req/s"}, {"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"cpu_us_per_req", "CPU µs per request"},
+		{"min_req", "fewest requests of a connection"}, {"median_req", "median requests of a connection"}, {"max_req", "most requests of a connection"},
+		{"starved", "connections under half the median"}, {"dial_s", "dial all, s"}, {"close_s", "close all, s"}},
 	// One-sided, against ib_write_lat, ib_read_lat, ib_write_bw and
 	// ib_read_bw (-R).
 	"write-lat": {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"avg_us", "avg µs"}},
@@ -103,6 +108,7 @@ var workloadNames = map[string]string{
 	"dial":             "dial + round trip + close",
 	"http":             "HTTP/1.1 GET, http.DefaultTransport (2 idle connections kept: most requests dial)",
 	"http-kept":        "HTTP/1.1 GET, the README's Transport (an idle connection kept per client)",
+	"clients":          "many clients, one request outstanding each, against one echo server",
 	"write-lat":        "one-sided WRITE latency (one-way)",
 	"read-lat":         "one-sided READ latency",
 	"write-bw":         "one-sided WRITE throughput",
