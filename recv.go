@@ -97,8 +97,7 @@ func (c *Conn) waitDataDroppingLock() error {
 
 // copyOutDroppingLock copies queued messages into b. The queued messages
 // are the reader's while readMu is held (the completion side only appends
-// behind them), so the copy runs without mu and does not block the poller,
-// but for a small one (lockedCopy).
+// behind them), so the copy runs without mu and does not block the poller.
 // It reports whether the copy ended at the end of one of the peer's Writes
 // (which matters to message-oriented Reads only: they stop there).
 func (c *Conn) copyOutDroppingLock(b []byte) (int, bool, error) {
@@ -109,16 +108,11 @@ func (c *Conn) copyOutDroppingLock(b []byte) (int, bool, error) {
 		return 0, false, nil
 	}
 	head, avail, off := c.rx.readable()
-	locked := len(b) <= lockedCopy || (avail == 1 && int(c.rx.q[head].n)-off <= lockedCopy)
-	if !locked {
-		c.rx.copying = true
-		c.mu.Unlock()
-	}
+	c.rx.copying = true
+	c.mu.Unlock()
 	n, used, off, ended := c.rx.copyOut(b, head, avail, off, c.msgRead)
-	if !locked {
-		c.mu.Lock()
-		c.copiedOut()
-	}
+	c.mu.Lock()
+	c.copiedOut()
 	c.rx.consume(used, off)
 	c.ringDrained()
 	if used > 0 {
@@ -127,13 +121,6 @@ func (c *Conn) copyOutDroppingLock(b []byte) (int, bool, error) {
 	}
 	return n, ended, nil
 }
-
-// lockedCopy is the most bytes a Read or Write copies between its buffer
-// and a ring with mu held rather than dropped: a copy of that size takes
-// less than the unlock and lock it would save, and holds up the poller no
-// longer than the rest of the call's work under mu. Holding mu also keeps
-// the release from the memory, as rx.copying and tx.filling do otherwise.
-const lockedCopy = 512
 
 // copiedOut ends a copy out of the receive ring made without the lock
 // (rx.copying): a release waiting for it goes on.

@@ -89,8 +89,7 @@ func (c *Conn) waitSendRoomDroppingLock(noCredit bool, waited *bool) {
 // tail on, the first of which may hold pending bytes, and queues what
 // credits allow. The ring from the tail on is the writer's until queued
 // (flush leaves a pending message alone while tx.filling is set), so the
-// copy runs without mu, but for a small one (lockedCopy). Where each
-// message goes and how large it may be
+// copy runs without mu. Where each message goes and how large it may be
 // is planned from the tail and what the peer had consumed (acked) when
 // the lock was dropped: queueing follows the same plan, whatever credits
 // came back meanwhile. It returns how much of b is accepted.
@@ -99,11 +98,8 @@ func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
 	buf := c.tx.buf
 	pend, _ := c.tx.pending()
 	t, acked := ring.tail, ring.acked
-	locked := len(b)-n <= lockedCopy
-	if !locked {
-		c.tx.filling = true
-		c.mu.Unlock()
-	}
+	c.tx.filling = true
+	c.mu.Unlock()
 	off := n
 	for i := 0; i < slots && off < len(b); i++ {
 		start, room := ring.at(t, acked)
@@ -119,10 +115,8 @@ func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
 		t = wire.RingEnd(start, pend+chunk)
 		pend = 0
 	}
-	if !locked {
-		c.mu.Lock()
-		c.filled()
-	}
+	c.mu.Lock()
+	c.filled()
 	if c.life.has(shutClosed) || c.life.werr != nil {
 		return n
 	}
