@@ -67,8 +67,7 @@ var (
 // its tail on, which a Write or ReadFrom fills while tx.filling is set
 // (flush leaves it alone). The release waits for both flags to clear
 // before the memory goes; neither is ever set across a call into the
-// application. A copy of at most lockedCopy bytes keeps mu instead: it
-// costs less than dropping and taking the lock again. Once the teardown owns the send queue (tx.draining), it
+// application. Once the teardown owns the send queue (tx.draining), it
 // posts its drain marker with mu held: nobody else posts then.
 
 // Conn is an RDMA connection; it implements net.Conn. Dial returns one, and
