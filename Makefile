@@ -1,6 +1,8 @@
 # make test: formatting and static checks, host unit tests and fuzzing, then
 # the device tests inside a Soft-RoCE VM (testbed/vm.sh) with the interop
-# module's (interop/: quic-go and miekg/dns over PacketConn), the fault sweep
+# module's (interop/: quic-go and miekg/dns over PacketConn) and its
+# application benchmarks (gRPC, HTTP/2, TLS, a relay: RDMA beside Go TCP) for
+# a few iterations each, the fault sweep
 # there (a test binary built with -tags faultinject that makes each call
 # into the kernel's RDMA interface fail in turn: faults_test.go), the device
 # tests again on
@@ -8,9 +10,10 @@
 # VM with more memory, then the two-host tests on a pair of them
 # (testbed/vm.sh --pair). make demo: the echo example in
 # the VM. make bench: the zero-cost rows on the host, then the benchmark
-# table. Those install what they need on a Debian machine (as root). make
-# check and make unit need neither root nor the VM: without the verbs
-# headers they check the portable build only.
+# table, then the application rows (bench/apps.sh). Those install what they
+# need on a Debian machine (as root). make check and make unit need neither
+# root nor the VM: without the verbs headers they check the portable build
+# only.
 
 GO          ?= go
 CC          ?= cc
@@ -22,7 +25,7 @@ VM          := testbed/vm.sh
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 VMTIMEOUT   ?= 1500
 
-.PHONY: all deps check unit fuzz verbs-note vmtest test info demo bench microbench zerocost clean
+.PHONY: all deps check unit fuzz verbs-note vmtest test info demo bench microbench zerocost apps clean
 
 all: test
 
@@ -109,6 +112,8 @@ vmtest: deps
 	$(VM) --timeout $(VMTIMEOUT) -- sh -c '$(OUT)/rdma.test -test.v -test.count=1 -test.timeout 20m && $(OUT)/rdmaperf.test -test.v -test.count=1 && $(OUT)/rdmainfo.test -test.v -test.count=1 && \
 		echo "=== quic-go and miekg/dns over PacketConn (interop/)" && \
 		$(OUT)/interop.test -test.v -test.count=1 -test.timeout 5m && \
+		echo "=== the applications as benchmarks, RDMA beside Go TCP, a small fixed count (interop/apps_test.go)" && \
+		$(OUT)/interop.test -test.count=1 -test.run "^$$" -test.bench . -test.benchtime 5x -test.timeout 5m && \
 		echo "=== every benchmark, a small fixed count" && \
 		$(OUT)/rdma.test -test.count=1 -test.run "^$$" -test.bench . -test.benchtime 20x -test.timeout 5m && \
 		echo "=== the same tests under the race detector (-short)" && \
@@ -142,16 +147,23 @@ clean:
 
 # The table on Soft-RoCE, then its latency, streaming and one-sided rows on
 # soft-iWARP (bench/results-siw.*), then the latency, stream, setup and HTTP
-# rows across the test bed's two VMs (bench/results-pair.*).
+# rows across the test bed's two VMs (bench/results-pair.*), then the
+# applications against Go TCP (bench/results-apps.*).
 bench: deps zerocost
 	bench/bench.sh
 	BENCH_ONLY=siw bench/bench.sh
 	BENCH_ONLY=pair bench/bench.sh
+	bench/apps.sh
 
 # The library against C per message over the zero-cost provider, on this
 # host: bench/results-zerocost.md.
 zerocost:
 	bench/zerocost.sh
+
+# The applications (interop/apps_test.go) over RDMA and over Go TCP in one
+# Soft-RoCE VM run: bench/results-apps.md.
+apps: deps
+	bench/apps.sh
 
 # The testing.B benchmarks of the data path (round trips per poll mode,
 # streaming per write size), in the VM.

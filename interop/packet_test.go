@@ -99,7 +99,7 @@ const quicALPN = "goverbs-interop"
 
 // quicTLS returns a server and a client TLS configuration around a
 // self-signed certificate for the test bed's address.
-func quicTLS(t *testing.T) (server, client *tls.Config) {
+func quicTLS(t testing.TB) (server, client *tls.Config) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)
