@@ -64,6 +64,9 @@ type poller struct {
 
 	idle idlePhase        // run's idle polls; run's own
 	now  func() time.Time // the clock that times them (a fake in tests)
+	// idlers counts the pollers in their idle phase, process-wide (a
+	// field so that tests can give a poller a count of its own).
+	idlers *idleSlots
 
 	connsMu sync.RWMutex
 	conns   map[uint32]completer // by QP number
@@ -85,8 +88,46 @@ func (e *eventsLostError) Error() string {
 func (e *eventsLostError) Unwrap() error { return e.err }
 
 func newPoller(cq completionQueue, ch eventWaiter) *poller {
-	return &poller{cq: cq, ch: ch, done: make(chan struct{}), wake: make(chan struct{}, 1), conns: map[uint32]completer{}, idle: newIdlePhase(), now: time.Now}
+	processIdlers.follow(runtime.GOMAXPROCS(0))
+	return &poller{cq: cq, ch: ch, done: make(chan struct{}), wake: make(chan struct{}, 1), conns: map[uint32]completer{}, idle: newIdlePhase(), now: time.Now, idlers: &processIdlers}
 }
+
+// idleSlots bounds how many pollers spin in their idle phase at once.
+//
+// A poller's idle phase polls its CQ between runtime.Gosched calls. With
+// more pollers than Ps (a device with thousands of connections has several
+// CQs, each with its poller), pollers spinning that way fill the run queue
+// and take turns with the connections' goroutines: a CQ whose connections'
+// goroutines do not get to post their requests stays empty, its poller
+// keeps finding nothing, and the connections on it starve for seconds
+// (bench/README.md, "Why connections starve"). A poller that finds no slot
+// parks on its completion channel at once and is woken through the
+// netpoller, which the scheduler serves on every pass; the spinning stays
+// with at most half the Ps, so the rest run the connections.
+type idleSlots struct {
+	n   atomic.Int32
+	max atomic.Int32
+}
+
+// processIdlers is the bound of every poller of the process: the Ps they
+// compete for are the process's. Its bound follows GOMAXPROCS as it is
+// when a poller starts (reading it takes the scheduler's lock, too dear
+// for every idle phase).
+var processIdlers idleSlots
+
+func (s *idleSlots) follow(procs int) { s.max.Store(int32(max(1, procs/2))) }
+
+// take reports whether a poller may start an idle phase; if so, it must
+// give the slot back with give.
+func (s *idleSlots) take() bool {
+	if s.n.Add(1) <= s.max.Load() {
+		return true
+	}
+	s.n.Add(-1)
+	return false
+}
+
+func (s *idleSlots) give() { s.n.Add(-1) }
 
 func (p *poller) add(qpNum uint32, c completer) {
 	p.connsMu.Lock()
@@ -225,12 +266,23 @@ func (p *poller) run() {
 	var idleStart time.Time
 	var r retrier
 	lost := false
+	// slot says run holds one of p.idlers during an idle phase; every
+	// way out of the phase gives it back.
+	slot := false
+	leave := func() {
+		if slot {
+			p.idlers.give()
+			slot = false
+		}
+	}
+	defer leave()
 	for {
 		if p.poll(fl[:0]) > 0 {
 			if idle > 0 {
 				p.idle.caught()
 			}
 			idle = 0
+			leave()
 			continue
 		}
 		if p.stop.Load() {
@@ -241,13 +293,18 @@ func (p *poller) run() {
 			continue
 		}
 		if p.spinners.Load() > 0 {
+			leave()
 			<-p.wake
 			idle = 0
 			continue
 		}
 		if idle == 0 {
 			if limit = p.idle.next(); limit > 0 {
-				idleStart = p.now()
+				if slot = p.idlers.take(); slot {
+					idleStart = p.now()
+				} else {
+					limit = 0
+				}
 			}
 		}
 		if idle < limit {
@@ -259,6 +316,7 @@ func (p *poller) run() {
 			p.idle.spent(idle, p.now().Sub(idleStart))
 		}
 		idle = 0
+		leave()
 		if err := p.cq.ReqNotify(); err != nil {
 			lost = p.failed(&r, err)
 			continue

@@ -447,3 +447,51 @@ func TestPollerTryPollAfterShutdown(t *testing.T) {
 	require.True(t, p.cqMu.TryLock(), "tryPoll leaves the CQ unlocked")
 	p.cqMu.Unlock()
 }
+
+// Pollers spin in their idle phase only while they hold one of a bounded
+// number of slots; one that finds none arms its CQ and parks at once, and
+// every way out of a phase gives the slot back.
+func TestPollerIdleSlots(t *testing.T) {
+	slots := &idleSlots{}
+	slots.follow(2)
+	require.True(t, slots.take(), "the only slot of 2 Ps")
+	require.False(t, slots.take(), "half the Ps: one slot")
+
+	cq := &fakeCQ{}
+	ch := newFakeChannel()
+	p := newPoller(cq, ch)
+	p.idlers = slots
+	go p.run()
+	<-ch.waits
+	cq.mu.Lock()
+	require.Equal(t, 2, cq.polls, "no slot: a poll, no idle phase, one after arming")
+	cq.mu.Unlock()
+
+	slots.give()
+	ch.events <- struct{}{}
+	<-ch.waits
+	cq.mu.Lock()
+	// (The phase is shorter than idlePolls: the park before it was longer
+	// than a phase whose polls cost nothing so far, see idlePhase.)
+	require.Greater(t, cq.polls, 2+2, "with the slot free: an idle phase")
+	cq.mu.Unlock()
+	require.Zero(t, slots.n.Load(), "parked: the slot is given back")
+
+	// A phase that catches a completion gives it back too.
+	a := &fakeCompleter{p: p, done: make(chan struct{}, 1)}
+	p.add(1, a)
+	var once sync.Once
+	cq.mu.Lock()
+	cq.onArm = func() { once.Do(func() { cq.add(wc(1, 1)) }) }
+	cq.mu.Unlock()
+	ch.events <- struct{}{}
+	<-a.done
+	<-ch.waits
+	require.Zero(t, slots.n.Load())
+	p.shutdown(ch.interrupt)
+	require.Zero(t, slots.n.Load())
+
+	big := &idleSlots{}
+	big.follow(16)
+	require.EqualValues(t, 8, big.max.Load())
+}
