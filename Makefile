@@ -25,7 +25,7 @@ VM          := testbed/vm.sh
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 VMTIMEOUT   ?= 1500
 
-.PHONY: all deps check unit fuzz verbs-note vmtest test info demo bench microbench zerocost apps clean
+.PHONY: all deps check unit fuzz verbs-note vmtest test info demo bench microbench zerocost apps clients clean
 
 all: test
 
@@ -148,12 +148,14 @@ clean:
 # The table on Soft-RoCE, then its latency, streaming and one-sided rows on
 # soft-iWARP (bench/results-siw.*), then the latency, stream, setup and HTTP
 # rows across the test bed's two VMs (bench/results-pair.*), then the
-# applications against Go TCP (bench/results-apps.*).
+# applications against Go TCP (bench/results-apps.*), then many clients
+# against Go TCP (bench/results-clients.*).
 bench: deps zerocost
 	bench/bench.sh
 	BENCH_ONLY=siw bench/bench.sh
 	BENCH_ONLY=pair bench/bench.sh
 	bench/apps.sh
+	bench/clients.sh --table
 
 # The library against C per message over the zero-cost provider, on this
 # host: bench/results-zerocost.md.
@@ -164,6 +166,11 @@ zerocost:
 # Soft-RoCE VM run: bench/results-apps.md.
 apps: deps
 	bench/apps.sh
+
+# 100, 1,000 and 10,000 clients of one echo server over RDMA and over Go
+# TCP in one Soft-RoCE VM run: bench/results-clients.md.
+clients: deps
+	bench/clients.sh --table
 
 # The testing.B benchmarks of the data path (round trips per poll mode,
 # streaming per write size), in the VM.

@@ -6,6 +6,13 @@
 # and for 10,000 connections --mem 8192).
 #
 #   bench/clients.sh [CONNS...]    (default: 100 1000)
+#   bench/clients.sh --table [CONNS...]    (on the host: the rows of make bench)
+#   bench/clients.sh --render
+#
+# --table builds rdmaperf, runs this script in the Soft-RoCE VM (8 GiB, for 10,000 connections;
+# default 100 1000 10000) and writes bench/results-clients.txt (the run's output) and
+# bench/results-clients.md (a table of the medians of the rounds, dated); --render makes the
+# table again from the .txt.
 #
 # Each run prints rdmaperf's line, then the mean requests per connection in each tenth of the
 # connections in dial order, and the dial indexes of the connections served less than half the
@@ -13,10 +20,33 @@
 # dialed (the library puts about 306 connections on each CQ of rxe, in dial order).
 # Environment: RDMA_TEST_ADDR (10.77.0.1); CLIENTS_ROUNDS (2); CLIENTS_SECONDS (8): the window;
 # CLIENTS_NETS (rdma tcp); CLIENTS_PROFILE: a directory to write each rdma run's CPU profile to,
-# with pprof's top lines printed; RDMAPERF (.testbed-out/rdmaperf).
+# with pprof's top lines printed; RDMAPERF (.testbed-out/rdmaperf); CLIENTS_CMTIME (1): also
+# time N rdma_cm connections' setup and teardown with rdmacm-utils' cmtime, the provider's own
+# cost for them in C (no data, one work request each way per QP).
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
+case ${1:-} in
+--table | --render)
+	cd "$here/.."
+	out=bench/results-clients
+	if [[ $1 == --table ]]; then
+		shift
+		(($#)) || set -- 100 1000 10000
+		mkdir -p .testbed-out
+		"${GO:-go}" build -o .testbed-out/rdmaperf ./cmd/rdmaperf || exit
+		echo "# $(date -u +%Y-%m-%dT%H:%MZ)" >"$out.txt.tmp"
+		testbed/vm.sh --mem 8192 --timeout 2400 -- bench/clients.sh "$@" | tee -a "$out.txt.tmp"
+		if ! grep -q '^clients: done' "$out.txt.tmp"; then
+			mv "$out.txt.tmp" "$out.txt.failed"
+			echo "clients: the run did not finish; see $out.txt.failed" >&2
+			exit 1
+		fi
+		mv "$out.txt.tmp" "$out.txt"
+	fi
+	exec "$here/clients-table.awk" "$out.txt" >"$out.md" && cat "$out.md"
+	;;
+esac
 rdmaperf=${RDMAPERF:-$here/../.testbed-out/rdmaperf}
 addr=${RDMA_TEST_ADDR:-10.77.0.1}
 rounds=${CLIENTS_ROUNDS:-2}
@@ -57,4 +87,25 @@ for round in $(seq "$rounds"); do
 		done
 	done
 done
+if [[ ${CLIENTS_CMTIME:-1} == 1 ]] && command -v cmtime >/dev/null; then
+	for n in "$@"; do
+		for round in $(seq "$rounds"); do
+			port=$((7470 + round))
+			timeout -k 5 600 cmtime -b "$addr" -p "$port" -c "$n" >"$work/cmserver" 2>&1 &
+			srv=$!
+			sleep 1
+			timeout -k 5 600 cmtime -s "$addr" -p "$port" -c "$n" >"$work/cmclient" 2>&1
+			wait "$srv"
+			# Rows "step : total-ms max-ms min-us us/conn": setup is every step up to connect,
+			# teardown disconnect and destroy.
+			awk -F: -v n="$n" '
+				NF == 2 && $2 ~ /^ *[0-9.]+ / { name = $1; sub(/ +$/, "", name); split($2, v, " "); t[name] = v[1] }
+				END {
+					if (!("connect" in t) || !("destroy" in t)) { print "cmtime " n " conns: no step times"; exit }
+					setup = t["create id"] + t["bind addr"] + t["resolve addr"] + t["resolve route"] + t["create qp"] + t["connect"]
+					printf "cmtime %d conns: setup %.3f s, teardown %.3f s\n", n, setup / 1000, (t["disconnect"] + t["destroy"]) / 1000
+				}' "$work/cmclient"
+		done
+	done
+fi
 echo "clients: done, load $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%FT%TZ)"
