@@ -27,6 +27,9 @@ import (
 type device struct {
 	ctx *ibv.Context
 	cqs []*cqShard // under devMu; only ever appended to while the device lives
+	// pollers are the CQs' pollers, a slice replaced (never changed) as
+	// CQs are added, read without devMu by each poller (see poller.help).
+	pollers atomic.Pointer[[]*poller]
 
 	async     *ibv.AsyncChannel // the context's asynchronous events
 	events    asyncEvents       // what they do to connections
@@ -268,7 +271,13 @@ func (d *device) newCQ(size int) (*cqShard, error) {
 	}
 	s := &cqShard{poller: newPoller(cq, ch), ch: ch, cq: cq}
 	s.onLost = func(error) { d.detach() }
+	s.siblings = &d.pollers
 	d.cqs = append(d.cqs, s)
+	ps := make([]*poller, len(d.cqs))
+	for i, c := range d.cqs {
+		ps[i] = c.poller
+	}
+	d.pollers.Store(&ps)
 	go s.run()
 	return s, nil
 }

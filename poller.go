@@ -71,6 +71,11 @@ type poller struct {
 	connsMu sync.RWMutex
 	conns   map[uint32]completer // by QP number
 
+	// siblings, if set, are the pollers of the device's CQs, this one
+	// among them (see help); the device replaces the slice as it adds
+	// CQs.
+	siblings *atomic.Pointer[[]*poller]
+
 	// onLost, if set, is called once the CQ's events are lost for good
 	// (see run), after its connections were failed: the device lets no
 	// new connection use the CQ.
@@ -227,17 +232,60 @@ func (p *poller) spinEnd() {
 // stopped it polls nothing: the device destroys the CQ after shutdown
 // (with cqMu held), and a Read or one-sided wait still spinning on a
 // connection of a device being removed must not poll freed memory.
-func (p *poller) tryPoll() {
+func (p *poller) tryPoll() { p.tryPollN() }
+
+// tryPollN is tryPoll, reporting how many completions it polled.
+func (p *poller) tryPollN() int {
 	if !p.cqMu.TryLock() {
-		return
+		return 0
 	}
 	if p.stop.Load() {
 		p.cqMu.Unlock()
-		return
+		return 0
 	}
 	var fl [spinBatch]completer
-	p.pollUnlock(spinBatch, fl[:0])
+	return p.pollUnlock(spinBatch, fl[:0])
 }
+
+// help polls up to helpBatch of the device's other CQs, a batch each,
+// unless another goroutine is polling it, and reports how many completions
+// it polled. A poller whose own CQ has come back empty helps before it
+// arms its CQ and parks, and goes on helping while that finds work. It
+// takes the CQs in turn from where it left off (next, run's own), so
+// that every CQ is helped as often.
+//
+// A device with thousands of connections has several CQs, each with its
+// poller goroutine. A parked poller is woken through the netpoller, which
+// a scheduler with every P busy checks only every few milliseconds, and
+// the woken goroutine then waits its turn behind the runnable ones: the
+// CQs whose pollers happen to run get served while the other CQs'
+// connections wait for seconds (bench/README.md, "Why connections
+// starve"). With running pollers sweeping the other CQs, a CQ is served
+// as often as any poller runs, whichever CQ woke it.
+func (p *poller) help(next *int) int {
+	if p.siblings == nil {
+		return 0
+	}
+	all := p.siblings.Load()
+	if all == nil || len(*all) < 2 {
+		return 0
+	}
+	n := 0
+	for range min(helpBatch, len(*all)) {
+		*next %= len(*all)
+		o := (*all)[*next]
+		*next++
+		if o != p {
+			n += o.tryPollN()
+		}
+	}
+	return n
+}
+
+// helpBatch bounds the CQs a poller helps at a time: a device with 10,000
+// connections has dozens, and a poll of each at every park would cost
+// more than the fairness it buys.
+const helpBatch = 8
 
 // spinBatch is how many completions a spinning Read or Write polls at
 // once: it wants its own soon, and dispatches the others meanwhile.
@@ -269,6 +317,7 @@ func (p *poller) run() {
 	// slot says run holds one of p.idlers during an idle phase; every
 	// way out of the phase gives it back.
 	slot := false
+	helped := 0 // where help goes on
 	leave := func() {
 		if slot {
 			p.idlers.give()
@@ -317,6 +366,9 @@ func (p *poller) run() {
 		}
 		idle = 0
 		leave()
+		if p.help(&helped) > 0 {
+			continue
+		}
 		if err := p.cq.ReqNotify(); err != nil {
 			lost = p.failed(&r, err)
 			continue

@@ -495,3 +495,47 @@ func TestPollerIdleSlots(t *testing.T) {
 	big.follow(16)
 	require.EqualValues(t, 8, big.max.Load())
 }
+
+// A poller whose own CQ is empty polls its siblings' CQs before it parks,
+// a few at a time and in turn, and dispatches what it finds there to the
+// siblings' connections.
+func TestPollerHelpsSiblings(t *testing.T) {
+	var all atomic.Pointer[[]*poller]
+	ps := make([]*poller, helpBatch+3)
+	cqs := make([]*fakeCQ, len(ps))
+	for i := range ps {
+		cqs[i] = &fakeCQ{}
+		ps[i] = newPoller(cqs[i], newFakeChannel())
+		ps[i].siblings = &all
+	}
+	all.Store(&ps)
+	// Every sibling but the last has a completion; none of their pollers
+	// runs.
+	var got []*fakeCompleter
+	for i := 1; i < len(ps); i++ {
+		c := &fakeCompleter{p: ps[i], done: make(chan struct{}, 1)}
+		ps[i].add(uint32(i), c)
+		cqs[i].add(wc(uint32(i), uint64(i)))
+		got = append(got, c)
+	}
+	ch := ps[0].ch.(*fakeChannel)
+	go ps[0].run()
+	<-ch.waits
+	for i, c := range got {
+		select {
+		case <-c.done:
+		default:
+			t.Fatalf("sibling %d's completion was not dispatched before the poller parked", i+1)
+		}
+	}
+	// A sibling being polled by its own goroutine is left to it.
+	ps[1].cqMu.Lock()
+	cqs[1].add(wc(1, 100))
+	ch.events <- struct{}{}
+	<-ch.waits
+	ps[1].cqMu.Unlock()
+	cqs[1].mu.Lock()
+	require.Len(t, cqs[1].batches, 1, "polled while its own poller held it")
+	cqs[1].mu.Unlock()
+	ps[0].shutdown(ch.interrupt)
+}
