@@ -269,6 +269,17 @@ func zcC(p zerocost.Pattern, size int) func(b *testing.B) float64 {
 	}
 }
 
+// BenchmarkZeroCostCgoCall is one cgo call to a C function that does
+// nothing: the toll each verb pays in Go and not in C, so that a row's
+// floor (its C time plus its cgo calls at this toll) can be told apart
+// from the library's own work.
+func BenchmarkZeroCostCgoCall(b *testing.B) {
+	needZeroCost(b)
+	for range b.N {
+		zerocost.Noop()
+	}
+}
+
 // BenchmarkZeroCost is the Go-against-C table; bench/README.md says how
 // to read it.
 func BenchmarkZeroCost(b *testing.B) {

@@ -5,6 +5,9 @@ package zerocost
 // Available reports whether this build has the provider.
 const Available = false
 
+// Noop does nothing: this build has no C.
+func Noop() {}
+
 // Wire is two joined ends; in this build there is none.
 type Wire struct{}
 
