@@ -11,6 +11,8 @@
 # BENCH_APPS_COUNT (rounds, 3: the table shows the medians), BENCH_APPS (the -bench pattern, all
 # of them). Each round is a process that runs every benchmark once, so that RDMA and TCP take
 # turns and a slow spell of the host's falls on both; a ratio is the median of the rounds' ratios.
+# After each round bench/ceiling.sh measures the provider's ceiling for the rows' shapes of
+# traffic with perftest (BENCH_APPS_CEILING=0: not).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 go=${GO:-go}
@@ -24,8 +26,8 @@ if [[ ${1:-} != --render ]]; then
 	(cd interop && "$go" test -c -o "../$bin/interop.test" .)
 	# The first line says when and how; go test's output follows.
 	echo "# $(date -u +%Y-%m-%dT%H:%MZ), median of $count rounds of $time each" >"$out.txt.tmp"
-	testbed/vm.sh --timeout 900 -- sh -c 'for i in $(seq "$1"); do "$2" -test.run "^\$" -test.bench "$3" -test.benchtime "$4" -test.timeout 5m || exit; done' \
-		sh "$count" "$bin/interop.test" "${BENCH_APPS:-.}" "$time" | tee -a "$out.txt.tmp"
+	testbed/vm.sh --timeout 1200 -- sh -c 'for i in $(seq "$1"); do "$2" -test.run "^\$" -test.bench "$3" -test.benchtime "$4" -test.timeout 5m || exit; [ "$5" = 0 ] || bench/ceiling.sh; done' \
+		sh "$count" "$bin/interop.test" "${BENCH_APPS:-.}" "$time" "${BENCH_APPS_CEILING:-1}" | tee -a "$out.txt.tmp"
 	if ! grep -q '^PASS' "$out.txt.tmp"; then
 		mv "$out.txt.tmp" "$out.txt.failed"
 		echo "apps: the benchmarks did not pass; see $out.txt.failed" >&2
@@ -36,8 +38,8 @@ fi
 {
 	echo "Applications over RDMA (Soft-RoCE) and over Go TCP, one 2-vCPU TCG VM, $(head -1 "$out.txt" | sed 's/^# //'):"
 	echo
-	echo "| application | figure | RDMA | TCP | RDMA/TCP | RDMA µs/op | TCP µs/op | RDMA allocs/op | TCP allocs/op |"
-	echo "|---|---|---|---|---|---|---|---|---|"
+	echo "| application | figure | RDMA | TCP | RDMA/TCP | ceiling (perftest) | RDMA/ceiling | TCP/ceiling | RDMA µs/op | TCP µs/op | RDMA allocs/op | TCP allocs/op |"
+	echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 	awk '
 	# The value before a unit, in a benchmark line.
 	function val(unit,   i) { for (i = 3; i < NF; i++) if ($(i + 1) == unit) return $i; return "" }
@@ -47,6 +49,7 @@ fi
 		for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
 		return a[int((n + 1) / 2)]
 	}
+	/^ceiling [a-z0-9]+ / { vals["ceil" SUBSEP $2] = vals["ceil" SUBSEP $2] " " $3 }
 	/^Benchmark[A-Za-z0-9]+\/(rdma|tcp)/ {
 		split($1, p, "/"); row = p[1]; sub(/^Benchmark/, "", row); side = p[2]; sub(/-[0-9]+$/, "", side)
 		if (!(row in seen)) { seen[row] = 1; rows[++nrows] = row }
@@ -61,17 +64,28 @@ fi
 		vals[row SUBSEP side SUBSEP "ns"] = vals[row SUBSEP side SUBSEP "ns"] " " val("ns/op")
 		vals[row SUBSEP side SUBSEP "allocs"] = vals[row SUBSEP side SUBSEP "allocs"] " " val("allocs/op")
 	}
+	# ceiling(row): perftest'"'"'s figure for the row'"'"'s shape, in the row'"'"'s unit ("" if not measured).
+	function ceiling(row,   v) {
+		if (row == "GRPCUnary") { v = median("ceil" SUBSEP "lat1k"); return v > 0 ? 1e6 / (2 * v) : "" }
+		if (row == "GRPCStream") return median("ceil" SUBSEP "bw1k")
+		if (row == "HTTP2" || row == "Pipelined") { v = median("ceil" SUBSEP "rate64"); return v > 0 ? v / 2 : "" }
+		if (row == "TLS" || row == "Relay") return median("ceil" SUBSEP "bw1m")
+		return ""
+	}
+	function over(a, b) { return (a != "" && b != "" && b + 0 > 0) ? sprintf("%.2f", a / b) : "-" }
 	END {
 		for (r = 1; r <= nrows; r++) {
 			row = rows[r]
-			rf = median(row SUBSEP "rdma" SUBSEP "fig"); tf = median(row SUBSEP "tcp" SUBSEP "fig")
-			printf "| %s | %s | %s | %s | %.2f | %s | %s | %s | %s |\n", row, fig[row], num(rf), num(tf), median(row SUBSEP "ratio"),
+			rf = median(row SUBSEP "rdma" SUBSEP "fig"); tf = median(row SUBSEP "tcp" SUBSEP "fig"); cf = ceiling(row)
+			printf "| %s | %s | %s | %s | %.2f | %s | %s | %s | %s | %s | %s | %s |\n", row, fig[row], num(rf), num(tf), median(row SUBSEP "ratio"),
+				(cf == "" ? "-" : num(cf)), over(rf, cf), over(tf, cf),
 				num(median(row SUBSEP "rdma" SUBSEP "ns") / 1e3), num(median(row SUBSEP "tcp" SUBSEP "ns") / 1e3),
 				median(row SUBSEP "rdma" SUBSEP "allocs"), median(row SUBSEP "tcp" SUBSEP "allocs")
 		}
 	}' "$out.txt"
 	echo
 	echo "RDMA/TCP is the median of the rounds' ratios of the figure: above 1 is faster. What each row does: interop/apps_test.go."
+	echo "The ceiling is perftest's for the row's shape of traffic, measured after each round (bench/ceiling.sh, the medians): gRPC unary, one 1 KiB round trip per call (10^6 / (2 × ib_send_lat -s 1024's typical µs)); gRPC stream, ib_send_bw -b -s 1024 (both directions, as the row counts them); HTTP/2 and pipelined, one 64 B message each way per request (half of ib_send_bw -b -s 64's messages/s); TLS and the relay, ib_send_bw -b -s 1048576. perftest runs pinned, one process per end, with nothing else to do (no TLS, no HTTP, no TCP side)."
 } >"$out.md"
 echo
 cat "$out.md"
