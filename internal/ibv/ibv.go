@@ -83,16 +83,7 @@ static int gv_poll(uintptr_t cqp, int n, struct gv_wc *out) {
 	return got;
 }
 
-// gv_ret turns a post verb's return into an errno value. Most providers
-// return the errno value itself; some return -1 and leave the cause in
-// errno (siw's doorbell is a write(2) to the command descriptor, which
-// fails with ENOTCONN once the QP has left RTS), which read as -1 would
-// pass for EPERM.
-static int gv_ret(int r) {
-	if (r == -1 && errno != 0)
-		return errno;
-	return r < 0 ? -r : r;
-}
+#include "gv_ret.h"
 
 // gv_recv mirrors the Go type RecvWR.
 struct gv_recv {

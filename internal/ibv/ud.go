@@ -9,6 +9,7 @@ package ibv
 #include <string.h>
 #include <stdint.h>
 #include <infiniband/verbs.h>
+#include "gv_ret.h"
 
 // gv_ud_send mirrors the Go type UDSendWR.
 struct gv_ud_send {
@@ -48,10 +49,7 @@ static int gv_post_ud_sends(uintptr_t qpp, int n, const struct gv_ud_send *in) {
 		wr[i].next = i + 1 < n ? &wr[i + 1] : NULL;
 	}
 	errno = 0;
-	int r = ibv_post_send(qp, wr, &bad);
-	if (r == -1 && errno != 0)
-		return errno;
-	return r < 0 ? -r : r;
+	return gv_ret(ibv_post_send(qp, wr, &bad));
 }
 
 // gv_create_ud_qp creates a UD QP on pd with cq for both directions and
