@@ -178,9 +178,12 @@ type verbsRings struct {
 }
 
 func (v verbsRings) allocRing(size int, remote bool) (*ringMem, error) {
-	mem, err := mapMemory(size)
-	if err != nil {
-		return nil, err
+	var err error
+	mem := v.dev.rings.take(size)
+	if mem == nil {
+		if mem, err = mapMemory(size); err != nil {
+			return nil, err
+		}
 	}
 	var mr *ibv.MR
 	if remote {
@@ -196,7 +199,8 @@ func (v verbsRings) allocRing(size int, remote bool) (*ringMem, error) {
 	return &ringMem{buf: mem, base: addrOf(mem), lkey: mr.LKey, rkey: mr.RKey, reg: mr}, nil
 }
 
-// freeRing deregisters and unmaps a ring; one whose registration cannot
+// freeRing deregisters a ring and gives its memory to the device's
+// ringMaps, or unmaps it past their bound; one whose registration cannot
 // be undone stays mapped and counted, and its arena serves no other
 // connection.
 func (v verbsRings) freeRing(m *ringMem) {
@@ -204,8 +208,10 @@ func (v verbsRings) freeRing(m *ringMem) {
 		v.ar.stuck.Add(1)
 		return
 	}
-	unix.Munmap(m.buf)
 	v.dev.addRegistered(-len(m.buf))
+	if bytes, _ := poolLimits(); !v.dev.rings.put(m.buf, bytes) {
+		unix.Munmap(m.buf)
+	}
 }
 
 // addrOf is the address the NIC uses for the first byte of b.
@@ -257,12 +263,16 @@ func (d *device) freeArena(a *arena) {
 	}
 }
 
-// dropPool frees everything the pool keeps and returns how many arenas
-// it held.
+// dropPool frees everything the pool and the ring mappings keep, and
+// returns how many arenas and mappings they held.
 func (d *device) dropPool() int {
 	as := d.pool.drop()
 	for _, a := range as {
 		d.freeArena(a)
 	}
-	return len(as)
+	ms := d.rings.drop()
+	for _, m := range ms {
+		unix.Munmap(m)
+	}
+	return len(as) + len(ms)
 }

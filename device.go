@@ -72,6 +72,9 @@ type device struct {
 	// newDevice).
 	pool    readyPool[*arena]
 	keepQPs bool
+	// rings keeps the mappings of closed connections' big rings (see
+	// ringMaps), within the pool's byte bound.
+	rings ringMaps
 }
 
 // deviceLinger is how long a device stays set up after its last
@@ -576,6 +579,7 @@ func devicesStats() []DeviceStats {
 		st := DeviceStats{Name: d.ctx.Name(), Connections: d.refs, CompletionQueues: len(d.cqs), RegisteredBytes: int(d.registered.Load()),
 			ActiveMTU: d.ctx.ActiveMTU(1)}
 		st.PooledBytes, st.PooledQPs = d.pool.counts()
+		st.PooledBytes += d.rings.kept()
 		for _, q := range d.cqs {
 			st.CQEntries += q.cq.Cap
 		}

@@ -47,7 +47,9 @@ func init() {
 // SetDevicePool bounds what each RDMA device keeps of closed connections
 // for the next ones on it: at most bytes of their registered memory, and
 // of their QPs (reset, ready for a new peer; only dialed connections' QPs
-// are kept, for the next dials) at most qps. The defaults are
+// are kept, for the next dials) at most qps; and, apart, at most bytes of
+// the memory of their grown rings (see Options.BufferSize), kept mapped
+// but not registered, for the next connections that stream. The defaults are
 // 32 MiB and 256; a bound of 0 keeps nothing of that kind, and a negative
 // one leaves the bound as it is. Devices shows what each keeps
 // (PooledBytes, PooledQPs). The bounds hold for what is kept from the
@@ -203,4 +205,71 @@ func (p *readyPool[T]) counts() (bytes, qps int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.bytes, p.qps
+}
+
+// ringMaps keeps the memory of closed connections' big rings (resize.go),
+// deregistered but still mapped and faulted in, for the next rings of the
+// same size on the device. A streaming connection grows its rings to a
+// MiB or more each way; mapping that much anew, faulting it in and unmapping
+// it again was a sixth of the CPU of a relay whose connections each carry
+// a few MiB (bench/README.md, "Applications"), where registering it is not.
+// Unregistered, the memory belongs to no protection domain, so any
+// connection of the device may register it in its own. What it still
+// holds of its last connection is never exposed, as with a reused arena
+// (buffers.go): a ring is registered anew, with a new key, and only the
+// bytes a connection itself wrote are ever sent from it.
+type ringMaps struct {
+	mu    sync.Mutex
+	free  map[int][][]byte // by size
+	bytes int
+}
+
+// take returns a kept mapping of size bytes, or nil.
+func (r *ringMaps) take(size int) []byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ms := r.free[size]
+	if len(ms) == 0 {
+		return nil
+	}
+	m := ms[len(ms)-1]
+	ms[len(ms)-1] = nil
+	r.free[size] = ms[:len(ms)-1]
+	r.bytes -= size
+	return m
+}
+
+// put keeps m unless that would take the kept bytes past limit; it
+// reports whether it did (if not, m is the caller's to unmap).
+func (r *ringMaps) put(m []byte, limit int) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.bytes+len(m) > limit {
+		return false
+	}
+	if r.free == nil {
+		r.free = map[int][][]byte{}
+	}
+	r.free[len(m)] = append(r.free[len(m)], m)
+	r.bytes += len(m)
+	return true
+}
+
+// drop empties r and returns what it kept, for the caller to unmap.
+func (r *ringMaps) drop() [][]byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var all [][]byte
+	for _, ms := range r.free {
+		all = append(all, ms...)
+	}
+	r.free, r.bytes = nil, 0
+	return all
+}
+
+// kept returns the bytes r keeps.
+func (r *ringMaps) kept() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.bytes
 }

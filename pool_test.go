@@ -175,3 +175,26 @@ func TestSetDevicePool(t *testing.T) {
 	require.Equal(t, 64<<10, b)
 	require.Zero(t, q)
 }
+
+// ringMaps keeps mappings by size within a bound, hands back the one
+// asked for, and gives everything up at once.
+func TestRingMaps(t *testing.T) {
+	var r ringMaps
+	require.Nil(t, r.take(1<<20), "nothing kept yet")
+	a, b, c := make([]byte, 1<<20), make([]byte, 1<<20), make([]byte, 256<<10)
+	require.True(t, r.put(a, 3<<20))
+	require.True(t, r.put(c, 3<<20))
+	require.False(t, r.put(b, 1<<20+256<<10), "past the bound: the caller unmaps it")
+	require.Equal(t, 1<<20+256<<10, r.kept())
+	require.Nil(t, r.take(512<<10), "no mapping of that size")
+	got := r.take(1 << 20)
+	require.Same(t, &a[0], &got[0])
+	require.Nil(t, r.take(1<<20), "taken once")
+	require.Equal(t, 256<<10, r.kept())
+	require.True(t, r.put(a, 0+2<<20))
+	all := r.drop()
+	require.Len(t, all, 2)
+	require.Zero(t, r.kept())
+	require.Nil(t, r.take(256<<10))
+	require.False(t, r.put(a, 0), "a bound of 0 keeps nothing")
+}

@@ -38,21 +38,24 @@ func TestRingGrowthOnDevice(t *testing.T) {
 	for i := range src {
 		src[i] = byte(i * 7 / 5)
 	}
-	errc := make(chan error, 1)
-	go func() {
-		for off := 0; off < total; off += size {
-			if _, err := d.Write(src[off : off+size]); err != nil {
-				errc <- err
-				return
+	stream := func(what string) {
+		errc := make(chan error, 1)
+		go func() {
+			for off := 0; off < total; off += size {
+				if _, err := d.Write(src[off : off+size]); err != nil {
+					errc <- err
+					return
+				}
 			}
-		}
-		errc <- nil
-	}()
-	got := make([]byte, total)
-	_, err = io.ReadFull(a, got)
-	require.NoError(t, err)
-	require.NoError(t, <-errc)
-	require.True(t, bytes.Equal(src, got), "the stream arrives intact across the ring switch")
+			errc <- nil
+		}()
+		got := make([]byte, total)
+		_, err := io.ReadFull(a, got)
+		require.NoError(t, err, what)
+		require.NoError(t, <-errc, what)
+		require.True(t, bytes.Equal(src, got), "%s: the stream arrives intact across the ring switch", what)
+	}
+	stream("first stream")
 
 	sa := ac.Stats()
 	require.Equal(t, uint64(1), sa.RingGrowths, "the receiver grew its ring")
@@ -72,7 +75,19 @@ func TestRingGrowthOnDevice(t *testing.T) {
 	waitDevice(t, "the device's registered bytes back to what they were", func(ds rdma.DeviceStats, listed bool) bool {
 		return !listed || ds.RegisteredBytes == before.RegisteredBytes
 	})
-	// The connection works on in the small rings, and grows again.
+	// The device keeps the big rings' memory, mapped, for the next ones.
+	if ds, ok := deviceStat(); ok {
+		require.Equal(t, before.PooledBytes+2*half, ds.PooledBytes, "the device keeps both big rings' memory")
+	}
+	// The connection works on in the small rings, and grows again, into
+	// that memory.
 	transfer(t, d, a, "after the shrink")
 	transfer(t, a, d, "and back")
+	rdma.SetShrinkIdle(time.Hour)
+	stream("second stream")
+	require.Equal(t, uint64(2), ac.Stats().RingGrowths, "the receiver grew its ring again")
+	if ds, ok := deviceStat(); ok {
+		require.Equal(t, before.PooledBytes, ds.PooledBytes, "the second growth took the kept memory")
+		require.Equal(t, before.RegisteredBytes+2*half, ds.RegisteredBytes, "and registered it")
+	}
 }

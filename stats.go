@@ -105,9 +105,11 @@ type DeviceStats struct {
 	// any of theirs whose deregistration failed (it stays registered, and
 	// counted, as long as the device is in use).
 	RegisteredBytes int
-	// PooledBytes is registered memory of closed connections, kept for
-	// the next ones while the device is in use (at most 32 MiB unless
-	// SetDevicePool says otherwise).
+	// PooledBytes is memory of closed connections kept for the next ones
+	// while the device is in use: their registered memory (at most 32 MiB
+	// unless SetDevicePool says otherwise) and, apart and within the same
+	// bound, the memory of the rings they grew while streaming, mapped but
+	// no longer registered.
 	PooledBytes int
 	// PooledQPs is the QPs of closed dialed connections kept with that
 	// memory, reset, for the next dials to reuse instead of creating their
