@@ -192,7 +192,9 @@ func (v verbsRings) allocRing(size int, remote bool) (*ringMem, error) {
 		mr, err = v.ar.pd.RegMR(mem)
 	}
 	if err != nil {
-		unix.Munmap(mem)
+		if bytes, _ := poolLimits(); !v.dev.rings.put(mem, bytes) {
+			unix.Munmap(mem)
+		}
 		return nil, registerError(err, size)
 	}
 	v.dev.addRegistered(size)
@@ -264,15 +266,15 @@ func (d *device) freeArena(a *arena) {
 }
 
 // dropPool frees everything the pool and the ring mappings keep, and
-// returns how many arenas and mappings they held.
+// returns how many arenas the pool held: only they free registered
+// memory, which a registration that failed may be short of.
 func (d *device) dropPool() int {
 	as := d.pool.drop()
 	for _, a := range as {
 		d.freeArena(a)
 	}
-	ms := d.rings.drop()
-	for _, m := range ms {
+	for _, m := range d.rings.drop() {
 		unix.Munmap(m)
 	}
-	return len(as) + len(ms)
+	return len(as)
 }

@@ -106,9 +106,10 @@ func newPoller(cq completionQueue, ch eventWaiter) *poller {
 // goroutines do not get to post their requests stays empty, its poller
 // keeps finding nothing, and the connections on it starve for seconds
 // (bench/README.md, "Why connections starve"). A poller that finds no slot
-// parks on its completion channel at once and is woken through the
-// netpoller, which the scheduler serves on every pass; the spinning stays
-// with at most half the Ps, so the rest run the connections.
+// skips the idle phase: it helps the device's other CQs (see help), then
+// parks on its completion channel and is woken through the netpoller; the
+// spinning stays with at most half the Ps, so the rest run the
+// connections.
 type idleSlots struct {
 	n   atomic.Int32
 	max atomic.Int32
@@ -367,6 +368,10 @@ func (p *poller) run() {
 		idle = 0
 		leave()
 		if p.help(&helped) > 0 {
+			// Helping is no slot's spin: yield between rounds, so that
+			// pollers that keep finding work on other CQs do not hold
+			// every P.
+			runtime.Gosched()
 			continue
 		}
 		if err := p.cq.ReqNotify(); err != nil {

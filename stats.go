@@ -107,9 +107,9 @@ type DeviceStats struct {
 	RegisteredBytes int
 	// PooledBytes is memory of closed connections kept for the next ones
 	// while the device is in use: their registered memory (at most 32 MiB
-	// unless SetDevicePool says otherwise) and, apart and within the same
-	// bound, the memory of the rings they grew while streaming, mapped but
-	// no longer registered.
+	// unless SetDevicePool says otherwise) and, under a bound of its own
+	// of the same size, the memory of the rings they grew while
+	// streaming, mapped but no longer registered.
 	PooledBytes int
 	// PooledQPs is the QPs of closed dialed connections kept with that
 	// memory, reset, for the next dials to reuse instead of creating their
