@@ -192,9 +192,7 @@ func (v verbsRings) allocRing(size int, remote bool) (*ringMem, error) {
 		mr, err = v.ar.pd.RegMR(mem)
 	}
 	if err != nil {
-		if bytes, _ := poolLimits(); !v.dev.rings.put(mem, bytes) {
-			unix.Munmap(mem)
-		}
+		v.dev.keepMapping(mem)
 		return nil, registerError(err, size)
 	}
 	v.dev.addRegistered(size)
@@ -211,8 +209,14 @@ func (v verbsRings) freeRing(m *ringMem) {
 		return
 	}
 	v.dev.addRegistered(-len(m.buf))
-	if bytes, _ := poolLimits(); !v.dev.rings.put(m.buf, bytes) {
-		unix.Munmap(m.buf)
+	v.dev.keepMapping(m.buf)
+}
+
+// keepMapping gives an unregistered ring's memory to the device's
+// ringMaps, or unmaps it past the pool's byte bound.
+func (d *device) keepMapping(m []byte) {
+	if bytes, _ := poolLimits(); !d.rings.put(m, bytes) {
+		unix.Munmap(m)
 	}
 }
 

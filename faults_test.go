@@ -325,36 +325,28 @@ func checkAfter(t *testing.T, sc scenario, at int, before map[string]int, ignore
 // (faultScenario) or the datagrams' (packetScenario).
 type scenario func(addr string, data []byte) []stepErr
 
-// A listener stays open meanwhile, as in TestFaultSweepPacket: without
-// it the scenario's last Close destroys the device's last id, and
-// librdmacm then deallocates a protection domain of its own, ignoring a
-// failure (one sweep saw that call fall inside the swept calls and the PD
-// stay).
-func TestFaultSweep(t *testing.T) {
-	needDevice(t)
-	anchor, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
-	require.NoError(t, err)
-	defer anchor.Close()
-	faultSweep(t, faultScenario)
-}
+func TestFaultSweep(t *testing.T) { faultSweep(t, faultScenario) }
 
-// TestFaultSweepPacket sweeps the datagrams' scenario (packetScenario),
-// with a listener open for the same reason as TestFaultSweep's (the PD
-// librdmacm deallocates ignoring a failure stays until the process exits,
-// which is not this package's to handle).
+// TestFaultSweepPacket sweeps the datagrams' scenario (packetScenario).
 func TestFaultSweepPacket(t *testing.T) {
 	needDevice(t)
 	if siw() {
 		t.Skip("siw has no UD")
 	}
-	anchor, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
-	require.NoError(t, err)
-	defer anchor.Close()
 	faultSweep(t, packetScenario)
 }
 
+// faultSweep runs scenario sc with each of its calls into the kernel
+// failing in turn. A listener stays open meanwhile: without it the
+// scenario's last Close destroys the device's last id, and librdmacm then
+// deallocates a protection domain of its own, ignoring a failure (the PD
+// stays until the process exits; one sweep saw that call fall inside the
+// swept ones), which is not this package's to handle.
 func faultSweep(t *testing.T, sc scenario) {
 	needDevice(t)
+	anchor, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	defer anchor.Close()
 	data := make([]byte, faultData)
 	rand.New(rand.NewSource(1)).Read(data)
 	ignore := goleak.IgnoreCurrent()

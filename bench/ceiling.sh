@@ -17,23 +17,17 @@ work=$(mktemp -d /tmp/rdma-ceiling.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 port=18900
 
+# shellcheck source=bench/pair.sh
+. "$(dirname "$0")/pair.sh"
+
 # run TOOL ARGS...: the server and the client of one perftest measurement; prints the row under
-# the client's "#bytes" header. A client that finds no server yet is tried again.
+# the client's "#bytes" header.
 run() {
-	local tool=$1 srv try
+	local tool=$1
 	shift
 	port=$((port + 1))
-	taskset -c 0 timeout -k 5 120 "$tool" -R -p "$port" "$@" >"$work/server" 2>&1 &
-	srv=$!
-	sleep 1
-	for try in 1 2 3 4 5; do
-		taskset -c 1 timeout -k 5 120 "$tool" -R -p "$port" "$@" "$addr" >"$work/client" 2>&1 && break
-		kill -0 "$srv" 2>/dev/null || break
-		sleep 1
-	done
-	for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$srv" 2>/dev/null || break; sleep 0.5; done
-	kill "$srv" 2>/dev/null
-	wait "$srv" 2>/dev/null
+	pair_run "$work/client" '^ *#bytes' taskset -c 0 timeout -k 5 120 "$tool" -R -p "$port" "$@" -- \
+		taskset -c 1 timeout -k 5 120 "$tool" -R -p "$port" "$@" "$addr"
 	awk '/^ *#bytes/ { getline; print; exit }' "$work/client"
 }
 

@@ -26,6 +26,8 @@
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=bench/pair.sh
+. "$here/pair.sh"
 case ${1:-} in
 --table | --render)
 	cd "$here/.."
@@ -91,20 +93,9 @@ if [[ ${CLIENTS_CMTIME:-1} == 1 ]] && command -v cmtime >/dev/null; then
 	for n in "$@"; do
 		for round in $(seq "$rounds"); do
 			port=$((7470 + round))
-			timeout -k 5 600 cmtime -b "$addr" -p "$port" -c "$n" >"$work/cmserver" 2>&1 &
-			srv=$!
-			sleep 1
-			# cmtime's client fails (and exits 0) when the server is not listening yet.
-			for _ in 1 2 3 4 5; do
-				timeout -k 5 600 cmtime -s "$addr" -p "$port" -c "$n" >"$work/cmclient" 2>&1
-				grep -q '^connect *:' "$work/cmclient" && break
-				kill -0 "$srv" 2>/dev/null || break
-				sleep 1
-			done
-			# Its server does not always end with its client.
-			for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$srv" 2>/dev/null || break; sleep 0.5; done
-			kill "$srv" 2>/dev/null
-			wait "$srv" 2>/dev/null
+			# cmtime's client exits 0 even when it found no server listening.
+			pair_run "$work/cmclient" '^connect *:' timeout -k 5 600 cmtime -b "$addr" -p "$port" -c "$n" -- \
+				timeout -k 5 600 cmtime -s "$addr" -p "$port" -c "$n"
 			# Rows "step : total-ms max-ms min-us us/conn": setup is every step up to connect,
 			# teardown disconnect and destroy.
 			awk -F: -v n="$n" '
