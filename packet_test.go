@@ -816,10 +816,15 @@ func TestPacketWriteDeadline(t *testing.T) {
 	for i := range ms {
 		ms[i] = Message{Buffers: [][]byte{{byte(i)}}, Addr: b.c.LocalAddr()}
 	}
-	require.NoError(t, a.c.SetWriteDeadline(time.Now().Add(30*time.Millisecond)))
-	k, err := a.c.WriteBatch(ms, 0)
-	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	// Fill every send slot first with no deadline, so that a slow
+	// machine cannot make the deadline fire while slots are still free.
+	k, err := a.c.WriteBatch(ms[:a.c.opts.SendDepth], 0)
+	require.NoError(t, err)
 	require.Equal(t, a.c.opts.SendDepth, k)
+	require.NoError(t, a.c.SetWriteDeadline(time.Now().Add(30*time.Millisecond)))
+	k, err = a.c.WriteBatch(ms[a.c.opts.SendDepth:], 0)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	require.Equal(t, 0, k)
 
 	require.NoError(t, a.c.SetWriteDeadline(time.Time{}))
 	done := make(chan error, 1)
