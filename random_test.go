@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand"
 	"net"
 	"os"
@@ -100,6 +101,8 @@ type randomRun struct {
 	kinds  map[string]int
 
 	pairs, nops, streamBytes, regionBytes, cancelled atomic.Int64
+
+	live map[int64][2]*rdma.Conn // pairs by number, under mu: their state goes with a stuck call's report
 }
 
 type watchedOp struct {
@@ -149,6 +152,7 @@ func (rt *randomRun) watch() (stop func()) {
 						op.limit = now.Add(time.Hour) // report once
 					}
 				}
+				live := maps.Clone(rt.live)
 				rt.mu.Unlock()
 				if len(stuck) > 0 {
 					if !dumped {
@@ -156,6 +160,9 @@ func (rt *randomRun) watch() (stop func()) {
 						dumped = true
 					}
 					rt.t.Errorf("seed %d: stuck calls: %v", rt.seed, stuck)
+					for id, p := range live {
+						rt.t.Logf("pair #%d:\n  c: %s\n  s: %s", id, rdma.DebugState(p[0]), rdma.DebugState(p[1]))
+					}
 				}
 			}
 		}
@@ -306,8 +313,19 @@ func (rt *randomRun) pair(r *rand.Rand, addr string, accepted <-chan net.Conn, m
 			return
 		}
 	}
-	rt.pairs.Add(1)
+	id := rt.pairs.Add(1)
 	c, s := nc.(*rdma.Conn), ns.(*rdma.Conn)
+	rt.mu.Lock()
+	if rt.live == nil {
+		rt.live = map[int64][2]*rdma.Conn{}
+	}
+	rt.live[id] = [2]*rdma.Conn{c, s}
+	rt.mu.Unlock()
+	defer func() {
+		rt.mu.Lock()
+		delete(rt.live, id)
+		rt.mu.Unlock()
+	}()
 	// Every call ends by the time both ends are closed and torn down:
 	// the closer closes both within closeBy; a Close may take its linger
 	// and drain (3 s each) on top.
@@ -327,10 +345,11 @@ func (rt *randomRun) pair(r *rand.Rand, addr string, accepted <-chan net.Conn, m
 			f()
 		}()
 	}
-	run(func() { rt.writer(rand.New(rand.NewSource(seeds[0])), c, ab, limit, stop, "c→s") })
-	run(func() { rt.reader(rand.New(rand.NewSource(seeds[1])), s, ab, limit, "c→s") })
-	run(func() { rt.writer(rand.New(rand.NewSource(seeds[2])), s, ba, limit, stop, "s→c") })
-	run(func() { rt.reader(rand.New(rand.NewSource(seeds[3])), c, ba, limit, "s→c") })
+	cs, sc := fmt.Sprintf("#%d c→s", id), fmt.Sprintf("#%d s→c", id)
+	run(func() { rt.writer(rand.New(rand.NewSource(seeds[0])), c, ab, limit, stop, cs) })
+	run(func() { rt.reader(rand.New(rand.NewSource(seeds[1])), s, ab, limit, cs) })
+	run(func() { rt.writer(rand.New(rand.NewSource(seeds[2])), s, ba, limit, stop, sc) })
+	run(func() { rt.reader(rand.New(rand.NewSource(seeds[3])), c, ba, limit, sc) })
 	if r.Intn(3) == 0 {
 		run(func() { rt.regions(rand.New(rand.NewSource(seeds[4])), s, c, limit, stop) })
 	}
