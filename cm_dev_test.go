@@ -42,6 +42,7 @@ func TestDialServerNeverAnswers(t *testing.T) {
 	require.NoError(t, id.Listen(8))
 
 	defer rdma.SetDefaultDialTimeout(2 * time.Second)()
+	recvsLeft := rdma.RecvsLeft()
 	start := time.Now()
 	_, err = rdma.Dial("rdma", id.LocalAddr().String())
 	took := time.Since(start)
@@ -56,6 +57,10 @@ func TestDialServerNeverAnswers(t *testing.T) {
 	}
 	require.Less(t, took, limit)
 	t.Logf("a dial to a server that never answers gave up after %v: %v", took.Round(time.Millisecond), err)
+	// Its QP never got connected: the release flushes its receives (on
+	// iWARP rdma_disconnect does not, for such a QP) before it goes.
+	rdma.WaitReleases()
+	require.Equal(t, recvsLeft, rdma.RecvsLeft(), "releases that left receives posted")
 }
 
 // TestRefusedProtocolVersion: a dialer of another protocol version is

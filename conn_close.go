@@ -3,6 +3,7 @@ package rdma
 import (
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -223,17 +224,40 @@ func (c *Conn) drainDroppingLock() {
 		c.waitDroppingLock(drainTimeout, func() bool { return !c.tx.posting && c.os.posting == 0 })
 	}
 	c.tx.draining = true
-	if !c.tx.idle() {
-		// A signaled marker behind everything posted: its completion
-		// retires all earlier sends, signaled or not.
-		c.qp.PostSends([]ibv.SendWR{c.tx.marker()})
+	mark := func() {
+		if !c.tx.idle() {
+			// A signaled marker behind everything posted: its
+			// completion retires all earlier sends, signaled or not.
+			c.qp.PostSends([]ibv.SendWR{c.tx.marker()})
+		}
 	}
+	mark()
 	// One-sided operations are all signaled: each one's flushed
 	// completion comes by itself.
 	drained := func() bool { return c.rx.posted == 0 && c.tx.idle() && c.os.idle() }
 	c.waitDroppingLock(drainTimeout, drained)
+	if !drained() {
+		// The disconnect left the QP out of the error state (on iWARP it
+		// only closes the QP, which then waits for the peer's TCP): move
+		// it there, so that what is left flushes now, and mark again (a
+		// closing QP refuses posts). Destroyed undrained, the QP would
+		// flush into the shared CQ after its number went back to the
+		// provider, for the QP that gets the number next.
+		c.errorQP()
+		mark()
+		c.waitDroppingLock(drainTimeout, drained)
+	}
 	c.qpDrained = drained()
+	if c.rx.posted != 0 {
+		recvsLeft.Add(1)
+	}
 }
+
+// recvsLeft counts the releases whose drain ended with receives still
+// posted (tests read it). Sends may be left on siw: a QP it closed keeps
+// the sends it had not started until the destroy flushes them (see
+// retiredQP).
+var recvsLeft atomic.Int64
 
 // waitDroppingLock waits, with mu held on entry and exit, until cond holds
 // or the timeout passes; completions signal drained while the phase is

@@ -363,6 +363,7 @@ func TestConnCloseWrite(t *testing.T) {
 
 func TestConnDrainWaitsForPostInFlight(t *testing.T) {
 	p := newFakeConn(t, 4, 64)
+	p.c.postHeld = false // a software provider's post, the lock dropped
 	entered, release := make(chan struct{}), make(chan struct{})
 	p.q.onSend = func() {
 		p.q.onSend = nil

@@ -65,6 +65,9 @@ func newFakeConnMode(t testing.TB, opts Options, peerMessages, headers bool) *fa
 	q := &fakeQP{}
 	c.mu.Lock()
 	require.NoError(t, c.initDataPath(q, make([]byte, lay.size()), lay, testBase+uint64(lay.sendOff()), testLKey, 0, opts, nopSpinner{}))
+	// The software providers' way (posts with the lock dropped), unless
+	// the run asks for a NIC's (RDMA_TEST_POST_HELD, see TestMain).
+	c.postHeld = forcePostHeld
 	require.Len(t, q.recvs, lay.recvSlots, "every receive is posted at setup")
 	var flags uint8
 	if peerMessages {
@@ -223,6 +226,7 @@ func TestConnPostAside(t *testing.T) {
 		sp := &fakeSpinner{}
 		p.c.mu.Lock()
 		p.c.w.sp, p.c.w.postAside = sp, aside
+		p.c.postHeld = false // siw, where postAside is set, posts in the kernel
 		p.c.mu.Unlock()
 		during := int32(-1)
 		p.q.onSend = func() { during = sp.starts.Load() - sp.ends.Load() }
@@ -236,6 +240,28 @@ func TestConnPostAside(t *testing.T) {
 		require.Equal(t, want, during, "spinners counted during the post (aside %v)", aside)
 		require.Equal(t, sp.starts.Load(), sp.ends.Load(), "balanced once the post returned")
 		require.Zero(t, sp.polls.Load(), "a poster polls nothing itself")
+	}
+}
+
+// TestConnPostHeld: where a post is a system call (rxe, siw) the lock is
+// dropped around it, so that completions and the other direction go on;
+// elsewhere (a NIC's doorbell) it is held, which saves taking it again.
+func TestConnPostHeld(t *testing.T) {
+	for _, held := range []bool{false, true} {
+		p := newFakeConn(t, 8, 1024)
+		p.c.mu.Lock()
+		p.c.postHeld = held
+		p.c.mu.Unlock()
+		locked := false
+		p.q.onSend = func() {
+			if locked = !p.c.mu.TryLock(); !locked {
+				p.c.mu.Unlock()
+			}
+		}
+		_, err := p.c.Write([]byte("hello"))
+		require.NoError(t, err)
+		require.Len(t, p.sent(), 1)
+		require.Equal(t, held, locked, "the lock held during the post (postHeld %v)", held)
 	}
 }
 

@@ -71,7 +71,25 @@ func (s *connSys) disconnect() {
 		s.id.ErrorQP()
 		return
 	}
-	s.id.Disconnect()
+	if s.id.Disconnect() != nil {
+		// On iWARP rdma_disconnect first moves the QP to SQD (closing),
+		// which fails for a QP that never reached RTS (a dial given up
+		// during its setup), and then does nothing more: the QP's
+		// receives stayed posted until its destroy flushed them into the
+		// device's shared CQ, where the next QP given the same number
+		// (siw hands numbers out again at once) took them for its own
+		// and failed. Moved to the error state they flush now, and the
+		// release's drain sees them.
+		s.id.ErrorQP()
+	}
+}
+
+// errorQP moves the QP to the error state, for a drain whose work
+// requests did not all flush after the disconnect (see drainDroppingLock).
+func (s *connSys) errorQP() {
+	if s.id != nil {
+		s.id.ErrorQP()
+	}
 }
 
 func wcStatusString(status uint32) string { return ibv.StatusString(status) }
@@ -161,6 +179,7 @@ func (c *Conn) setup(opts Options) error {
 	}
 	c.rs.arenaRx.rkey, c.rs.arenaRx.lkey = c.ar.recvMR.RKey, c.ar.recvMR.LKey
 	c.w.postAside = dev.postAside
+	c.postHeld = !dev.kernelPosts || forcePostHeld
 	c.rs.alloc = verbsRings{ar: c.ar, dev: dev}
 	return nil
 }
@@ -186,6 +205,10 @@ func (c *Conn) hello() wire.Hello {
 	return wire.Hello{Flags: flags, RecvDepth: uint16(c.lay.recvSlots - wire.CtrlDepth - wire.FinSlots), CtrlDepth: wire.CtrlDepth, BufSize: uint32(c.lay.bufSize),
 		RingSize: uint32(c.lay.ring), RingAddr: c.ar.base + uint64(c.lay.recvOff()), RKey: c.ar.recvMR.RKey}
 }
+
+// forcePostHeld makes connections post with their lock held on the
+// software providers too: a test runs the path NICs take on them.
+var forcePostHeld bool
 
 // dial runs the active side of the handshake.
 func dial(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options) (*Conn, error) {
@@ -631,11 +654,14 @@ func (c *Conn) freeVerbs() {
 	c.qpMu.Lock()
 	c.qpGone = true
 	if c.vqp != nil {
-		c.cqs.remove(c.vqp.Num)
 		if reusable {
+			// Drained: nothing of it is left to complete.
+			c.cqs.remove(c.vqp.Num)
 			c.keepQP()
 		} else {
+			c.cqs.retire(c.vqp.Num)
 			retryDestroy(c.destroyQP)
+			c.cqs.forget(c.vqp.Num)
 		}
 	}
 	c.qpMu.Unlock()

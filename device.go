@@ -59,6 +59,12 @@ type device struct {
 	// postAside: the poller steps aside while a connection posts (see
 	// waiter.postAside).
 	postAside bool
+	// kernelPosts: a post is a system call that does the transfer (the
+	// software providers, rxe and siw), so a connection posts with its
+	// lock dropped. A NIC's post is a few stores to its doorbell, shorter
+	// than dropping and taking the lock again: there sends are posted
+	// with the lock held (Conn.postHeld).
+	kernelPosts bool
 
 	refs int // under devMu
 	// registered is the bytes connections registered, and those whose
@@ -309,6 +315,7 @@ func newDevice(ctx *ibv.Context) (*device, error) {
 	switch a.VendorID {
 	case rxeVendorID:
 		d.ackTimeout = ackTimeoutRXE
+		d.kernelPosts = true
 	case siwVendorID:
 		// No ibv_resize_cq; knowing it before the first CQ makes
 		// that CQ fixedCQE entries, which keeps libsiw's bad
@@ -316,6 +323,7 @@ func newDevice(ctx *ibv.Context) (*device, error) {
 		d.noResize = true
 		d.serialPosts = true
 		d.postAside = true
+		d.kernelPosts = true
 	}
 	d.maxCQE = a.MaxCQE
 	d.initDepth, d.respDepth = readDepth(a.MaxQPInitRdAtom), readDepth(a.MaxQPRdAtom)

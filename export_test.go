@@ -102,6 +102,14 @@ func WritePacketRaw(c *PacketConn, b []byte, addr net.Addr) error {
 // PacketMTU is the largest UD message of c.
 func PacketMTU(c *PacketConn) int { return c.mtu }
 
+// RecvsLeft is how many releases so far ended their drain with receives
+// still posted.
+func RecvsLeft() int64 { return recvsLeft.Load() }
+
+// SetPostHeld makes connections set up from now on post their sends with
+// the lock held, as on a NIC, whatever the device (see forcePostHeld).
+func SetPostHeld(on bool) { forcePostHeld = on }
+
 // DebugState renders what a stuck call waits on: the connection's credits,
 // send ring and queue, receive ring and lifecycle. It waits at most a
 // second for the lock (a call stuck holding it is news too).
@@ -115,10 +123,10 @@ func DebugState(c *Conn) string {
 	defer c.mu.Unlock()
 	return fmt.Sprintf("life{phase %v shut %#x rerr %v werr %v cut %v} cr{credits %d ctrl %d unreported %d ctrlOwed %d want %v batch %d peerCredits %d peerCtrl %d window %d holdAt %d noDelay %v noMerge %v streaming %v short %v told %v peerWants %v} "+
 		"tx{span %d maxMsg %d tail %d acked %d n %d oldOut %d depth %d dataSeq %d dataDone %d ctrlSeq %d ctrlDone %d lastSig %d postedSig %d pendLen %d pendMore %v filling %v finQueued %v queued %d posting %v draining %v} "+
-		"rx{span %d tail %d read %d reported %d n %d off %d reposts %d posted %d oldLeft %d} txReady %d rxReady %d qpBroken %v heard %d",
+		"rx{span %d tail %d read %d reported %d n %d off %d reposts %d posted %d oldLeft %d} txReady %d rxReady %d qpBroken %v heard %d postHeld %v",
 		c.life.phase, c.life.shut, c.life.rerr, c.life.werr, c.life.cut,
 		c.cr.credits, c.cr.ctrlCredits, c.cr.unreported, c.cr.ctrlOwed, c.cr.wantCredit, c.cr.batch, c.cr.peerCredits, c.cr.peerCtrl, c.cr.peerWindow, c.cr.holdAt, c.cr.noDelay, c.cr.noMerge, c.cr.streaming, c.cr.short, c.cr.told, c.cr.peerWants,
 		c.tx.ring.span, c.tx.ring.maxMsg, c.tx.ring.tail, c.tx.ring.acked, c.tx.ring.n, c.tx.ring.oldOut, c.tx.depth, c.tx.dataSeq, c.tx.dataDone, c.tx.ctrlSeq, c.tx.ctrlDone, c.tx.lastSig, c.tx.postedSig, c.tx.pendLen, c.tx.pendMore, c.tx.filling, c.tx.finQueued, len(c.tx.sends), c.tx.posting, c.tx.draining,
 		c.rx.span, c.rx.tail, c.rx.read, c.rx.reported, c.rx.n, c.rx.off, c.rx.reposts, c.rx.posted, c.rx.oldLeft,
-		len(c.txReady), len(c.rxReady), c.qpBroken, c.heard)
+		len(c.txReady), len(c.rxReady), c.qpBroken, c.heard, c.postHeld)
 }

@@ -219,11 +219,16 @@ func (c *Conn) startOneSided(ctx context.Context, op uint8, local *Region, lo, n
 		RKey:       key.RKey,
 	}
 	t.inFlight++
-	t.posting++
-	c.mu.Unlock()
-	err := c.qp.PostSends(s.wr[:])
-	c.mu.Lock()
-	t.posting--
+	var err error
+	if c.postHeld {
+		err = c.qp.PostSends(s.wr[:])
+	} else {
+		t.posting++
+		c.mu.Unlock()
+		err = c.qp.PostSends(s.wr[:])
+		c.mu.Lock()
+		t.posting--
+	}
 	if err != nil {
 		t.inFlight--
 		t.put(i)

@@ -417,7 +417,7 @@ func (c *PacketConn) releaseVerbs() {
 	c.groups = nil
 	c.gmu.Unlock()
 	if c.vqp != nil {
-		c.cqs.remove(c.vqp.Num)
+		c.cqs.retire(c.vqp.Num)
 		// A writer or reader may be about to post: it sees qpGone once
 		// it holds its lock. (Close has closed closing: a writer waiting
 		// for room gives writeMu up.)
@@ -427,6 +427,7 @@ func (c *PacketConn) releaseVerbs() {
 		c.rmu.Unlock()
 		c.writeMu.Unlock()
 		retryDestroy(c.vqp.DestroyUD)
+		c.cqs.forget(c.vqp.Num)
 	}
 	c.smu.Lock()
 	var refs []*peerRef[udDest]

@@ -136,9 +136,68 @@ func (s *idleSlots) take() bool {
 func (s *idleSlots) give() { s.n.Add(-1) }
 
 func (p *poller) add(qpNum uint32, c completer) {
+	p.connsMu.RLock()
+	_, retired := p.conns[qpNum].(retiredQP)
+	p.connsMu.RUnlock()
+	if retired {
+		// The QP that had this number was destroyed a moment ago (see
+		// retire): its last completions may still be in the CQ, and
+		// they are not c's.
+		p.pollStale()
+	}
 	p.connsMu.Lock()
 	p.conns[qpNum] = c
 	p.connsMu.Unlock()
+}
+
+// retiredQP holds a QP's place in the poller while the QP is destroyed,
+// and drops its completions. A destroy may complete work requests (siw
+// flushes, into the CQ, those its QP still had), and the provider may
+// give the number to a new QP at once (siw does): dispatched by number,
+// such completions would reach the new QP's connection, which would take
+// flushed receives for its own and fail.
+type retiredQP struct{}
+
+func (retiredQP) complete(ibv.WC) bool  { return false }
+func (retiredQP) lockAndFlush()         {}
+func (retiredQP) failAsync(error, bool) {}
+
+// retire stops dispatch to a QP's connection before the QP is destroyed;
+// forget ends it once the destroy has returned. Between the two, and
+// until every completion the CQ held when the destroy returned has been
+// polled, the QP's completions are dropped, and a new QP given its number
+// is added only after them.
+func (p *poller) retire(qpNum uint32) {
+	p.connsMu.Lock()
+	p.conns[qpNum] = retiredQP{}
+	p.connsMu.Unlock()
+}
+
+func (p *poller) forget(qpNum uint32) {
+	p.pollStale()
+	p.connsMu.Lock()
+	if _, ok := p.conns[qpNum].(retiredQP); ok {
+		delete(p.conns, qpNum)
+	}
+	p.connsMu.Unlock()
+}
+
+// pollStale polls and dispatches until a poll comes back short of a full
+// batch: every completion the CQ held when it was called has then been
+// dispatched (a CQ hands them out in order). Once the poller is stopped it
+// polls nothing (see tryPoll).
+func (p *poller) pollStale() {
+	var fl [ibv.MaxPollBatch]completer
+	for {
+		p.cqMu.Lock()
+		if p.stop.Load() {
+			p.cqMu.Unlock()
+			return
+		}
+		if p.pollUnlock(len(p.wcs), fl[:0]) < len(p.wcs) {
+			return
+		}
+	}
 }
 
 // remove stops dispatch to a QP's connection. It waits out a dispatch in

@@ -179,6 +179,52 @@ func TestPollerDispatchesBatchToSeveralConnections(t *testing.T) {
 	p.cqMu.Unlock()
 }
 
+// TestPollerRetiredQP: completions of a QP being destroyed, or left in
+// the CQ by its destroy, never reach the connection of a new QP that the
+// provider gives the same number (siw does, at once).
+func TestPollerRetiredQP(t *testing.T) {
+	cq := &fakeCQ{}
+	p := newPoller(cq, newFakeChannel())
+	old, other := &fakeCompleter{p: p}, &fakeCompleter{p: p}
+	p.add(5, old)
+	p.add(6, other)
+	p.retire(5)
+	var fl [ibv.MaxPollBatch]completer
+	cq.add(wc(5, 1), wc(6, 1))
+	require.Equal(t, 2, p.poll(fl[:0]))
+	require.Empty(t, old.got, "a retired QP's completions are dropped")
+	require.Len(t, other.got, 1)
+
+	// The destroy flushed more than a batch into the CQ; then the number
+	// comes back for a new QP before anyone polled.
+	stale := make([]ibv.WC, ibv.MaxPollBatch+3)
+	for i := range stale {
+		stale[i] = wc(5, uint64(100+i))
+	}
+	cq.add(stale...)
+	fresh := &fakeCompleter{p: p}
+	p.add(5, fresh)
+	require.Empty(t, fresh.got, "none of the old QP's completions")
+	require.Empty(t, old.got)
+	cq.add(wc(5, 7))
+	require.Equal(t, 1, p.poll(fl[:0]))
+	require.Equal(t, []ibv.WC{wc(5, 7)}, fresh.got, "the new QP's own")
+
+	// forget after the number was taken again leaves the new QP alone.
+	p.forget(5)
+	require.Same(t, completer(fresh), p.conn(5))
+
+	// forget without a new QP drops what the destroy left, then the
+	// entry.
+	p.retire(6)
+	cq.add(wc(6, 2), wc(6, 3))
+	p.forget(6)
+	require.Nil(t, p.conn(6))
+	require.Len(t, other.got, 1)
+	require.True(t, p.cqMu.TryLock(), "and leaves the CQ unlocked")
+	p.cqMu.Unlock()
+}
+
 func TestPollerTryPoll(t *testing.T) {
 	cq := &fakeCQ{}
 	p := newPoller(cq, newFakeChannel())

@@ -225,6 +225,12 @@ func growBuf(bp *[]byte, n, hint int) []byte {
 }
 
 func (c *Conn) recvDone(wc ibv.WC) {
+	if c.rx.posted <= 0 {
+		// No receive of ours is posted, so this completion is not ours
+		// (an earlier QP's of the same number, see retiredQP): it must
+		// not fail the connection or upset the count.
+		return
+	}
 	c.rx.posted--
 	if wc.Status != ibv.WCSuccess {
 		// A failed receive means the QP is in the error state: nothing

@@ -325,11 +325,12 @@ func (c *Conn) pendingGoes() bool {
 
 // flushDroppingLock posts what is queued: prepared messages, then the
 // pending message once a credit allows, then a fin that waited behind
-// it. mu is held on entry and exit but not across ibv_post_send (on rxe a
-// system call that runs the whole transfer), so completions, Reads and
-// other connections' work go on meanwhile. One goroutine posts at a time,
-// which keeps the send queue in sequence order; whoever finds another
-// posting only queues, and the poster picks that up before it leaves.
+// it. mu is held on entry and exit but, unless postHeld, not across
+// ibv_post_send (on rxe a system call that runs the whole transfer), so
+// completions, Reads and other connections' work go on meanwhile. One
+// goroutine posts at a time, which keeps the send queue in sequence
+// order; whoever finds another posting only queues, and the poster picks
+// that up before it leaves.
 func (c *Conn) flushDroppingLock() {
 	if c.tx.posting || c.tx.draining {
 		return
@@ -350,11 +351,17 @@ func (c *Conn) flushDroppingLock() {
 			break
 		}
 		batch := c.tx.take()
-		c.mu.Unlock()
-		c.w.posting(true)
-		posts, err := postChain(c.qp, batch)
-		c.w.posting(false)
-		c.mu.Lock()
+		var posts int
+		var err error
+		if c.postHeld {
+			posts, err = postChain(c.qp, batch)
+		} else {
+			c.mu.Unlock()
+			c.w.posting(true)
+			posts, err = postChain(c.qp, batch)
+			c.w.posting(false)
+			c.mu.Lock()
+		}
 		c.st.SendPosts += uint64(posts)
 		if err != nil {
 			// Post nothing more (the teardown's marker retires what
