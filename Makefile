@@ -114,6 +114,8 @@ vmtest: deps
 		$(OUT)/interop.test -test.v -test.count=1 -test.timeout 5m && \
 		echo "=== the applications as benchmarks, RDMA beside Go TCP, a small fixed count (interop/apps_test.go)" && \
 		$(OUT)/interop.test -test.count=1 -test.run "^$$" -test.bench . -test.benchtime 5x -test.timeout 5m && \
+		echo "=== the random test again, sends posted with the lock held as on a NIC (RDMA_TEST_POST_HELD)" && \
+		env RDMA_TEST_POST_HELD=1 $(OUT)/rdma.test -test.v -test.count=1 -test.run "^TestRandomConcurrentOps$$" -test.timeout 5m && \
 		echo "=== every benchmark, a small fixed count" && \
 		$(OUT)/rdma.test -test.count=1 -test.run "^$$" -test.bench . -test.benchtime 20x -test.timeout 5m && \
 		echo "=== the same tests under the race detector (-short)" && \
