@@ -319,7 +319,7 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 			return os.NewSyscallError("rdma_connect", &RefusedError{RefusedNoListener})
 		}
 		if errors.Is(err, syscall.ECONNRESET) {
-			return os.NewSyscallError("rdma_connect", errHandshakeAborted)
+			return os.NewSyscallError("rdma_connect", handshakeAbortedError{"rdma_connect: the TCP connection was reset"})
 		}
 		return err
 	}
@@ -342,7 +342,7 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 			case -int(syscall.ECONNRESET):
 				// iWARP: the TCP connection was reset during the MPA
 				// exchange, the server's listener closing say.
-				return os.NewSyscallError("rdma_connect", errHandshakeAborted)
+				return os.NewSyscallError("rdma_connect", handshakeAbortedError{"REJECTED: the TCP connection was reset"})
 			}
 		}
 		return os.NewSyscallError("rdma_connect", &RefusedError{reason})
@@ -353,12 +353,12 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 		// the server dropped the connection meanwhile (its listener
 		// closed, say). librdmacm reports that with a status of -1 and
 		// the errno lost on its way, which would read as EPERM.
-		return os.NewSyscallError("rdma_connect", errHandshakeAborted)
+		return os.NewSyscallError("rdma_connect", handshakeAbortedError{"CONNECT_ERROR"})
 	default:
 		if err := eventErrno(ev, syscall.ECONNABORTED); err != syscall.ECONNRESET {
 			return os.NewSyscallError("rdma_connect", err)
 		}
-		return os.NewSyscallError("rdma_connect", errHandshakeAborted)
+		return os.NewSyscallError("rdma_connect", handshakeAbortedError{ev.Type.String()})
 	}
 	peer, err := parseHello(ev.PrivateData)
 	if err == nil {

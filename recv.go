@@ -108,11 +108,19 @@ func (c *Conn) copyOutDroppingLock(b []byte) (int, bool, error) {
 		return 0, false, nil
 	}
 	head, avail, off := c.rx.readable()
-	c.rx.copying = true
-	c.mu.Unlock()
-	n, used, off, ended := c.rx.copyOut(b, head, avail, off, c.msgRead)
-	c.mu.Lock()
-	c.copiedOut()
+	var n, used int
+	var ended bool
+	if len(b) <= smallCopy {
+		// As small a copy costs less than dropping the lock and taking
+		// it again.
+		n, used, off, ended = c.rx.copyOut(b, head, avail, off, c.msgRead)
+	} else {
+		c.rx.copying = true
+		c.mu.Unlock()
+		n, used, off, ended = c.rx.copyOut(b, head, avail, off, c.msgRead)
+		c.mu.Lock()
+		c.copiedOut()
+	}
 	c.rx.consume(used, off)
 	c.ringDrained()
 	if used > 0 {

@@ -138,10 +138,16 @@ func (e *refusedCause) Unwrap() []error { return append(e.RefusedError.Unwrap(),
 
 // handshakeAbortedError is a Dial's error when the server answered the
 // request and then dropped the connection before the handshake completed.
-type handshakeAbortedError struct{}
+// how says what told the dialer so: the connection manager's event, or
+// the call's own error on iWARP.
+type handshakeAbortedError struct{ how string }
 
-func (handshakeAbortedError) Error() string {
-	return "the server ended the handshake before it completed (its listener closed, or it dropped the connection)"
+func (e handshakeAbortedError) Error() string {
+	s := "the server ended the handshake before it completed (its listener closed, or it dropped the connection)"
+	if e.how != "" {
+		s += ": " + e.how
+	}
+	return s
 }
 func (handshakeAbortedError) Unwrap() error { return syscall.ECONNABORTED }
 

@@ -85,6 +85,11 @@ func (c *Conn) waitSendRoomDroppingLock(noCredit bool, waited *bool) {
 	}
 }
 
+// smallCopy is the most bytes a Read or Write copies between its buffer
+// and a ring with the connection's lock held; larger copies run without
+// it, so that the poller and the other direction go on meanwhile.
+var smallCopy = 512
+
 // fillDroppingLock copies b[n:] into up to slots messages from the ring's
 // tail on, the first of which may hold pending bytes, and queues what
 // credits allow. The ring from the tail on is the writer's until queued
@@ -98,8 +103,12 @@ func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
 	buf := c.tx.buf
 	pend, _ := c.tx.pending()
 	t, acked := ring.tail, ring.acked
-	c.tx.filling = true
-	c.mu.Unlock()
+	// A small copy costs less than dropping the lock and taking it again.
+	held := len(b)-n <= smallCopy
+	if !held {
+		c.tx.filling = true
+		c.mu.Unlock()
+	}
 	off := n
 	for i := 0; i < slots && off < len(b); i++ {
 		start, room := ring.at(t, acked)
@@ -115,8 +124,10 @@ func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
 		t = wire.RingEnd(start, pend+chunk)
 		pend = 0
 	}
-	c.mu.Lock()
-	c.filled()
+	if !held {
+		c.mu.Lock()
+		c.filled()
+	}
 	if c.life.has(shutClosed) || c.life.werr != nil {
 		return n
 	}
