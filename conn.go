@@ -132,7 +132,7 @@ type Conn struct {
 	rs            resizer // rings that follow the traffic (resize.go)
 	heard         uint64  // successful completions: the peer or its NIC answered
 	qpBroken      bool    // a failed completion disconnected the QP
-	postHeld      bool    // sends are posted with mu held: the device's post is no system call (device.kernelPosts)
+	postHeld      bool    // small sends are posted with mu held: the device's post is no system call (device.kernelPosts, heldPostBytes)
 	// qpDrained: the release saw every work request complete, so the QP
 	// holds none and may serve another connection (see keepQP).
 	qpDrained bool

@@ -224,28 +224,27 @@ func (c *Conn) drainDroppingLock() {
 		c.waitDroppingLock(drainTimeout, func() bool { return !c.tx.posting && c.os.posting == 0 })
 	}
 	c.tx.draining = true
-	mark := func() {
-		if !c.tx.idle() {
-			// A signaled marker behind everything posted: its
-			// completion retires all earlier sends, signaled or not.
-			c.qp.PostSends([]ibv.SendWR{c.tx.marker()})
-		}
+	if !c.tx.idle() {
+		// A signaled marker behind everything posted: its completion
+		// retires all earlier sends, signaled or not.
+		c.qp.PostSends([]ibv.SendWR{c.tx.marker()})
 	}
-	mark()
 	// One-sided operations are all signaled: each one's flushed
 	// completion comes by itself.
 	drained := func() bool { return c.rx.posted == 0 && c.tx.idle() && c.os.idle() }
 	c.waitDroppingLock(drainTimeout, drained)
-	if !drained() {
+	if c.rx.posted > 0 {
 		// The disconnect left the QP out of the error state (on iWARP it
-		// only closes the QP, which then waits for the peer's TCP): move
-		// it there, so that what is left flushes now, and mark again (a
-		// closing QP refuses posts). Destroyed undrained, the QP would
-		// flush into the shared CQ after its number went back to the
-		// provider, for the QP that gets the number next.
+		// only closes the QP, and not one that never reached RTS): move
+		// it there, so that the receives flush now, not into the shared
+		// CQ at the destroy (see retiredQP). Without mu: it is a system
+		// call, and the poller may be waiting for mu with the CQ held.
+		// (Sends siw's closing QP had not started stay until the
+		// destroy whatever is done: they are not waited for again.)
+		c.mu.Unlock()
 		c.errorQP()
-		mark()
-		c.waitDroppingLock(drainTimeout, drained)
+		c.mu.Lock()
+		c.waitDroppingLock(drainTimeout, func() bool { return c.rx.posted == 0 })
 	}
 	c.qpDrained = drained()
 	if c.rx.posted != 0 {

@@ -220,7 +220,7 @@ func (c *Conn) startOneSided(ctx context.Context, op uint8, local *Region, lo, n
 	}
 	t.inFlight++
 	var err error
-	if c.postHeld {
+	if c.postHeld && n <= heldPostBytes {
 		err = c.qp.PostSends(s.wr[:])
 	} else {
 		t.posting++

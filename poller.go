@@ -184,11 +184,14 @@ func (p *poller) forget(qpNum uint32) {
 
 // pollStale polls and dispatches until a poll comes back short of a full
 // batch: every completion the CQ held when it was called has then been
-// dispatched (a CQ hands them out in order). Once the poller is stopped it
-// polls nothing (see tryPoll).
+// dispatched (a CQ hands them out in order). It relies on the provider
+// adding nothing of a QP to the CQ once its destroy has returned (siw
+// flushes within the call). A CQ that other connections keep full gets
+// staleBatches polls at most, a CQ's worth of completions. Once the
+// poller is stopped it polls nothing (see tryPoll).
 func (p *poller) pollStale() {
 	var fl [ibv.MaxPollBatch]completer
-	for {
+	for range staleBatches {
 		p.cqMu.Lock()
 		if p.stop.Load() {
 			p.cqMu.Unlock()
@@ -199,6 +202,10 @@ func (p *poller) pollStale() {
 		}
 	}
 }
+
+// staleBatches bounds pollStale: 32,768 completions, the CQ size on siw,
+// the provider that hands QP numbers out again at once.
+const staleBatches = 32768 / ibv.MaxPollBatch
 
 // remove stops dispatch to a QP's connection. It waits out a dispatch in
 // progress; only the lockAndFlush that batch collected may still reach the

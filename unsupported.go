@@ -23,6 +23,7 @@ import (
 type connSys struct{}
 
 func (connSys) disconnect()               {}
+func (connSys) errorQP()                  {}
 func (c *Conn) freeVerbs()                {}
 func (c *Conn) markDeviceRemoved()        {}
 func wcStatusString(status uint32) string { return fmt.Sprintf("status %d", status) }
@@ -34,8 +35,9 @@ func devicesStats() []DeviceStats { return nil }
 func releaseIdleDevices() {}
 
 var (
-	deviceLinger time.Duration
-	devMu        sync.Mutex
+	deviceLinger  time.Duration
+	devMu         sync.Mutex
+	forcePostHeld bool
 )
 
 type listenerSys struct{}
