@@ -42,7 +42,7 @@ func TestDialServerNeverAnswers(t *testing.T) {
 	require.NoError(t, id.Listen(8))
 
 	defer rdma.SetDefaultDialTimeout(2 * time.Second)()
-	recvsLeft := rdma.RecvsLeft()
+	recvsLeft := rdma.UnconnectedRecvsLeft()
 	start := time.Now()
 	_, err = rdma.Dial("rdma", id.LocalAddr().String())
 	took := time.Since(start)
@@ -60,7 +60,7 @@ func TestDialServerNeverAnswers(t *testing.T) {
 	// Its QP never got connected: the release flushes its receives (on
 	// iWARP rdma_disconnect does not, for such a QP) before it goes.
 	rdma.WaitReleases()
-	require.Equal(t, recvsLeft, rdma.RecvsLeft(), "releases that left receives posted")
+	require.Equal(t, recvsLeft, rdma.UnconnectedRecvsLeft(), "releases of unconnected dials that left receives posted")
 }
 
 // TestRefusedProtocolVersion: a dialer of another protocol version is

@@ -84,6 +84,9 @@ func (s *connSys) disconnect() {
 	}
 }
 
+// wasDialed reports whether the connection is the active side.
+func (s *connSys) wasDialed() bool { return s.dialed }
+
 // errorQP moves the QP to the error state, for a drain whose work
 // requests did not all flush after the disconnect (see drainDroppingLock).
 func (s *connSys) errorQP() {

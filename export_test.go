@@ -102,9 +102,9 @@ func WritePacketRaw(c *PacketConn, b []byte, addr net.Addr) error {
 // PacketMTU is the largest UD message of c.
 func PacketMTU(c *PacketConn) int { return c.mtu }
 
-// RecvsLeft is how many releases so far ended their drain with receives
-// still posted.
-func RecvsLeft() int64 { return recvsLeft.Load() }
+// UnconnectedRecvsLeft is how many releases of dials whose QP never got
+// connected ended their drain with receives still posted.
+func UnconnectedRecvsLeft() int64 { return unconnectedRecvsLeft.Load() }
 
 // SetPostHeld makes connections set up from now on post their sends with
 // the lock held, as on a NIC, whatever the device (see forcePostHeld).

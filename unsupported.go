@@ -24,6 +24,7 @@ type connSys struct{}
 
 func (connSys) disconnect()               {}
 func (connSys) errorQP()                  {}
+func (connSys) wasDialed() bool           { return false }
 func (c *Conn) freeVerbs()                {}
 func (c *Conn) markDeviceRemoved()        {}
 func wcStatusString(status uint32) string { return fmt.Sprintf("status %d", status) }
