@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/goverbs/rdma/internal/ibv"
 	"github.com/goverbs/rdma/internal/wire"
 )
 
@@ -55,6 +56,13 @@ func TestDocumentedNumbers(t *testing.T) {
 	// ListenConfig.Refused: past 256 refusals waiting, the CM goroutine
 	// makes them.
 	require.Equal(t, 256, maxQueuedRefusals)
+	// bench/README and docs/providers.md: a Read or Write of at most
+	// 512 bytes copies with the lock held; on a NIC a post of at most
+	// 2 KiB is made with it held; a destroyed QP's number is held for at
+	// most 32,768 completions.
+	require.Equal(t, 512, smallCopy)
+	require.Equal(t, 2048, heldPostBytes)
+	require.Equal(t, 32768, staleBatches*ibv.MaxPollBatch)
 	// README: a Dial without a timeout gives up after 2 min.
 	require.Equal(t, 2*time.Minute, DefaultDialTimeout)
 	// README: a port down for over 10 s fails its connections.
