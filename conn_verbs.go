@@ -209,10 +209,6 @@ func (c *Conn) hello() wire.Hello {
 		RingSize: uint32(c.lay.ring), RingAddr: c.ar.base + uint64(c.lay.recvOff()), RKey: c.ar.recvMR.RKey}
 }
 
-// forcePostHeld makes connections post with their lock held on the
-// software providers too: a test runs the path NICs take on them.
-var forcePostHeld bool
-
 // dial runs the active side of the handshake.
 func dial(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options) (*Conn, error) {
 	fresh := false

@@ -219,13 +219,13 @@ func (c *Conn) startOneSided(ctx context.Context, op uint8, local *Region, lo, n
 		RKey:       key.RKey,
 	}
 	t.inFlight++
-	var err error
-	if c.postHeld && n <= heldPostBytes {
-		err = c.qp.PostSends(s.wr[:])
-	} else {
+	held := c.postHeld && n <= heldPostBytes
+	if !held {
 		t.posting++
 		c.mu.Unlock()
-		err = c.qp.PostSends(s.wr[:])
+	}
+	err := c.qp.PostSends(s.wr[:])
+	if !held {
 		c.mu.Lock()
 		t.posting--
 	}

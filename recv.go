@@ -108,16 +108,14 @@ func (c *Conn) copyOutDroppingLock(b []byte) (int, bool, error) {
 		return 0, false, nil
 	}
 	head, avail, off := c.rx.readable()
-	var n, used int
-	var ended bool
-	if len(b) <= smallCopy {
-		// As small a copy costs less than dropping the lock and taking
-		// it again.
-		n, used, off, ended = c.rx.copyOut(b, head, avail, off, c.msgRead)
-	} else {
+	// A small copy costs less than dropping the lock and taking it again.
+	held := len(b) <= smallCopy
+	if !held {
 		c.rx.copying = true
 		c.mu.Unlock()
-		n, used, off, ended = c.rx.copyOut(b, head, avail, off, c.msgRead)
+	}
+	n, used, off, ended := c.rx.copyOut(b, head, avail, off, c.msgRead)
+	if !held {
 		c.mu.Lock()
 		c.copiedOut()
 	}

@@ -150,5 +150,3 @@ func (e handshakeAbortedError) Error() string {
 	return s
 }
 func (handshakeAbortedError) Unwrap() error { return syscall.ECONNABORTED }
-
-var errHandshakeAborted error = handshakeAbortedError{}

@@ -70,7 +70,7 @@ func TestFallsBackToTCP(t *testing.T) {
 		{noPeer, true},
 		{&RefusedError{RefusedShutdown}, false},
 		{&RefusedError{RefusedBacklog}, false},
-		{errHandshakeAborted, false},
+		{handshakeAbortedError{}, false},
 		{context.Canceled, false},
 		{os.ErrDeadlineExceeded, false},
 	} {
@@ -90,7 +90,7 @@ func TestFallsBackToTCP(t *testing.T) {
 // A Dial whose server dropped the handshake after its reply says so, and
 // is ECONNABORTED.
 func TestHandshakeAbortedError(t *testing.T) {
-	err := os.NewSyscallError("rdma_connect", errHandshakeAborted)
+	err := os.NewSyscallError("rdma_connect", handshakeAbortedError{})
 	require.ErrorIs(t, err, syscall.ECONNABORTED)
 	require.Contains(t, err.Error(), "the server ended the handshake before it completed")
 }

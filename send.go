@@ -88,7 +88,7 @@ func (c *Conn) waitSendRoomDroppingLock(noCredit bool, waited *bool) {
 // smallCopy is the most bytes a Read or Write copies between its buffer
 // and a ring with the connection's lock held; larger copies run without
 // it, so that the poller and the other direction go on meanwhile.
-var smallCopy = 512
+const smallCopy = 512
 
 // fillDroppingLock copies b[n:] into up to slots messages from the ring's
 // tail on, the first of which may hold pending bytes, and queues what
@@ -362,14 +362,13 @@ func (c *Conn) flushDroppingLock() {
 			break
 		}
 		batch := c.tx.take()
-		var posts int
-		var err error
-		if c.postHeld && sendBytes(batch) <= heldPostBytes {
-			posts, err = postChain(c.qp, batch)
-		} else {
+		held := c.postHeld && sendBytes(batch) <= heldPostBytes
+		if !held {
 			c.mu.Unlock()
 			c.w.posting(true)
-			posts, err = postChain(c.qp, batch)
+		}
+		posts, err := postChain(c.qp, batch)
+		if !held {
 			c.w.posting(false)
 			c.mu.Lock()
 		}
@@ -395,6 +394,10 @@ func (c *Conn) flushDroppingLock() {
 // benchmarks copies it) would hold the lock for the copy: with 4 KiB and
 // 64 KiB messages its streams lost 6-10 % with every post held.
 const heldPostBytes = 2048
+
+// forcePostHeld makes connections post with their lock held on the
+// software providers too: a test runs the path NICs take on them.
+var forcePostHeld bool
 
 // sendBytes is the payload of wrs.
 func sendBytes(wrs []ibv.SendWR) int {

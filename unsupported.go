@@ -36,9 +36,8 @@ func devicesStats() []DeviceStats { return nil }
 func releaseIdleDevices() {}
 
 var (
-	deviceLinger  time.Duration
-	devMu         sync.Mutex
-	forcePostHeld bool
+	deviceLinger time.Duration
+	devMu        sync.Mutex
 )
 
 type listenerSys struct{}
