@@ -153,10 +153,13 @@ func (a *arena) destroyQP() {
 // destroyQP destroys a QP no id holds.
 func destroyQP(qp *ibv.QP) { retryDestroy(qp.Destroy) }
 
-// rekey registers the receive ring again, for a new rkey: the pooled QP
-// keeps its number, so a past peer that still sent to it (with a packet
-// sequence number it guessed) would otherwise find the ring's key the
-// same as when the ring was its own.
+// rekey registers the receive ring again, for a new rkey. A past peer
+// knows the old key, and the next QP in the arena's PD (the kept QP, with
+// its number, or a new one whose number the device may hand out again at
+// once, as siw does) is the one the key would reach: with the old key
+// still valid, a past peer that sent to that number (with a packet
+// sequence number it guessed) could write into the next connection's
+// ring.
 func (a *arena) rekey() error {
 	if err := retryDestroy(a.recvMR.Dereg); err != nil {
 		// The past peer's key stays valid: the arena must not serve
@@ -168,6 +171,24 @@ func (a *arena) rekey() error {
 	a.recvMR = mr
 	return err
 }
+
+// scrub readies a closed connection's arena for another connection: its
+// memory cleared (clear) and its receive ring rekeyed. An error leaves
+// the arena unfit (reusable is false).
+func (a *arena) scrub() error {
+	a.clear()
+	return a.rekey()
+}
+
+// clear zeroes the arena's memory. A message's place in the receive ring
+// is computed by the receiver from the length its peer announces, not
+// from where the bytes went: a peer that announces data and writes it
+// elsewhere in the ring (or, on iWARP, sends a header with nothing
+// written at all) makes Read return whatever the ring held at that place.
+// Cleared, that is zeros or the peer's own bytes, never a past
+// connection's. The send ring and the header slots are cleared too: no
+// memory keeps a past user's bytes, whatever path may read it.
+func (a *arena) clear() { clear(a.mem) }
 
 // verbsRings registers a connection's big rings (see resize.go) in its
 // arena's PD, mapped apart from the arena, and counts them in the
@@ -213,7 +234,8 @@ func (v verbsRings) freeRing(m *ringMem) {
 }
 
 // keepMapping gives an unregistered ring's memory to the device's
-// ringMaps, or unmaps it past the pool's byte bound.
+// ringMaps (which clear it before it serves again), or unmaps it past the
+// pool's byte bound.
 func (d *device) keepMapping(m []byte) {
 	if bytes, _ := poolLimits(); !d.rings.put(m, bytes) {
 		unix.Munmap(m)
@@ -226,11 +248,13 @@ func addrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.Slice
 // The device's pool (see pool.go) keeps the arenas of closed connections,
 // with their reset QPs, for the next ones on the same device: creating a
 // QP and mmap'ing, faulting in and registering a connection's memory are
-// most of what setting one up costs under Soft-RoCE. A reused arena still
-// holds what its last connection sent and received; that is never exposed:
-// no memory grants remote read, its receive ring has a new rkey (see
-// rekey), and only the bytes a connection itself wrote are ever sent from
-// it.
+// most of what setting one up costs under Soft-RoCE. The rule of the pool
+// is that nothing enters it readable by its next user: keepArena scrubs
+// every arena it keeps, with its QP or without (its memory cleared, its
+// receive ring rekeyed), and a kept ring mapping is cleared as it is taken
+// again (ringMaps.take). Clearing costs a memset of memory already faulted in,
+// a small part of the mapping and registration it saves
+// (BenchmarkScrubArena).
 
 // newArena makes an arena laid out as lay. When one cannot be had (the
 // locked-memory limit, say), the pool lets its arenas go and the
@@ -243,10 +267,11 @@ func (d *device) newArena(lay layout) (*arena, error) {
 	return a, err
 }
 
-// keepArena gives a closed connection's arena to the pool: with its QP if
-// it kept one and the pool takes it, else without, else a is freed.
+// keepArena gives a closed connection's arena to the pool, scrubbed (see
+// arena.scrub): with its QP if it kept one and the pool takes it, else
+// without, else a is freed.
 func (d *device) keepArena(a *arena) {
-	if !a.reusable() {
+	if !a.reusable() || a.scrub() != nil {
 		d.freeArena(a)
 		return
 	}

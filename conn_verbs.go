@@ -605,14 +605,11 @@ func (c *Conn) reusableQP() bool {
 }
 
 // keepQP takes the QP from the id, reset, for the arena to keep in the
-// pool, or destroys it when the reset (or the rekey) fails.
+// pool (which rekeys the arena: see keepArena), or destroys it when the
+// reset fails.
 func (c *Conn) keepQP() {
 	var err error
 	c.cm.ch.Quiet(func() { err = c.id.ReleaseQP() })
-	if err == nil {
-		// A past peer must not find its key still valid (see rekey).
-		err = c.ar.rekey()
-	}
 	if err != nil {
 		destroyQP(c.vqp)
 		return

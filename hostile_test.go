@@ -582,3 +582,80 @@ func requireRefused(t *testing.T, wc ibv.WC, msg string) {
 		require.NotEqual(t, uint32(ibv.WCSuccess), wc.Status, msg)
 	}
 }
+
+// TestHostileMisplacedDataAfterEarlierClients: the receiver places a
+// message in its ring where the length its peer announces puts it, not
+// where the bytes went; the ring a server's connection gets may be a
+// closed connection's (the device's pool). Earlier clients stream a marker
+// through a server that keeps another client connected (so the device and
+// its pool stay), then a raw peer announces data and writes it elsewhere
+// in the ring: what the echo returns must not hold a byte of the earlier
+// clients'. With the pool's arenas scrubbed, it is zeros.
+func TestHostileMisplacedDataAfterEarlierClients(t *testing.T) {
+	b := newHostileBed(t)
+	marker := bytes.Repeat([]byte("MARKER-"), 1024/7+1)[:1024]
+	before, _ := deviceStat()
+	for i := range 4 {
+		c, err := rdma.Dial("rdma", b.addr)
+		require.NoError(t, err)
+		b.echo(b.next(t))
+		got := make([]byte, len(marker))
+		// Round trips of 1 KiB: the server's ring fills with the
+		// marker, wrapping, without the traffic growing the rings.
+		for range 64 {
+			_, err := c.Write(marker)
+			require.NoError(t, err)
+			_, err = io.ReadFull(c, got)
+			require.NoError(t, err)
+			require.Equal(t, marker, got, "client %d", i)
+		}
+		require.NoError(t, c.Close())
+	}
+	// Both ends of the earlier clients are closed: their arenas are kept.
+	waitDevice(t, "the earlier clients' arenas kept", func(d rdma.DeviceStats, listed bool) bool {
+		return listed && d.Connections == before.Connections && d.PooledBytes > 0
+	})
+
+	p, sc := b.hostile(t)
+	b.echo(sc)
+	const n = 1024
+	start := wire.RingPlace(p.txTail, p.span, p.maxMsg)
+	p.txTail = wire.RingEnd(start, n)
+	elsewhere := (start + uint64(p.span)/2) % uint64(p.span)
+	p.waitSend(p.writeImm(p.server.RingAddr+elsewhere, p.server.RKey, wire.MsgData, 0, 0, bytes.Repeat([]byte{'x'}, n)), 5*time.Second)
+	var echo []byte
+	for deadline := time.Now().Add(5 * time.Second); len(echo) < n; {
+		p.poll()
+		echo = echo[:0]
+		for _, m := range p.recvd {
+			echo = append(echo, m.data...)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the echo brought %d bytes in 5s, want %d", len(echo), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	require.False(t, bytes.Contains(echo, []byte("MARKER")), "the echo holds an earlier client's bytes: %q", echo[:64])
+	require.Equal(t, make([]byte, n), echo, "a pooled ring is cleared before it serves again")
+	b.checkServing(t)
+}
+
+// TestHostilePooledRingRekeyed: an accepted connection's arena goes to the
+// device's pool without its QP; when the next accepted connection gets the
+// same ring, the key the past peer knew no longer works on it (rekeyed),
+// even though the next QP in its PD may be given the past QP's number.
+func TestHostilePooledRingRekeyed(t *testing.T) {
+	b := newHostileBed(t)
+	before, _ := deviceStat()
+	p, sc := b.hostile(t)
+	addr, key := p.server.RingAddr, p.server.RKey
+	p.close()
+	sc.Close()
+	waitDevice(t, "the raw peer's server arena kept", func(d rdma.DeviceStats, listed bool) bool {
+		return listed && d.Connections == before.Connections && d.PooledBytes > 0
+	})
+	q, _ := b.hostile(t)
+	require.Equal(t, addr, q.server.RingAddr, "the next accepted connection has the pooled ring")
+	require.NotEqual(t, key, q.server.RKey, "a pooled ring keeps the key its past peer knew")
+	b.checkServing(t)
+}

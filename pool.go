@@ -214,28 +214,32 @@ func (p *readyPool[T]) counts() (bytes, qps int) {
 // it again was a sixth of the CPU of a relay whose connections each carry
 // a few MiB (bench/README.md, "Applications"), where registering it is not.
 // Unregistered, the memory belongs to no protection domain, so any
-// connection of the device may register it in its own. What it still
-// holds of its last connection is never exposed, as with a reused arena
-// (buffers.go): a ring is registered anew, with a new key, and only the
-// bytes a connection itself wrote are ever sent from it.
+// connection of the device may register it in its own, with a new key.
+// What it held of its last connection is never readable by the next: take
+// clears it (a receive ring's bytes are read where the peer's announced
+// length puts them, written there or not: see arena.clear).
 type ringMaps struct {
 	mu    sync.Mutex
 	free  map[int][][]byte // by size
 	bytes int
 }
 
-// take returns a kept mapping of size bytes, or nil.
+// take returns a kept mapping of size bytes, cleared, or nil. It is
+// cleared here, once it is the caller's and without r.mu, rather than when
+// it is kept: only what is used again costs the memset.
 func (r *ringMaps) take(size int) []byte {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	ms := r.free[size]
 	if len(ms) == 0 {
+		r.mu.Unlock()
 		return nil
 	}
 	m := ms[len(ms)-1]
 	ms[len(ms)-1] = nil
 	r.free[size] = ms[:len(ms)-1]
 	r.bytes -= size
+	r.mu.Unlock()
+	clear(m)
 	return m
 }
 

@@ -198,3 +198,18 @@ func TestRingMaps(t *testing.T) {
 	require.Nil(t, r.take(256<<10))
 	require.False(t, r.put(a, 0), "a bound of 0 keeps nothing")
 }
+
+// A kept mapping may be the next connection's receive ring, whose bytes
+// are read where the peer's announced length puts them: what its last
+// connection left in it is gone before it serves again.
+func TestRingMapsClearTaken(t *testing.T) {
+	var r ringMaps
+	m := make([]byte, 64<<10)
+	for i := range m {
+		m[i] = 0xa5
+	}
+	require.True(t, r.put(m, 1<<20))
+	got := r.take(len(m))
+	require.Same(t, &m[0], &got[0])
+	require.Equal(t, make([]byte, len(m)), got, "a reused mapping holds none of its last connection's bytes")
+}
