@@ -3,6 +3,7 @@ package rdma
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"strconv"
@@ -101,6 +102,11 @@ type PacketStats struct {
 	// the reassembly bounds), malformed (not this library's datagram, or
 	// a header that breaks its rules).
 	DropsNoReceive, DropsTruncated, DropsReassembly, DropsMalformed uint64
+	// DropsStaleFragments counts fragments dropped because they could
+	// complete nothing: a duplicate of one held, or one of a datagram
+	// completed or given up less than the reassembly timeout (1 s) ago
+	// (its datagram, if given up, is counted in DropsReassembly once).
+	DropsStaleFragments uint64
 	// PeerHits and PeerMisses count the writes that found their
 	// destination's address handle cached, and those that resolved it;
 	// PeerFailures the resolutions that failed.
@@ -112,7 +118,9 @@ type PacketStats struct {
 // PacketConn is a datagram end point over RDMA unreliable datagrams (UD):
 // a net.PacketConn whose datagrams, of up to 65,507 bytes as UDP's, go to
 // and come from other PacketConns by IP address and port. Datagrams may be
-// lost, as UDP's may, but never arrive corrupted, duplicated or merged.
+// lost, as UDP's may, but never arrive corrupted, duplicated or merged
+// (but for the rare case of a sender restarted on the same port whose
+// random fragment ids meet its last run's: see docs/datagrams.md).
 // Its methods are safe for concurrent use.
 //
 // The sender's address that ReadFrom returns is the IP address the
@@ -178,6 +186,7 @@ type PacketConn struct {
 type packetCounters struct {
 	sent, recvd, bytesSent, bytesRecvd             atomic.Uint64
 	noReceive, truncated, reassembly, malformed    atomic.Uint64
+	staleFragments                                 atomic.Uint64
 	peerHits, peerMisses, peerFailures, sendErrors atomic.Uint64
 }
 
@@ -256,6 +265,11 @@ func (c *PacketConn) initPath(qp udQP, mem []byte, base uint64, lkey uint32, mtu
 	c.wrs = make([]ibv.UDSendWR, 0, ibv.MaxUDSendBatch)
 	c.reposts = make([]ibv.RecvWR, 0, repostBatch)
 	c.reasm = newReassembler(reassemblyLimits{Total: c.opts.ReassemblyBytes, PerSource: c.opts.ReassemblyBytes / 4, Timeout: time.Second})
+	c.reasm.sweepOnTimer(&c.rmu, &c.stats.reassembly)
+	// Fragmented datagrams are numbered from a random start, so that a
+	// sender restarted on the same port does not reuse the ids of the
+	// datagrams its receivers may still hold or remember of the last.
+	c.nextID = rand.Uint32()
 	wrs := make([]ibv.RecvWR, 0, ibv.MaxRecvBatch)
 	for i := 0; i < c.opts.RecvDepth; i++ {
 		wrs = append(wrs, c.recvWR(i))
@@ -320,8 +334,11 @@ func (c *PacketConn) complete(wc ibv.WC) bool {
 	}
 	src := netip.AddrPortFrom(ip, h.Port)
 	if h.Fragment {
-		d, dropped := c.reasm.add(src, h, payload, time.Now())
+		d, dropped, stale := c.reasm.add(src, h, payload, time.Now())
 		c.stats.reassembly.Add(uint64(dropped))
+		if stale {
+			c.stats.staleFragments.Add(1)
+		}
 		c.repostLocked(slot, false)
 		if d != nil {
 			if c.held >= c.opts.RecvDepth-c.minPosted() || c.qlen == len(c.queue) {
@@ -1074,7 +1091,7 @@ func (c *PacketConn) Stats() PacketStats {
 		DatagramsSent: s.sent.Load(), DatagramsReceived: s.recvd.Load(),
 		BytesSent: s.bytesSent.Load(), BytesReceived: s.bytesRecvd.Load(),
 		DropsNoReceive: s.noReceive.Load(), DropsTruncated: s.truncated.Load(),
-		DropsReassembly: s.reassembly.Load(), DropsMalformed: s.malformed.Load(),
+		DropsReassembly: s.reassembly.Load(), DropsMalformed: s.malformed.Load(), DropsStaleFragments: s.staleFragments.Load(),
 		PeerHits: s.peerHits.Load(), PeerMisses: s.peerMisses.Load(), PeerFailures: s.peerFailures.Load(),
 		SendErrors: s.sendErrors.Load(),
 	}

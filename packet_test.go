@@ -715,7 +715,7 @@ func TestPacketReassemblyTimeout(t *testing.T) {
 	id := a.c.nextID + 1
 	a.c.writeMu.Unlock()
 	require.True(t, b.receiveFrom(a.ap.Addr(), dgramMsg(wire.DgramHeader{Port: a.ap.Port(), Fragment: true, ID: id, Total: 3000, Offset: 0, FragSize: 1008}, make([]byte, 1008))))
-	require.NotZero(t, b.c.reasm.held())
+	require.NotZero(t, reasmHeld(b))
 	time.Sleep(30 * time.Millisecond)
 	// a skips the id of the datagram given up: a fragment of it now
 	// could complete nothing, and is ignored.
@@ -727,8 +727,143 @@ func TestPacketReassemblyTimeout(t *testing.T) {
 	require.NoError(t, err)
 	readExpect(t, b, m, a.ap)
 	require.Equal(t, uint64(1), b.c.Stats().DropsReassembly)
-	require.Zero(t, b.c.reasm.held())
+	require.Zero(t, reasmHeld(b))
 	readNone(t, b)
+}
+
+// reasmHeld is what e's reassembly holds, read under the lock its timer
+// takes too.
+func reasmHeld(e *udEnd) int {
+	e.c.rmu.Lock()
+	defer e.c.rmu.Unlock()
+	return e.c.reasm.held()
+}
+
+// setReassemblyTimeout gives e's reassembly another timeout than its
+// second, for the tests not to wait for it.
+func setReassemblyTimeout(e *udEnd, d time.Duration) {
+	e.c.rmu.Lock()
+	e.c.reasm.limits.Timeout = d
+	e.c.rmu.Unlock()
+}
+
+// TestPacketReassemblyTimer: an incomplete datagram is given up at its
+// timeout, counted and its memory back, though no fragment comes after
+// it to sweep the reassembly; Close stops the timer.
+func TestPacketReassemblyTimer(t *testing.T) {
+	f := newUDFabric(t, 2, PacketOptions{RecvDepth: 64}, false)
+	b := f.ends[1]
+	setReassemblyTimeout(b, 20*time.Millisecond)
+	first := func(id uint32) []byte {
+		return dgramMsg(wire.DgramHeader{Port: 9, Fragment: true, ID: id, Total: wire.MaxDatagram, Offset: 0, FragSize: 1008}, make([]byte, 1008))
+	}
+	src := netip.MustParseAddr("10.9.9.9")
+	require.True(t, b.receiveFrom(src, first(1)))
+	require.Equal(t, maxReassemblyBuf, reasmHeld(b))
+	require.Eventually(t, func() bool { return reasmHeld(b) == 0 }, 2*time.Second, time.Millisecond, "given up on the timer")
+	require.Equal(t, uint64(1), b.c.Stats().DropsReassembly)
+
+	// Two held at once: the timer is set again for the second.
+	require.True(t, b.receiveFrom(src, first(2)))
+	time.Sleep(5 * time.Millisecond)
+	require.True(t, b.receiveFrom(src, first(3)))
+	require.Eventually(t, func() bool { return reasmHeld(b) == 0 }, 2*time.Second, time.Millisecond)
+	require.Equal(t, uint64(3), b.c.Stats().DropsReassembly)
+	b.requireReceives(t)
+
+	// Held at Close: the reassembly lets it go and its timer is stopped
+	// (Stop finds it so).
+	setReassemblyTimeout(b, time.Hour)
+	require.True(t, b.receiveFrom(src, first(4)))
+	require.NoError(t, b.c.Close())
+	b.c.rmu.Lock()
+	defer b.c.rmu.Unlock()
+	require.Zero(t, b.c.reasm.held())
+	require.False(t, b.c.reasm.armed)
+	require.False(t, b.c.reasm.timer.Stop(), "the timer was stopped at Close")
+}
+
+// restartAs makes e the sender old after a restart: the same address
+// and port, a new PacketConn.
+func restartAs(e, old *udEnd) {
+	e.ap = old.ap
+	e.c.laddr, e.c.port = old.c.laddr, old.c.port
+}
+
+// TestPacketSenderRestart: a sender restarted on the same port does not
+// reuse the fragment ids of its last incarnation, so a datagram of the
+// new one is not merged into one the old one left incomplete (same
+// length, same fragment size): it arrives as sent, and the old one's is
+// given up at its timeout.
+func TestPacketSenderRestart(t *testing.T) {
+	f := newUDFabric(t, 3, PacketOptions{RecvDepth: 64}, false)
+	old, b, restarted := f.ends[0], f.ends[1], f.ends[2]
+	setReassemblyTimeout(b, 50*time.Millisecond)
+	// The old sender's next datagram of 3,000 bytes: two of its three
+	// fragments arrive, then it dies.
+	old.c.writeMu.Lock()
+	id := old.c.nextID + 1
+	old.c.writeMu.Unlock()
+	for k := range 2 {
+		h := wire.DgramHeader{Port: old.ap.Port(), Fragment: true, ID: id, Total: 3000, Offset: k * 1008, FragSize: 1008}
+		require.True(t, b.receiveFrom(old.ap.Addr(), dgramMsg(h, bytes.Repeat([]byte{0xEE}, 1008))))
+	}
+	restartAs(restarted, old)
+	m := testDatagram(1, 3000)
+	_, err := restarted.c.WriteTo(m, b.c.LocalAddr())
+	require.NoError(t, err)
+	readExpect(t, b, m, old.ap)
+	readNone(t, b)
+	require.Eventually(t, func() bool { return b.c.Stats().DropsReassembly == 1 }, 2*time.Second, time.Millisecond, "the old datagram given up")
+	require.Zero(t, reasmHeld(b))
+	require.Zero(t, b.c.Stats().DropsStaleFragments)
+}
+
+// TestPacketRestartRemembered: the reassembly remembers the datagrams it
+// finished for its timeout and drops, counted, the fragments of one under
+// the same id and geometry meanwhile (a restarted sender's, should its
+// ids meet the old one's); after the timeout they go through.
+func TestPacketRestartRemembered(t *testing.T) {
+	f := newUDFabric(t, 3, PacketOptions{RecvDepth: 64}, false)
+	old, b, restarted := f.ends[0], f.ends[1], f.ends[2]
+	const timeout = 100 * time.Millisecond
+	setReassemblyTimeout(b, timeout)
+	old.c.writeMu.Lock()
+	start := old.c.nextID
+	old.c.writeMu.Unlock()
+	for i := range 3 {
+		m := testDatagram(uint32(i), 3000)
+		_, err := old.c.WriteTo(m, b.c.LocalAddr())
+		require.NoError(t, err)
+		readExpect(t, b, m, old.ap)
+	}
+	restartAs(restarted, old)
+	sendAgain := func() time.Time {
+		restarted.c.writeMu.Lock()
+		restarted.c.nextID = start // the old incarnation's ids, as they would meet
+		restarted.c.writeMu.Unlock()
+		at := time.Now()
+		for i := range 3 {
+			_, err := restarted.c.WriteTo(testDatagram(uint32(10+i), 3000), b.c.LocalAddr())
+			require.NoError(t, err)
+		}
+		return at
+	}
+	at := sendAgain()
+	st := b.c.Stats()
+	if time.Since(at) < timeout {
+		readNone(t, b)
+		require.Equal(t, uint64(9), st.DropsStaleFragments, "every fragment of the 3 counted")
+		require.Equal(t, uint64(3), st.DatagramsReceived)
+	}
+	time.Sleep(timeout)
+	sendAgain()
+	for i := range 3 {
+		readExpect(t, b, testDatagram(uint32(10+i), 3000), old.ap)
+	}
+	readNone(t, b)
+	require.Zero(t, b.c.Stats().DropsReassembly)
+	require.Zero(t, reasmHeld(b))
 }
 
 // TestPacketFragmentFlood: a source that sends first fragments only holds
@@ -749,7 +884,7 @@ func TestPacketFragmentFlood(t *testing.T) {
 			require.NoError(t, err)
 			readExpect(t, b, m, a.ap)
 		}
-		require.LessOrEqual(t, b.c.reasm.held(), share)
+		require.LessOrEqual(t, reasmHeld(b), share)
 	}
 	st := b.c.Stats()
 	require.Equal(t, uint64(floods-share/maxReassemblyBuf), st.DropsReassembly, "the flood's oldest given up for its newest")

@@ -3,6 +3,8 @@ package rdma
 import (
 	"math/bits"
 	"net/netip"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/goverbs/rdma/internal/wire"
@@ -16,6 +18,15 @@ import (
 // does. A source at its bounds makes room by giving up its own oldest
 // datagram, never another source's: a flood from one source cannot push
 // out the datagrams of others.
+//
+// A datagram is named by its sender's address and port and the id the
+// sender gave it, which are not unique for ever: a sender that restarts
+// on the same port numbers its datagrams anew (from a random start, see
+// PacketConn.initPath, so rarely where the old one left off), and ids
+// wrap. So nothing here outlives the timeout: an incomplete datagram is
+// given up and a finished one forgotten that long after, and a fragment
+// whose geometry (length, fragment size) is not its datagram's is never
+// merged into it.
 
 // reassemblyLimits bound what a reassembler holds. Zero fields take the
 // defaults.
@@ -56,6 +67,14 @@ const (
 	reassemblyDoneMemo = 16
 )
 
+// doneDgram is a datagram finished lately: its name and geometry, and
+// when it is forgotten.
+type doneDgram struct {
+	key             reassemblyKey
+	total, fragSize int
+	until           time.Time
+}
+
 // reassemblyKey names a datagram: its sender and the id the sender gave
 // it.
 type reassemblyKey struct {
@@ -86,7 +105,8 @@ type reassemblySource struct {
 }
 
 // reassembler puts fragmented datagrams together within reassemblyLimits.
-// It is not safe for concurrent use.
+// It is not safe for concurrent use: its owner holds a lock around every
+// call, the lock its timer takes too (sweepOnTimer).
 type reassembler struct {
 	limits  reassemblyLimits
 	partial map[reassemblyKey]*partialDgram
@@ -95,14 +115,27 @@ type reassembler struct {
 	newest  *partialDgram
 	total   int // bytes charged to incomplete datagrams
 
-	// The datagrams finished last, completed or dropped: a fragment of
-	// one that comes later (a duplicate, or one of a datagram given up)
-	// cannot complete anything, so it is ignored rather than begin a
-	// datagram that would hold memory until the timeout. A datagram
-	// refused for want of room is thus counted once, not once per
-	// fragment.
-	done     [reassemblyDoneMemo]reassemblyKey
+	// The datagrams finished last, completed or dropped, each for the
+	// timeout after: a fragment of one that comes later (a duplicate, or
+	// one of a datagram given up) cannot complete anything, so it is
+	// dropped (and counted as stale) rather than begin a datagram that
+	// would hold memory until the timeout. A datagram refused for want
+	// of room is thus counted once, not once per fragment. An entry
+	// goes after the timeout, so that the datagram of a restarted
+	// sender that reused the id gets through then; one whose geometry
+	// differs gets through at once.
+	done     [reassemblyDoneMemo]doneDgram
 	nextDone int
+
+	// With sweepOnTimer, a timer runs the timeouts while anything is
+	// held, so that an incomplete datagram is given up (and counted) in
+	// time even when no fragment comes to sweep it. mu is the owner's
+	// lock around every call, timeouts counts what the timer drops;
+	// armed is whether timer is pending.
+	mu       *sync.Mutex
+	timeouts *atomic.Uint64
+	timer    *time.Timer
+	armed    bool
 
 	free     [reassemblyClasses][][]byte
 	idle     int // bytes in free
@@ -133,18 +166,19 @@ func newReassembler(l reassemblyLimits) *reassembler {
 // until it gives it back with release, or nil. dropped is how many
 // datagrams the call gave up: timed out, evicted to make room, or the
 // fragment's own when it disagrees with the datagram's first fragment or
-// there is no room for it.
+// there is no room for it. stale reports that the fragment itself was
+// dropped for it could complete nothing: a duplicate, or one of a
+// datagram finished lately.
 //
 // The first fragment of a datagram fixes its length and fragment size. A
 // fragment that disagrees drops what there was of it and starts it anew:
-// a sender that reused an id still gets its new datagram through, and
-// the bytes of two datagrams are never mixed. A fragment seen before
-// changes nothing, nor does one of a datagram finished lately (completed,
-// dropped or refused): it could complete nothing. Senders number their
-// datagrams in sequence, so a new datagram never has the id of one
-// finished lately. now is to come from a monotonic clock (time.Now): the
-// timeouts are swept in the order datagrams began.
-func (r *reassembler) add(src netip.AddrPort, h wire.DgramHeader, payload []byte, now time.Time) (datagram []byte, dropped int) {
+// a sender that reused an id (restarted on the same port) still gets its
+// new datagram through, and the bytes of two datagrams are never mixed.
+// A fragment seen before changes nothing, nor does one of the same
+// geometry of a datagram finished (completed, dropped or refused) less
+// than the timeout ago. now is to come from a monotonic clock
+// (time.Now): the timeouts are swept in the order datagrams began.
+func (r *reassembler) add(src netip.AddrPort, h wire.DgramHeader, payload []byte, now time.Time) (datagram []byte, dropped int, stale bool) {
 	dropped = r.expire(now)
 	key := reassemblyKey{src, h.ID}
 	p := r.partial[key]
@@ -152,45 +186,53 @@ func (r *reassembler) add(src netip.AddrPort, h wire.DgramHeader, payload []byte
 		r.drop(p)
 		dropped++
 		p = nil
-	} else if p == nil && r.recentlyDone(key) {
-		return nil, dropped
+	} else if p == nil && r.recentlyDone(key, h, now) {
+		return nil, dropped, true
 	}
 	if p == nil {
 		var n int
 		if p, n = r.start(key, h, now); p == nil {
-			r.memoDone(key)
-			return nil, dropped + n + 1
+			r.memoDone(key, h.Total, h.FragSize, now)
+			return nil, dropped + n + 1, false
 		}
 		dropped += n
+		r.arm(now)
 	}
 	i := h.Offset / h.FragSize
 	w, bit := i/64, uint64(1)<<(i%64)
 	if p.got[w]&bit != 0 {
-		return nil, dropped
+		return nil, dropped, true
 	}
 	p.got[w] |= bit
 	p.have++
 	copy(p.buf[h.Offset:], payload)
 	if p.have < p.want {
-		return nil, dropped
+		return nil, dropped, false
 	}
 	datagram = p.buf
 	p.buf = nil
 	r.remove(p)
-	r.memoDone(key)
-	return datagram, dropped
+	r.memoDone(key, h.Total, h.FragSize, now)
+	return datagram, dropped, false
 }
 
-// memoDone remembers that the datagram of key is finished.
-func (r *reassembler) memoDone(key reassemblyKey) {
-	r.done[r.nextDone] = key
+// memoDone remembers for the timeout that the datagram of key, of total
+// bytes in fragments of fragSize, finished at now.
+func (r *reassembler) memoDone(key reassemblyKey, total, fragSize int, now time.Time) {
+	r.done[r.nextDone] = doneDgram{key, total, fragSize, now.Add(r.limits.Timeout)}
 	r.nextDone = (r.nextDone + 1) % reassemblyDoneMemo
 }
 
-// recentlyDone reports whether the datagram of key finished lately.
-func (r *reassembler) recentlyDone(key reassemblyKey) bool {
-	for _, k := range r.done {
-		if k == key && k.src.IsValid() {
+// memoDropped remembers that p, being given up at now, is finished.
+func (r *reassembler) memoDropped(p *partialDgram, now time.Time) {
+	r.memoDone(p.key, len(p.buf), p.fragSize, now)
+}
+
+// recentlyDone reports whether a datagram of key and h's geometry
+// finished less than the timeout before now.
+func (r *reassembler) recentlyDone(key reassemblyKey, h wire.DgramHeader, now time.Time) bool {
+	for _, d := range r.done {
+		if d.key == key && d.key.src.IsValid() && d.total == h.Total && d.fragSize == h.FragSize && now.Before(d.until) {
 			return true
 		}
 	}
@@ -213,7 +255,7 @@ func (r *reassembler) start(key reassemblyKey, h wire.DgramHeader, now time.Time
 		return nil, 0
 	}
 	for s != nil && (s.held+size > r.limits.PerSource || r.total+size > r.limits.Total) {
-		r.memoDone(s.oldest.key)
+		r.memoDropped(s.oldest, now)
 		r.drop(s.oldest)
 		evicted++
 		s = r.sources[key.src.Addr()]
@@ -305,11 +347,51 @@ func (r *reassembler) recycle(b []byte) {
 func (r *reassembler) expire(now time.Time) int {
 	n := 0
 	for r.oldest != nil && !now.Before(r.oldest.deadline) {
-		r.memoDone(r.oldest.key)
+		r.memoDropped(r.oldest, now)
 		r.drop(r.oldest)
 		n++
 	}
 	return n
+}
+
+// sweepOnTimer makes a timer run r's timeouts while it holds anything,
+// not only the adds: an incomplete datagram is given up at its deadline
+// even when no fragment follows, and counted in timeouts. mu is the lock
+// the owner holds around every call of r's, which the timer takes too.
+// reset stops the timer.
+func (r *reassembler) sweepOnTimer(mu *sync.Mutex, timeouts *atomic.Uint64) {
+	r.mu, r.timeouts = mu, timeouts
+}
+
+// arm sets the timer, if r has one and it is not pending, for the
+// deadline of the oldest datagram, the first to come: every datagram has
+// the same timeout, so later ones are after it. A timer left pending
+// for a datagram that completed meanwhile fires early, finds nothing to
+// drop, and is set for the oldest again.
+func (r *reassembler) arm(now time.Time) {
+	if r.mu == nil || r.armed || r.oldest == nil {
+		return
+	}
+	r.armed = true
+	d := r.oldest.deadline.Sub(now)
+	if r.timer == nil {
+		r.timer = time.AfterFunc(d, r.sweep)
+	} else {
+		r.timer.Reset(d)
+	}
+}
+
+// sweep is the timer's: it drops the datagrams timed out, counts them,
+// and sets the timer again while anything is held.
+func (r *reassembler) sweep() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.armed = false
+	now := time.Now()
+	if n := r.expire(now); n > 0 {
+		r.timeouts.Add(uint64(n))
+	}
+	r.arm(now)
 }
 
 // held is the bytes charged to incomplete datagrams: their buffers.
@@ -321,7 +403,12 @@ func (r *reassembler) reset() {
 	for r.oldest != nil {
 		r.drop(r.oldest)
 	}
-	r.done = [reassemblyDoneMemo]reassemblyKey{}
+	if r.timer != nil {
+		// A sweep already under way finds nothing held, and stops.
+		r.timer.Stop()
+		r.armed = false
+	}
+	r.done = [reassemblyDoneMemo]doneDgram{}
 	r.free = [reassemblyClasses][][]byte{}
 	r.idle = 0
 	r.spare, r.spareSrc = nil, nil

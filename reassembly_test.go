@@ -2,6 +2,8 @@ package rdma
 
 import (
 	"net/netip"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -52,7 +54,7 @@ var (
 // the drops counted.
 func feedFrags(r *reassembler, src netip.AddrPort, fs []testFrag, order []int, now time.Time) (done [][]byte, dropped int) {
 	for _, i := range order {
-		d, n := r.add(src, fs[i].h, fs[i].p, now)
+		d, n, _ := r.add(src, fs[i].h, fs[i].p, now)
 		dropped += n
 		if d != nil {
 			done = append(done, d)
@@ -76,7 +78,7 @@ func TestReassemblyOrders(t *testing.T) {
 			r := newReassembler(reassemblyLimits{})
 			fs := fragmentsOf(t, 1, data, 4080)
 			for k, i := range tc.order {
-				d, dropped := r.add(dgramSrcA, fs[i].h, fs[i].p, dgramT0)
+				d, dropped, _ := r.add(dgramSrcA, fs[i].h, fs[i].p, dgramT0)
 				require.Zero(t, dropped)
 				if k < len(tc.order)-1 {
 					require.Nil(t, d, "complete after %d of 3 fragments", k+1)
@@ -179,11 +181,89 @@ func TestReassemblyTimeout(t *testing.T) {
 	require.Zero(t, r.held())
 	require.Zero(t, r.expire(dgramT0.Add(time.Hour)))
 
-	// And a's late fragments are ignored, not begun again.
-	done, dropped = feedFrags(r, dgramSrcA, a, []int{3, 4}, dgramT0.Add(2*time.Second))
+	// And a's late fragments are ignored, not begun again, for the
+	// timeout after a was given up.
+	done, dropped = feedFrags(r, dgramSrcA, a, []int{3, 4}, dgramT0.Add(1999*time.Millisecond))
 	require.Empty(t, done)
 	require.Zero(t, dropped)
 	require.Zero(t, r.held())
+}
+
+// The datagrams finished are remembered for the timeout, no longer: a
+// fragment of one of the same id and geometry meanwhile is dropped and
+// reported stale, as are duplicates; after it, or at once with another
+// geometry, a datagram under that id (a restarted sender's) completes.
+func TestReassemblyDoneMemoExpires(t *testing.T) {
+	r := newReassembler(reassemblyLimits{Timeout: time.Second})
+	first := fragmentsOf(t, 1, testDatagram(1, 3000), 1008)
+	done, dropped := feedFrags(r, dgramSrcA, first, []int{0, 1, 2}, dgramT0)
+	require.Len(t, done, 1)
+	require.Zero(t, dropped)
+
+	again := fragmentsOf(t, 1, testDatagram(2, 3000), 1008)
+	for _, i := range []int{0, 1, 2} {
+		d, n, stale := r.add(dgramSrcA, again[i].h, again[i].p, dgramT0.Add(999*time.Millisecond))
+		require.Nil(t, d)
+		require.Zero(t, n)
+		require.True(t, stale, "fragment %d: remembered", i)
+	}
+	require.Zero(t, r.held())
+
+	// Another geometry under the id is another datagram.
+	other := fragmentsOf(t, 1, testDatagram(3, 2500), 1008)
+	done, dropped = feedFrags(r, dgramSrcA, other, []int{2, 1, 0}, dgramT0.Add(time.Millisecond))
+	require.Zero(t, dropped)
+	require.Equal(t, [][]byte{testDatagram(3, 2500)}, done)
+
+	done, dropped = feedFrags(r, dgramSrcA, again, []int{1, 0, 2}, dgramT0.Add(time.Second))
+	require.Zero(t, dropped)
+	require.Equal(t, [][]byte{testDatagram(2, 3000)}, done, "forgotten after the timeout")
+
+	// A duplicate of a fragment held is stale too.
+	next := fragmentsOf(t, 2, testDatagram(4, 3000), 1008)
+	_, _, stale := r.add(dgramSrcA, next[0].h, next[0].p, dgramT0.Add(time.Second))
+	require.False(t, stale)
+	_, _, stale = r.add(dgramSrcA, next[0].h, next[0].p, dgramT0.Add(time.Second))
+	require.True(t, stale)
+}
+
+// With sweepOnTimer the timeouts run on a timer while anything is held:
+// an incomplete datagram goes at its deadline with no add to sweep it,
+// counted, and reset stops the timer.
+func TestReassemblyTimer(t *testing.T) {
+	var mu sync.Mutex
+	var timeouts atomic.Uint64
+	r := newReassembler(reassemblyLimits{Timeout: 20 * time.Millisecond})
+	r.sweepOnTimer(&mu, &timeouts)
+	held := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return r.held()
+	}
+	fs := fragmentsOf(t, 1, testDatagram(1, 5000), 1000)
+	mu.Lock()
+	feedFrags(r, dgramSrcA, fs, []int{0}, time.Now())
+	mu.Unlock()
+	require.Eventually(t, func() bool { return held() == 0 }, 2*time.Second, time.Millisecond)
+	require.Equal(t, uint64(1), timeouts.Load())
+
+	// A datagram that completes leaves the timer nothing to count.
+	mu.Lock()
+	done, _ := feedFrags(r, dgramSrcA, fragmentsOf(t, 2, testDatagram(2, 5000), 1000), []int{0, 1, 2, 3, 4}, time.Now())
+	mu.Unlock()
+	require.Len(t, done, 1)
+	time.Sleep(40 * time.Millisecond)
+	require.Equal(t, uint64(1), timeouts.Load())
+
+	mu.Lock()
+	r.limits.Timeout = time.Hour
+	feedFrags(r, dgramSrcA, fragmentsOf(t, 3, testDatagram(3, 5000), 1000), []int{0}, time.Now())
+	require.True(t, r.armed)
+	r.reset()
+	require.False(t, r.armed)
+	require.False(t, r.timer.Stop(), "stopped by reset")
+	mu.Unlock()
+	require.Equal(t, uint64(1), timeouts.Load())
 }
 
 func TestReassemblyPerSourceLimit(t *testing.T) {
@@ -235,7 +315,7 @@ func TestReassemblyFloodFromOneSource(t *testing.T) {
 		id := uint32(i + 1)
 		// The flood: the first fragment of another 64 KiB datagram.
 		h := wire.DgramHeader{Port: 1, Fragment: true, ID: id, Total: wire.MaxDatagram, Offset: 0, FragSize: 4080}
-		d, n := r.add(dgramSrcA, h, make([]byte, 4080), now)
+		d, n, _ := r.add(dgramSrcA, h, make([]byte, 4080), now)
 		require.Nil(t, d)
 		floodDropped += n
 		require.LessOrEqual(t, r.held(), 2<<20)
@@ -331,7 +411,7 @@ func TestReassemblyAllocs(t *testing.T) {
 			fs[k].h.ID = id
 		}
 		for _, i := range order {
-			if d, _ := r.add(dgramSrcA, fs[i].h, fs[i].p, dgramT0); d != nil {
+			if d, _, _ := r.add(dgramSrcA, fs[i].h, fs[i].p, dgramT0); d != nil {
 				r.release(d)
 			}
 		}
@@ -361,7 +441,7 @@ func TestReassemblyPerSourceByIP(t *testing.T) {
 	var got []byte
 	for off := 0; off < len(data); off += 4080 {
 		h := wire.DgramHeader{Port: 9, Fragment: true, ID: 1, Total: len(data), Offset: off, FragSize: 4080}
-		d, _ := r.add(dgramSrcB, h, data[off:min(len(data), off+4080)], now)
+		d, _, _ := r.add(dgramSrcB, h, data[off:min(len(data), off+4080)], now)
 		if d != nil {
 			got = d
 		}

@@ -45,11 +45,20 @@ type listenerSys struct{}
 type packetSys struct{}
 
 func listenPacket(netip.AddrPort, PacketOptions) (*PacketConn, error) { return nil, ErrUnsupported }
-func (c *PacketConn) release()                                        {}
 func (c *PacketConn) releaseAsync()                                   {}
 func (c *PacketConn) join(netip.Addr) error                           { return ErrUnsupported }
 func multicastLocal(*net.Interface, bool) (netip.Addr, error)         { return netip.Addr{}, ErrUnsupported }
 func (c *PacketConn) startResolve(netip.AddrPort, *peerRef[udDest])   {}
+
+// release lets the reassembly go, as the verbs side's does: its timer
+// stops (a PacketConn here is the tests' over a fake QP).
+func (c *PacketConn) release() {
+	c.rmu.Lock()
+	if c.reasm != nil {
+		c.reasm.reset()
+	}
+	c.rmu.Unlock()
+}
 
 func (l *Listener) close() error { return nil }
 
