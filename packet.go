@@ -319,8 +319,10 @@ func (c *PacketConn) complete(wc ibv.WC) bool {
 		return len(c.reposts) > 0
 	}
 	src := netip.AddrPortFrom(ip, h.Port)
+	now := time.Now()
+	c.heardFrom(src, wc.SrcQP, now) // a peer that moved to another QP (peercache.go)
 	if h.Fragment {
-		d, dropped := c.reasm.add(src, h, payload, time.Now())
+		d, dropped := c.reasm.add(src, h, payload, now)
 		c.stats.reassembly.Add(uint64(dropped))
 		c.repostLocked(slot, false)
 		if d != nil {
@@ -915,9 +917,13 @@ func (c *PacketConn) dest(ap netip.AddrPort, locked bool) (udDest, *peerRef[udDe
 		case l.resolve:
 			c.stats.peerMisses.Add(1)
 			wait = l.ref.wait
-			c.startResolve(ap, l.ref)
+			c.startResolve(ap, l.ref, false)
 		case l.ref != nil:
 			c.stats.peerHits.Add(1)
+			if l.refresh != nil {
+				// Old enough to resolve again: meanwhile, writes go on.
+				c.startResolve(ap, l.refresh, true)
+			}
 			return l.v, l.ref, nil
 		default:
 			wait = l.wait
