@@ -23,8 +23,8 @@ const peerRefreshBound = 5 * time.Second
 
 // TestPacketPeerReopened: A writes to B; B closes and B' opens on B's
 // address and port. After B' wrote to A, A's next datagram reaches B'
-// (the source QP of B''s datagram made A resolve it again). Then B'
-// closes and B'' opens, and never writes to A: A's datagrams reach B''
+// (the source QP of B”s datagram made A resolve it again). Then B'
+// closes and B” opens, and never writes to A: A's datagrams reach B”
 // within the bound, plus a resolution.
 func TestPacketPeerReopened(t *testing.T) {
 	needDevice(t)
