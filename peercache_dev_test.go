@@ -21,10 +21,10 @@ import (
 // from for 5 s is resolved again on its next write.
 const peerRefreshBound = 5 * time.Second
 
-// TestPacketPeerReopened: A writes to B; B closes and B' opens on B's
-// address and port. After B' wrote to A, A's next datagram reaches B'
-// (the source QP of B”s datagram made A resolve it again). Then B'
-// closes and B” opens, and never writes to A: A's datagrams reach B”
+// TestPacketPeerReopened: A writes to B; B closes and B1 opens on B's
+// address and port. After B1 wrote to A, A's next datagram reaches B1
+// (the source QP of B1's datagram made A resolve it again). Then B1
+// closes and B2 opens, and never writes to A: A's datagrams reach B2
 // within the bound, plus a resolution.
 func TestPacketPeerReopened(t *testing.T) {
 	needDevice(t)
@@ -60,32 +60,32 @@ func TestPacketPeerReopened(t *testing.T) {
 	require.Equal(t, "to b", string(got))
 	require.Equal(t, a.LocalAddr().String(), from)
 
-	// B' writes first.
+	// B1 writes first.
 	b1 := reopen(b)
-	_, err = b1.WriteTo([]byte("from b'"), a.LocalAddr())
+	_, err = b1.WriteTo([]byte("from b1"), a.LocalAddr())
 	require.NoError(t, err)
 	got, from, err = read(a, 5*time.Second)
 	require.NoError(t, err)
-	require.Equal(t, "from b'", string(got))
+	require.Equal(t, "from b1", string(got))
 	require.Equal(t, addr, from)
 	sent := time.Now()
 	_, err = a.WriteTo([]byte("reply"), b1.LocalAddr())
 	require.NoError(t, err)
 	got, _, err = read(b1, 2*time.Second)
-	require.NoError(t, err, "A's first datagram after B' wrote did not reach B'")
+	require.NoError(t, err, "A's first datagram after B1 wrote did not reach B1")
 	require.Equal(t, "reply", string(got))
-	t.Logf("after B' wrote: A's next datagram reached it in %v", time.Since(sent).Round(time.Microsecond))
+	t.Logf("after B1 wrote: A's next datagram reached it in %v", time.Since(sent).Round(time.Microsecond))
 	require.Less(t, time.Since(heard), peerRefreshBound, "too slow to tell the source QP from the bound")
-	heard = time.Now() // B''s datagram: the last A heard from that address
+	heard = time.Now() // B1's datagram: the last A heard from that address
 
-	// B'' never writes to A.
+	// B2 never writes to A.
 	b2 := reopen(b1)
 	defer b2.Close()
 	start := time.Now()
 	limit := start.Add(peerRefreshBound + 3*time.Second)
 	writes := 0
 	for {
-		require.True(t, time.Now().Before(limit), "no datagram of %d reached B'' in %v", writes, time.Since(start))
+		require.True(t, time.Now().Before(limit), "no datagram of %d reached B2 in %v", writes, time.Since(start))
 		msg := fmt.Sprintf("one-way %d", writes)
 		_, err := a.WriteTo([]byte(msg), b2.LocalAddr())
 		require.NoError(t, err)
@@ -99,7 +99,7 @@ func TestPacketPeerReopened(t *testing.T) {
 		require.Equal(t, a.LocalAddr().String(), from)
 		break
 	}
-	t.Logf("B'' never wrote: reached after %v (%v after A last heard from the address), %d writes",
+	t.Logf("B2 never wrote: reached after %v (%v after A last heard from the address), %d writes",
 		time.Since(start).Round(time.Millisecond), time.Since(heard).Round(time.Millisecond), writes)
 	require.Zero(t, b2.Stats().DatagramsSent)
 	// Its datagrams keep coming.
