@@ -29,7 +29,8 @@ type PacketOptions struct {
 	// what the largest datagram needs.
 	SendDepth int
 	// Peers is how many destinations keep their address handle (least
-	// recently used out). Default 1024.
+	// recently used out; one not heard from for 5 s is resolved again,
+	// see PacketConn). Default 1024.
 	Peers int
 	// ResolveTimeout bounds the resolution of a new destination (address,
 	// route, and the peer's QP number). Default 2 s.
@@ -118,6 +119,15 @@ type PacketStats struct {
 // The sender's address that ReadFrom returns is the IP address the
 // network delivered the datagram from and the port its header names: no
 // more trustworthy than UDP's source address.
+//
+// A destination's address handle and QP number are kept (see
+// PacketOptions.Peers) and resolved again when its PacketConn may have
+// been replaced by another on the same address and port: at once, before
+// the next write to it, when a datagram comes from that address but
+// another QP; and, in the background, on the first write 5 s or more
+// after its last resolution or datagram from its QP. A datagram never
+// says by itself where writes go: the resolution asks the destination's
+// rdma_cm (docs/datagrams.md).
 type PacketConn struct {
 	packetSys // the verbs side (packet_verbs.go)
 
@@ -1113,6 +1123,11 @@ func (c *PacketConn) Close() error {
 // with an address of an RDMA interface (an empty host or unspecified
 // address needs the host to have one RDMA device). Port 0 picks a free
 // port; LocalAddr reports it. Networks are "rdma", "rdma4" and "rdma6".
+//
+// A PacketConn opened on the address and port of one closed before is
+// reached by that one's peers once it writes to them, or at most 5 s
+// (and a resolution) after they last heard from or resolved its
+// predecessor; see PacketConn.
 func ListenPacket(network, address string) (*PacketConn, error) {
 	var lc ListenConfig
 	return lc.listenPacket(context.Background(), network, address)

@@ -159,8 +159,9 @@ func (c *peerCache[V]) acquire(key netip.AddrPort, now time.Time) peerLookup[V] 
 		case e.ok && e.verify:
 			// A datagram from another QP says the peer may have moved:
 			// the writes wait for its resolution.
+			wait := e.verified
 			c.mu.Unlock()
-			return peerLookup[V]{wait: e.verified}
+			return peerLookup[V]{wait: wait}
 		case e.ok:
 			e.refs++
 			c.touch(e)
