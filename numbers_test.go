@@ -63,6 +63,11 @@ func TestDocumentedNumbers(t *testing.T) {
 	require.Equal(t, 512, smallCopy)
 	require.Equal(t, 2048, heldPostBytes)
 	require.Equal(t, 32768, staleBatches*ibv.MaxPollBatch)
+	// docs/datagrams.md and PacketConn's godoc: a destination not heard
+	// from for 5 s is resolved again; datagrams from another QP start at
+	// most one resolution a second.
+	require.Equal(t, 5*time.Second, peerRefreshAfter)
+	require.Equal(t, time.Second, peerVerifyEvery)
 	// README: a Dial without a timeout gives up after 2 min.
 	require.Equal(t, 2*time.Minute, DefaultDialTimeout)
 	// README: a port down for over 10 s fails its connections.

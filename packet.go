@@ -30,7 +30,8 @@ type PacketOptions struct {
 	// what the largest datagram needs.
 	SendDepth int
 	// Peers is how many destinations keep their address handle (least
-	// recently used out). Default 1024.
+	// recently used out; one not heard from for 5 s is resolved again,
+	// see PacketConn). Default 1024.
 	Peers int
 	// ResolveTimeout bounds the resolution of a new destination (address,
 	// route, and the peer's QP number). Default 2 s.
@@ -126,6 +127,15 @@ type PacketStats struct {
 // The sender's address that ReadFrom returns is the IP address the
 // network delivered the datagram from and the port its header names: no
 // more trustworthy than UDP's source address.
+//
+// A destination's address handle and QP number are kept (see
+// PacketOptions.Peers) and resolved again when its PacketConn may have
+// been replaced by another on the same address and port: at once, before
+// the next write to it, when a datagram comes from that address but
+// another QP; and, in the background, on the first write 5 s or more
+// after its last resolution or datagram from its QP. A datagram never
+// says by itself where writes go: the resolution asks the destination's
+// rdma_cm (docs/datagrams.md).
 type PacketConn struct {
 	packetSys // the verbs side (packet_verbs.go)
 
@@ -333,8 +343,10 @@ func (c *PacketConn) complete(wc ibv.WC) bool {
 		return len(c.reposts) > 0
 	}
 	src := netip.AddrPortFrom(ip, h.Port)
+	now := time.Now()
+	c.heardFrom(src, wc.SrcQP, now) // a peer that moved to another QP (peercache.go)
 	if h.Fragment {
-		d, dropped, stale := c.reasm.add(src, h, payload, time.Now())
+		d, dropped, stale := c.reasm.add(src, h, payload, now)
 		c.stats.reassembly.Add(uint64(dropped))
 		if stale {
 			c.stats.staleFragments.Add(1)
@@ -932,9 +944,13 @@ func (c *PacketConn) dest(ap netip.AddrPort, locked bool) (udDest, *peerRef[udDe
 		case l.resolve:
 			c.stats.peerMisses.Add(1)
 			wait = l.ref.wait
-			c.startResolve(ap, l.ref)
+			c.startResolve(ap, l.ref, false)
 		case l.ref != nil:
 			c.stats.peerHits.Add(1)
+			if l.refresh != nil {
+				// Old enough to resolve again: meanwhile, writes go on.
+				c.startResolve(ap, l.refresh, true)
+			}
 			return l.v, l.ref, nil
 		default:
 			wait = l.wait
@@ -1124,6 +1140,11 @@ func (c *PacketConn) Close() error {
 // with an address of an RDMA interface (an empty host or unspecified
 // address needs the host to have one RDMA device). Port 0 picks a free
 // port; LocalAddr reports it. Networks are "rdma", "rdma4" and "rdma6".
+//
+// A PacketConn opened on the address and port of one closed before is
+// reached by that one's peers once it writes to them, or at most 5 s
+// (and a resolution) after they last heard from or resolved its
+// predecessor; see PacketConn.
 func ListenPacket(network, address string) (*PacketConn, error) {
 	var lc ListenConfig
 	return lc.listenPacket(context.Background(), network, address)

@@ -2,6 +2,8 @@ package rdma
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -40,6 +42,10 @@ type udFabric struct {
 	wake chan struct{} // a post with lagged completions
 	stop chan struct{}
 	wg   sync.WaitGroup
+
+	mu   sync.Mutex      // ends (restart) and gone
+	gone map[uint32]bool // the QP numbers of ends restarted
+	lost int             // sends to a QP that is gone
 }
 
 // udEnd is one PacketConn and its fake QP.
@@ -70,22 +76,7 @@ func newUDFabric(t testing.TB, n int, opts PacketOptions, lag bool) *udFabric {
 	t.Helper()
 	f := &udFabric{t: t, lag: lag, wake: make(chan struct{}, 1), stop: make(chan struct{})}
 	for i := range n {
-		o, err := opts.normalized()
-		require.NoError(t, err)
-		o.SendDepth = sendDepthFor(o, fabricMTU)
-		e := &udEnd{
-			f: f, idx: i, c: newPacketConn(o),
-			ap:     netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(i + 1)}), uint16(4000+i)),
-			qpn:    uint32(100 + i),
-			base:   uint64(i+1) << 32,
-			ring:   make([]ibv.RecvWR, o.RecvDepth),
-			posted: make([]bool, o.RecvDepth),
-		}
-		mem := make([]byte, packetMemLen(o, fabricMTU))
-		require.NoError(t, e.c.initPath(e, mem, e.base, fabricLKey, fabricMTU, nopSpinner{}, PollAdaptive))
-		e.c.peers = newPeerCache[udDest](o.Peers, time.Second, func(d udDest) { d.free() })
-		e.c.laddr, e.c.port = addrFrom(e.ap), e.ap.Port()
-		f.ends = append(f.ends, e)
+		f.ends = append(f.ends, f.newEnd(i, uint32(100+i), opts))
 	}
 	for _, src := range f.ends {
 		for _, dst := range f.ends {
@@ -103,6 +94,61 @@ func newUDFabric(t testing.TB, n int, opts PacketOptions, lag bool) *udFabric {
 	}
 	t.Cleanup(f.close)
 	return f
+}
+
+// newEnd sets end i up, with QP number qpn. Its resolutions (of the
+// destinations not resolved in advance, and those done again) find the
+// ends the fabric has then.
+func (f *udFabric) newEnd(i int, qpn uint32, opts PacketOptions) *udEnd {
+	t := f.t
+	o, err := opts.normalized()
+	require.NoError(t, err)
+	o.SendDepth = sendDepthFor(o, fabricMTU)
+	e := &udEnd{
+		f: f, idx: i, c: newPacketConn(o),
+		ap:     netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(i + 1)}), uint16(4000+i)),
+		qpn:    qpn,
+		base:   uint64(i+1) << 32,
+		ring:   make([]ibv.RecvWR, o.RecvDepth),
+		posted: make([]bool, o.RecvDepth),
+	}
+	mem := make([]byte, packetMemLen(o, fabricMTU))
+	e.c.peers = newPeerCache[udDest](o.Peers, time.Second, func(d udDest) { d.free() })
+	e.c.resolveFake = f.resolve
+	require.NoError(t, e.c.initPath(e, mem, e.base, fabricLKey, fabricMTU, nopSpinner{}, PollAdaptive))
+	e.c.laddr, e.c.port = addrFrom(e.ap), e.ap.Port()
+	return e
+}
+
+// resolve is the fabric's rdma_cm: the destination of the end at ap now.
+func (f *udFabric) resolve(ap netip.AddrPort) (udDest, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, e := range f.ends {
+		if e.ap == ap {
+			return udDest{ah: uintptr(fabricAHBase + e.idx), qpn: e.qpn, qkey: ibv.UDQKey, free: func() {}}, nil
+		}
+	}
+	return udDest{}, os.NewSyscallError("rdma_connect", syscall.ECONNREFUSED)
+}
+
+// restart closes end i and opens another on its address, with a QP of
+// another number: the sends still addressed to the old QP are lost, as
+// the device loses them.
+func (f *udFabric) restart(i int, opts PacketOptions) *udEnd {
+	f.mu.Lock()
+	old := f.ends[i]
+	f.mu.Unlock()
+	old.c.Close()
+	e := f.newEnd(i, old.qpn+1000, opts)
+	f.mu.Lock()
+	f.ends[i] = e
+	if f.gone == nil {
+		f.gone = map[uint32]bool{}
+	}
+	f.gone[old.qpn] = true
+	f.mu.Unlock()
+	return e
 }
 
 func (f *udFabric) close() {
@@ -253,13 +299,22 @@ func (f *udFabric) carry(src *udEnd, wr *ibv.UDSendWR) {
 		f.t.Errorf("send to address handle %#x", wr.AH)
 		return
 	}
+	f.mu.Lock()
 	dst := f.ends[i]
+	gone := f.gone[wr.QPN]
+	if gone {
+		f.lost++
+	}
+	f.mu.Unlock()
+	if gone {
+		return
+	}
 	if wr.QPN != dst.qpn || wr.QKey != ibv.UDQKey || wr.LKey != fabricLKey || int(wr.Len) > fabricMTU {
 		f.t.Errorf("bad send %+v to end %d", *wr, i)
 		return
 	}
 	msg := src.c.mem[wr.Addr-src.base:][:wr.Len]
-	dst.receive(grhV4(src.ap.Addr()), msg, ibv.WC{Opcode: ibv.WCOpRecv, ByteLen: uint32(ibv.GRHLen + len(msg)), QPNum: dst.qpn, Flags: ibv.WCGRH})
+	dst.receive(grhV4(src.ap.Addr()), msg, ibv.WC{Opcode: ibv.WCOpRecv, ByteLen: uint32(ibv.GRHLen + len(msg)), QPNum: dst.qpn, Flags: ibv.WCGRH, SrcQP: src.qpn})
 }
 
 // receive puts grh and msg in e's next posted receive, as the device
@@ -381,6 +436,57 @@ func TestPacketRoundTrip(t *testing.T) {
 		BytesSent: bytesSent, BytesReceived: bytesSent, PeerHits: uint64(len(sizes))}, st)
 	require.Zero(t, a.noRecv+b.noRecv)
 	require.Equal(t, uint64(len(sizes)), a.c.Stats().DatagramsReceived)
+}
+
+// TestPacketPeerRestart: a PacketConn opened again on the address and
+// port of one that A wrote to, with a QP of another number, is reached
+// again: at once after it wrote to A (the source QP of its datagram sends
+// A to resolve it again), and without that once it has been quiet for the
+// cache's bound.
+func TestPacketPeerRestart(t *testing.T) {
+	opts := PacketOptions{RecvDepth: 64}
+	f := newUDFabric(t, 2, opts, false)
+	a := f.ends[0]
+	_, err := a.c.WriteTo([]byte("before"), f.ends[1].c.LocalAddr())
+	require.NoError(t, err)
+	readExpect(t, f.ends[1], []byte("before"), a.ap)
+
+	b := f.restart(1, opts)
+	_, err = b.c.WriteTo([]byte("hello"), a.c.LocalAddr())
+	require.NoError(t, err)
+	readExpect(t, a, []byte("hello"), b.ap)
+	_, err = a.c.WriteTo([]byte("reply"), b.c.LocalAddr())
+	require.NoError(t, err)
+	readExpect(t, b, []byte("reply"), a.ap)
+	f.mu.Lock()
+	require.Zero(t, f.lost, "the reply went to the new QP")
+	f.mu.Unlock()
+
+	// Reopened again, and never writing to A: A resolves it again once it
+	// has heard nothing from its QP for the bound (shortened here).
+	const bound = 20 * time.Millisecond
+	a.c.peers.mu.Lock()
+	a.c.peers.refreshAfter = bound
+	a.c.peers.mu.Unlock()
+	b = f.restart(1, opts)
+	start := time.Now()
+	buf := make([]byte, 64)
+	for i := 0; ; i++ {
+		require.Less(t, time.Since(start), 5*time.Second, "never reached")
+		msg := []byte(fmt.Sprintf("one-way %d", i))
+		_, err := a.c.WriteTo(msg, b.c.LocalAddr())
+		require.NoError(t, err)
+		require.NoError(t, b.c.SetReadDeadline(time.Now().Add(5*time.Millisecond)))
+		n, from, err := b.c.ReadFrom(buf)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			continue
+		}
+		require.NoError(t, err)
+		require.Equal(t, msg, buf[:n])
+		require.Equal(t, a.ap, from.(*Addr).AddrPort())
+		break
+	}
+	require.Zero(t, b.c.Stats().DatagramsSent, "B never wrote")
 }
 
 // TestPacketLargestWithSmallestReassembly: the least reassembly memory

@@ -50,6 +50,9 @@ type packetSys struct {
 	// release frees).
 	resMu     sync.Mutex
 	resClosed bool
+	// resolveFake, if set, resolves destinations in place of rdma_cm:
+	// tests over a fake fabric set it.
+	resolveFake func(netip.AddrPort) (udDest, error)
 }
 
 // joinedGroup is a multicast group the QP is attached to.
@@ -127,11 +130,12 @@ func listenPacket(ap netip.AddrPort, opts PacketOptions) (_ *PacketConn, err err
 	if c.vqp, c.maxInline, err = c.pd.CreateUDQP(c.cqs.cq, c.opts.SendDepth, c.opts.RecvDepth, udInline, port, ibv.UDQKey); err != nil {
 		return nil, err
 	}
+	// The receive path refreshes the cache from the first datagram on.
+	c.peers = newPeerCache[udDest](c.opts.Peers, peerFailTTL, func(d udDest) { d.free() })
 	c.cqs.add(c.vqp.Num, c)
 	if err := c.initPath(c.vqp, mem, addrOf(mem), c.mr.LKey, mtu, c.cqs.poller, PollAdaptive); err != nil {
 		return nil, err
 	}
-	c.peers = newPeerCache[udDest](c.opts.Peers, peerFailTTL, func(d udDest) { d.free() })
 	local := c.id.LocalAddr()
 	if !local.Addr().IsValid() {
 		local = ap
@@ -266,19 +270,24 @@ func (c *PacketConn) cmEvent(ev rdmacm.Event) {
 func (c *PacketConn) cmLost(err error) { c.failAsync(err, false) }
 
 // startResolve resolves ap on a goroutine of its own and records the
-// outcome in the peer cache (resolveDone).
-func (c *PacketConn) startResolve(ap netip.AddrPort, ref *peerRef[udDest]) {
+// outcome in the peer cache (resolutionDone): a new destination's, or
+// with refresh, that of one resolved before.
+func (c *PacketConn) startResolve(ap netip.AddrPort, ref *peerRef[udDest], refresh bool) {
 	c.resMu.Lock()
 	defer c.resMu.Unlock()
 	if c.resClosed {
-		c.resolveDone(ref, udDest{}, errClosedPacket)
+		c.resolutionDone(ref, refresh, udDest{}, errClosedPacket)
 		return
+	}
+	resolve := c.resolveDest
+	if c.resolveFake != nil {
+		resolve = c.resolveFake
 	}
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		d, err := c.resolveDest(ap)
-		c.resolveDone(ref, d, err)
+		d, err := resolve(ap)
+		c.resolutionDone(ref, refresh, d, err)
 	}()
 }
 

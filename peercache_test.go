@@ -11,19 +11,32 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// testHandle stands for an address handle.
-type testHandle struct{ peer netip.AddrPort }
+// testHandle stands for an address handle and the QP it sends to.
+type testHandle struct {
+	peer netip.AddrPort
+	qpn  uint32
+}
+
+func (h *testHandle) qpNum() uint32 { return h.qpn }
 
 // freeLog records the values a peerCache frees.
 type freeLog struct {
 	mu    sync.Mutex
 	freed []netip.AddrPort
+	qpns  []uint32 // the QP numbers of the values freed, in the same order
 }
 
 func (l *freeLog) free(h *testHandle) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.freed = append(l.freed, h.peer)
+	l.qpns = append(l.qpns, h.qpn)
+}
+
+func (l *freeLog) qpnList() []uint32 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]uint32(nil), l.qpns...)
 }
 
 func (l *freeLog) list() []netip.AddrPort {
@@ -49,7 +62,7 @@ func resolveOK(t *testing.T, c *peerCache[*testHandle], key netip.AddrPort, now 
 		return l.ref, true
 	}
 	require.False(t, l.hit)
-	ref, err := c.resolved(l.ref, &testHandle{key}, nil, now)
+	ref, err := c.resolved(l.ref, &testHandle{peer: key}, nil, now)
 	require.NoError(t, err)
 	require.Same(t, l.ref, ref)
 	return ref, false
@@ -127,7 +140,7 @@ func TestPeerCacheEvictHeld(t *testing.T) {
 	require.True(t, l.resolve)
 	ref, _ = resolveOK(t, c, peerAddr(4), now) // evicts 3, resolving
 	c.release(ref)
-	res, err := c.resolved(l.ref, &testHandle{peerAddr(3)}, nil, now)
+	res, err := c.resolved(l.ref, &testHandle{peer: peerAddr(3)}, nil, now)
 	require.NoError(t, err)
 	require.Equal(t, peerAddr(3), res.v.peer)
 	require.Len(t, log.list(), 2, "3 is held by its resolver")
@@ -160,7 +173,7 @@ func TestPeerCacheNegative(t *testing.T) {
 	l = c.acquire(key, now.Add(time.Second))
 	require.NoError(t, l.err)
 	require.True(t, l.resolve)
-	ref, err = c.resolved(l.ref, &testHandle{key}, nil, now.Add(time.Second))
+	ref, err = c.resolved(l.ref, &testHandle{peer: key}, nil, now.Add(time.Second))
 	require.NoError(t, err)
 	c.release(ref)
 	got, hit := resolveOK(t, c, key, now.Add(time.Second))
@@ -208,7 +221,7 @@ func TestPeerCacheConcurrentMiss(t *testing.T) {
 					mu.Unlock()
 					// Slow, so that the others find it resolving.
 					<-resolving
-					ref, err := c.resolved(l.ref, &testHandle{key}, nil, now)
+					ref, err := c.resolved(l.ref, &testHandle{peer: key}, nil, now)
 					if err == nil {
 						c.release(ref)
 					}
@@ -265,7 +278,7 @@ func TestPeerCacheClose(t *testing.T) {
 	require.ErrorIs(t, c.acquire(peerAddr(1), now).err, errCacheClosed)
 
 	// The resolution that ends after the close frees its value.
-	ref, err := c.resolved(pending.ref, &testHandle{peerAddr(3)}, nil, now)
+	ref, err := c.resolved(pending.ref, &testHandle{peer: peerAddr(3)}, nil, now)
 	require.Nil(t, ref)
 	require.ErrorIs(t, err, errCacheClosed)
 	require.Equal(t, []netip.AddrPort{peerAddr(1), peerAddr(3)}, log.list())
@@ -296,4 +309,188 @@ func TestPeerCacheFlood(t *testing.T) {
 	require.Equal(t, limit, c.len())
 	c.close()
 	require.Len(t, log.list(), 10000-10000/3-1, "every value freed once")
+}
+
+// resolveQP resolves key at now to a handle of the QP qpn and gives the
+// hold back.
+func resolveQP(t *testing.T, c *peerCache[*testHandle], key netip.AddrPort, qpn uint32, now time.Time) {
+	t.Helper()
+	l := c.acquire(key, now)
+	require.True(t, l.resolve)
+	ref, err := c.resolved(l.ref, &testHandle{peer: key, qpn: qpn}, nil, now)
+	require.NoError(t, err)
+	c.release(ref)
+}
+
+// sendsTo acquires key at now, requires a value, and returns the QP it
+// sends to and the refresh asked for (nil if none); the hold is given
+// back.
+func sendsTo(t *testing.T, c *peerCache[*testHandle], key netip.AddrPort, now time.Time) (uint32, *peerRef[*testHandle]) {
+	t.Helper()
+	l := c.acquire(key, now)
+	require.NoError(t, l.err)
+	require.Nil(t, l.wait, "waits")
+	require.NotNil(t, l.ref)
+	require.True(t, l.hit)
+	c.release(l.ref)
+	return l.v.qpn, l.refresh
+}
+
+// A destination neither resolved nor heard from for refreshAfter is
+// resolved again on its next write, which (and those after it) goes on to
+// the old QP until the new one is there; a datagram from its QP keeps it
+// good.
+func TestPeerCacheRefreshAfterQuiet(t *testing.T) {
+	var log freeLog
+	c := newPeerCache(8, time.Second, log.free)
+	require.Equal(t, 5*time.Second, c.refreshAfter, "the bound docs/datagrams.md states")
+	t0 := time.Unix(1000, 0)
+	key := peerAddr(1)
+	resolveQP(t, c, key, 10, t0)
+
+	qpn, refresh := sendsTo(t, c, key, t0.Add(5*time.Second-time.Millisecond))
+	require.Equal(t, uint32(10), qpn)
+	require.Nil(t, refresh, "not yet old enough")
+
+	at := t0.Add(5 * time.Second)
+	qpn, refresh = sendsTo(t, c, key, at)
+	require.Equal(t, uint32(10), qpn, "the old value meanwhile")
+	require.NotNil(t, refresh, "resolved again after 5 s")
+	qpn, again := sendsTo(t, c, key, at.Add(time.Millisecond))
+	require.Equal(t, uint32(10), qpn)
+	require.Nil(t, again, "one resolution at a time")
+
+	// The peer restarted with QP 20.
+	c.refreshed(refresh, &testHandle{peer: key, qpn: 20}, nil, at.Add(10*time.Millisecond))
+	require.Equal(t, []uint32{10}, log.qpnList(), "the old value goes once no one holds it")
+	qpn, refresh = sendsTo(t, c, key, at.Add(11*time.Millisecond))
+	require.Equal(t, uint32(20), qpn)
+	require.Nil(t, refresh)
+	require.Equal(t, 1, c.len())
+
+	// Datagrams from QP 20 keep it good; from no QP, not.
+	heard := at.Add(4 * time.Second)
+	require.Nil(t, c.heard(key, 20, heard))
+	_, refresh = sendsTo(t, c, key, heard.Add(5*time.Second-time.Millisecond))
+	require.Nil(t, refresh, "heard from 4 s after its resolution")
+	_, refresh = sendsTo(t, c, key, heard.Add(5*time.Second))
+	require.NotNil(t, refresh)
+
+	// A resolution that fails keeps the entry, for another 5 s.
+	failed := heard.Add(5*time.Second + time.Millisecond)
+	c.refreshed(refresh, nil, errors.New("no answer"), failed)
+	qpn, refresh = sendsTo(t, c, key, failed.Add(5*time.Second-time.Millisecond))
+	require.Equal(t, uint32(20), qpn)
+	require.Nil(t, refresh)
+	_, refresh = sendsTo(t, c, key, failed.Add(5*time.Second))
+	require.NotNil(t, refresh)
+	c.refreshed(refresh, &testHandle{peer: key, qpn: 20}, nil, failed.Add(5*time.Second))
+	require.Equal(t, []uint32{10, 20}, log.qpnList(), "the replaced value, though of the same QP")
+}
+
+// A datagram from a destination's address but another QP makes the
+// writes to it wait for a resolution, which says where the peer is; it
+// is not itself trusted.
+func TestPeerCacheHeardFromAnotherQP(t *testing.T) {
+	var log freeLog
+	c := newPeerCache(8, time.Second, log.free)
+	require.Equal(t, time.Second, c.verifyEvery)
+	t0 := time.Unix(1000, 0)
+	key, other := peerAddr(1), peerAddr(2)
+	resolveQP(t, c, key, 10, t0)
+	resolveQP(t, c, other, 30, t0)
+
+	require.Nil(t, c.heard(key, 10, t0), "its own QP")
+	at := t0.Add(time.Millisecond)
+	ref := c.heard(key, 20, at)
+	require.NotNil(t, ref, "another QP: resolve")
+	require.Nil(t, c.heard(key, 21, at), "one resolution at a time")
+	l := c.acquire(key, at)
+	require.NotNil(t, l.wait, "writes wait for the resolution")
+	require.Nil(t, l.ref)
+	qpn, _ := sendsTo(t, c, other, at)
+	require.Equal(t, uint32(30), qpn, "other destinations do not wait")
+
+	c.refreshed(ref, &testHandle{peer: key, qpn: 20}, nil, at.Add(time.Millisecond))
+	<-l.wait
+	qpn, refresh := sendsTo(t, c, key, at.Add(2*time.Millisecond))
+	require.Equal(t, uint32(20), qpn)
+	require.Nil(t, refresh)
+	require.Equal(t, []uint32{10}, log.qpnList())
+
+	// At most one a verifyEvery, across the replacement: a peer sending
+	// such datagrams on purpose costs one resolution a second.
+	require.Nil(t, c.heard(key, 10, at.Add(time.Second-time.Millisecond)))
+	ref = c.heard(key, 10, at.Add(time.Second))
+	require.NotNil(t, ref)
+	// The resolution says QP 20 still: the datagram lied, and the entry
+	// sends to 20 as before.
+	c.refreshed(ref, &testHandle{peer: key, qpn: 20}, nil, at.Add(time.Second))
+	qpn, _ = sendsTo(t, c, key, at.Add(time.Second))
+	require.Equal(t, uint32(20), qpn)
+
+	// A failed resolution keeps the entry as it was.
+	ref = c.heard(key, 30, at.Add(3*time.Second))
+	require.NotNil(t, ref)
+	c.refreshed(ref, nil, errors.New("refused"), at.Add(3*time.Second))
+	qpn, _ = sendsTo(t, c, key, at.Add(3*time.Second))
+	require.Equal(t, uint32(20), qpn)
+
+	// Datagrams from addresses the cache has no value of add nothing.
+	for i := 3; i < 100; i++ {
+		require.Nil(t, c.heard(peerAddr(i), 5, at))
+	}
+	l = c.acquire(peerAddr(3), at)
+	require.True(t, l.resolve)
+	require.Nil(t, c.heard(peerAddr(3), 5, at), "still resolving")
+	_, err := c.resolved(l.ref, nil, errors.New("no route"), at)
+	require.Error(t, err)
+	require.Nil(t, c.heard(peerAddr(3), 5, at), "a failure")
+	require.Equal(t, 3, c.len())
+}
+
+// A datagram from another QP while a background resolution is under way
+// makes the writes wait for that one; none starts besides.
+func TestPeerCacheHeardWhileRefreshing(t *testing.T) {
+	var log freeLog
+	c := newPeerCache(8, time.Second, log.free)
+	t0 := time.Unix(1000, 0)
+	key := peerAddr(1)
+	resolveQP(t, c, key, 10, t0)
+	_, refresh := sendsTo(t, c, key, t0.Add(6*time.Second))
+	require.NotNil(t, refresh)
+	require.Nil(t, c.heard(key, 20, t0.Add(6*time.Second)), "the resolution under way serves")
+	l := c.acquire(key, t0.Add(6*time.Second))
+	require.NotNil(t, l.wait)
+	c.refreshed(refresh, &testHandle{peer: key, qpn: 20}, nil, t0.Add(6*time.Second))
+	<-l.wait
+	qpn, _ := sendsTo(t, c, key, t0.Add(6*time.Second))
+	require.Equal(t, uint32(20), qpn)
+}
+
+// A resolution that ends after its entry was evicted, or the cache
+// closed, frees both values, each once, and wakes the writers.
+func TestPeerCacheRefreshGone(t *testing.T) {
+	var log freeLog
+	c := newPeerCache(1, time.Second, log.free)
+	t0 := time.Unix(1000, 0)
+	resolveQP(t, c, peerAddr(1), 10, t0)
+	ref := c.heard(peerAddr(1), 11, t0)
+	require.NotNil(t, ref)
+	resolveQP(t, c, peerAddr(2), 20, t0) // evicts 1, held by its resolution
+	require.Empty(t, log.qpnList())
+	c.refreshed(ref, &testHandle{peer: peerAddr(1), qpn: 11}, nil, t0)
+	require.ElementsMatch(t, []uint32{10, 11}, log.qpnList())
+	require.Equal(t, 1, c.len())
+
+	ref = c.heard(peerAddr(2), 21, t0)
+	require.NotNil(t, ref)
+	w := c.acquire(peerAddr(2), t0)
+	require.NotNil(t, w.wait)
+	c.close()
+	<-w.wait // woken by the close
+	require.ElementsMatch(t, []uint32{10, 11}, log.qpnList(), "20 is held by its resolution")
+	c.refreshed(ref, &testHandle{peer: peerAddr(2), qpn: 21}, nil, t0)
+	require.ElementsMatch(t, []uint32{10, 11, 20, 21}, log.qpnList())
+	require.ErrorIs(t, c.acquire(peerAddr(2), t0).err, errCacheClosed)
 }

@@ -42,13 +42,26 @@ var (
 
 type listenerSys struct{}
 
-type packetSys struct{}
+// packetSys has only what tests over a fake fabric use: resolveFake,
+// which resolves a destination in place of rdma_cm (see packet_verbs.go).
+type packetSys struct {
+	resolveFake func(netip.AddrPort) (udDest, error)
+}
 
 func listenPacket(netip.AddrPort, PacketOptions) (*PacketConn, error) { return nil, ErrUnsupported }
 func (c *PacketConn) releaseAsync()                                   {}
 func (c *PacketConn) join(netip.Addr) error                           { return ErrUnsupported }
 func multicastLocal(*net.Interface, bool) (netip.Addr, error)         { return netip.Addr{}, ErrUnsupported }
-func (c *PacketConn) startResolve(netip.AddrPort, *peerRef[udDest])   {}
+
+// startResolve resolves through resolveFake, at once, if a test set it:
+// without RDMA there is nothing else to resolve with.
+func (c *PacketConn) startResolve(ap netip.AddrPort, ref *peerRef[udDest], refresh bool) {
+	d, err := udDest{}, error(ErrUnsupported)
+	if c.resolveFake != nil {
+		d, err = c.resolveFake(ap)
+	}
+	c.resolutionDone(ref, refresh, d, err)
+}
 
 // release lets the reassembly go, as the verbs side's does: its timer
 // stops (a PacketConn here is the tests' over a fake QP).

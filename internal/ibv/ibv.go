@@ -58,6 +58,7 @@ struct gv_wc {
 	uint32_t qp_num;
 	uint32_t imm;      // host order; valid when wc_flags has IBV_WC_WITH_IMM
 	uint32_t wc_flags;
+	uint32_t src_qp;   // the sender's QP number: valid for a UD receive
 };
 
 // The data-path shims take the CQ or QP as an integer: cgo checks every
@@ -78,6 +79,7 @@ static int gv_poll(uintptr_t cqp, int n, struct gv_wc *out) {
 		out[i].byte_len = wc[i].byte_len;
 		out[i].qp_num = wc[i].qp_num;
 		out[i].wc_flags = wc[i].wc_flags;
+		out[i].src_qp = wc[i].src_qp;
 		out[i].imm = (wc[i].wc_flags & IBV_WC_WITH_IMM) ? ntohl(wc[i].imm_data) : 0;
 	}
 	return got;

@@ -77,6 +77,7 @@ type WC struct {
 	QPNum   uint32
 	Imm     uint32 // immediate data, host order, when Flags has WCWithImm
 	Flags   uint32
+	SrcQP   uint32 // a UD receive's: the QP number of the sender
 }
 
 // RecvWR is one receive to post; its layout mirrors struct gv_recv. Len 0
