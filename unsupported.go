@@ -44,12 +44,13 @@ type listenerSys struct{}
 
 type packetSys struct{}
 
-func listenPacket(netip.AddrPort, PacketOptions) (*PacketConn, error) { return nil, ErrUnsupported }
-func (c *PacketConn) release()                                        {}
-func (c *PacketConn) releaseAsync()                                   {}
-func (c *PacketConn) join(netip.Addr) error                           { return ErrUnsupported }
-func multicastLocal(*net.Interface, bool) (netip.Addr, error)         { return netip.Addr{}, ErrUnsupported }
-func (c *PacketConn) startResolve(netip.AddrPort, *peerRef[udDest])   {}
+func listenPacket(netip.AddrPort, PacketOptions, netip.Addr) (*PacketConn, error) {
+	return nil, ErrUnsupported
+}
+func (c *PacketConn) release()                                      {}
+func (c *PacketConn) releaseAsync()                                 {}
+func multicastLocal(*net.Interface, bool) (netip.Addr, error)       { return netip.Addr{}, ErrUnsupported }
+func (c *PacketConn) startResolve(netip.AddrPort, *peerRef[udDest]) {}
 
 func (l *Listener) close() error { return nil }
 
