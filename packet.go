@@ -422,11 +422,12 @@ func (c *PacketConn) lockAndFlush() {
 // (see completer): reads and writes return err from then on.
 func (c *PacketConn) failAsync(err error, removed bool) {
 	if !removed && errors.Is(err, syscall.ENETDOWN) {
-		// The port stayed down past portDownGrace. That breaks a Conn
-		// (its peer gave up on it meanwhile), not a UD QP: the
-		// datagrams sent while the port is down are lost, as a UDP
-		// socket's over a link that is down, and once it is back they
-		// go again.
+		// The port stayed down past portDownGrace. That fails a Conn
+		// (its peer gave up on it meanwhile); the outage alone does
+		// not break a UD QP, which serves again once the port is back.
+		// A send made while it is down can: Soft-RoCE completes it
+		// with an error, and sendDone fails the writes (see
+		// docs/datagrams.md, Limits).
 		return
 	}
 	if removed {
@@ -1107,9 +1108,10 @@ var errMissingAddress = errors.New("missing address")
 // send succeeds where the ICMP port unreachable comes later, if ever.
 var errNoListener = errors.New("rdma: nothing listens on the destination's port")
 
-// IB's SIDR reply statuses (IBA 12.11.2) that say the port has no one
-// to take the datagram: no id listens on its service ID (rdma_cm's port),
-// or the one there refused (a PacketConn still setting up).
+// The statuses of an InfiniBand SIDR reply (the service ID resolution's
+// answer) that say the port has no one to take the datagram: no id
+// listens on its service ID (rdma_cm's port), or the one there refused
+// (a PacketConn still setting up: see cmEvent).
 const (
 	sidrUnsupported = 1
 	sidrReject      = 2
@@ -1119,8 +1121,8 @@ const (
 // resolution says that nothing listens on the port: rdma_cm reports a
 // SIDR reply that is not a success as an unreachable event whose status
 // is the reply's (a positive number, where its own failures are negative
-// errnos: a timeout is -ETIMEDOUT). A rejection (not sent for UD by the
-// kernels seen, but librdmacm has the event) means the same.
+// errnos: a timeout is -ETIMEDOUT). A rejected event, should one come,
+// means the same.
 func sidrNoListener(rejected, unreachable bool, status int) bool {
 	return rejected || unreachable && (status == sidrUnsupported || status == sidrReject)
 }

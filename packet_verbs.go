@@ -344,6 +344,10 @@ func (c *PacketConn) resolveDest(ap netip.AddrPort) (udDest, error) {
 				return ev, nil
 			case ev.Type == rdmacm.EventRejected:
 				return ev, os.NewSyscallError(call, syscall.ECONNREFUSED)
+			case ev.Type == rdmacm.EventDeviceRemoval:
+				// The resolution's id is on the device too, and may
+				// hear of the removal before the PacketConn's own id.
+				return ev, &deviceError{os.NewSyscallError(call, syscall.ENODEV)}
 			}
 			return ev, os.NewSyscallError(call, eventErrno(ev, syscall.EHOSTUNREACH))
 		case <-ctx.Done():

@@ -147,6 +147,20 @@ func TestDeviceRemoval(t *testing.T) {
 			_, _, err := pc.ReadFrom(make([]byte, 10))
 			ended <- ending{"ReadFrom", err, time.Now()}
 		}()
+		if silent := os.Getenv("RDMA_TEST_SILENT_ADDR"); silent != "" {
+			// A write that waits for the resolution of an address
+			// nobody answers for: the release cuts it short, and the
+			// write says why (it said "use of closed PacketConn").
+			lc := rdma.ListenConfig{Packet: rdma.PacketOptions{ResolveTimeout: 20 * time.Second}}
+			wp, err := lc.ListenPacket(context.Background(), "rdma", net.JoinHostPort(testAddr, "0"))
+			require.NoError(t, err)
+			defer wp.Close()
+			endings++
+			go func() {
+				_, err := wp.WriteTo([]byte("x"), &rdma.Addr{IP: net.ParseIP(silent), Port: 9})
+				ended <- ending{"WriteTo", err, time.Now()}
+			}()
+		}
 	}
 	// A server that never answers keeps a Dial waiting; its own id is on
 	// the device too, and goes once the Dial has failed.
