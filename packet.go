@@ -1108,23 +1108,20 @@ var errMissingAddress = errors.New("missing address")
 // send succeeds where the ICMP port unreachable comes later, if ever.
 var errNoListener = errors.New("rdma: nothing listens on the destination's port")
 
-// The statuses of an InfiniBand SIDR reply (the service ID resolution's
-// answer) that say the port has no one to take the datagram: no id
-// listens on its service ID (rdma_cm's port), or the one there refused
-// (a PacketConn still setting up: see cmEvent).
-const (
-	sidrUnsupported = 1
-	sidrReject      = 2
-)
+// sidrUnsupported is the status of an InfiniBand SIDR reply (the service
+// ID resolution's answer) that says no id listens on the service ID
+// (rdma_cm's port). One that rejects (status 2) says that a listener is
+// there but did not take the request (as in the fault sweep, where the
+// listener's calls fail): the resolution failed, and the error says so.
+const sidrUnsupported = 1
 
 // sidrNoListener reports whether the CM event that ended a service ID
 // resolution says that nothing listens on the port: rdma_cm reports a
 // SIDR reply that is not a success as an unreachable event whose status
 // is the reply's (a positive number, where its own failures are negative
-// errnos: a timeout is -ETIMEDOUT). A rejected event, should one come,
-// means the same.
-func sidrNoListener(rejected, unreachable bool, status int) bool {
-	return rejected || unreachable && (status == sidrUnsupported || status == sidrReject)
+// errnos: a timeout is -ETIMEDOUT).
+func sidrNoListener(unreachable bool, status int) bool {
+	return unreachable && status == sidrUnsupported
 }
 
 // errNotMember is a write's to a multicast group the PacketConn has not

@@ -380,7 +380,7 @@ func (c *PacketConn) resolveDest(ap netip.AddrPort) (udDest, error) {
 	}
 	ev, err := wait(rdmacm.EventEstablished, "rdma_connect")
 	if err != nil {
-		if sidrNoListener(ev.Type == rdmacm.EventRejected, ev.Type == rdmacm.EventUnreachable, ev.Status) {
+		if sidrNoListener(ev.Type == rdmacm.EventUnreachable, ev.Status) {
 			// The address and the route resolved: the host is there,
 			// its port is not. UDP sends that datagram and loses it.
 			return udDest{}, errNoListener
