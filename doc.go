@@ -81,7 +81,7 @@
 //
 // ListenPacket returns a PacketConn, a net.PacketConn over RDMA unreliable
 // datagrams (UD), the UDP of RDMA: one queue pair for any number of peers,
-// datagrams of up to 65,507 bytes (fragmented beyond the path MTU) that may
+// datagrams of up to 65,507 bytes (fragmented beyond the port's MTU) that may
 // be lost but never arrive changed or merged, batches (ReadBatch,
 // WriteBatch), multicast groups (ListenMulticast), and, with
 // ListenConfig.FallbackUDP, a UDP socket where RDMA has no datagrams.

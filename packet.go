@@ -19,11 +19,14 @@ import (
 // PacketOptions configure a PacketConn. The zero value means the
 // defaults.
 type PacketOptions struct {
-	// RecvDepth is how many datagrams may wait for ReadFrom, each in a
-	// receive of the path MTU (plus 40 bytes): 4 KiB at the test bed's
-	// MTU. Datagrams that arrive while every receive holds one are
-	// dropped and counted (PacketStats.DropsNoReceive), as a full UDP
-	// receive buffer drops them. Default 512; at least 32.
+	// RecvDepth is how many receives the PacketConn posts, each of the
+	// local port's active MTU plus 40 bytes (the GRH): 4 KiB at the test
+	// bed's MTU. A datagram waits for ReadFrom in its receive; three
+	// quarters of them may wait at once (384 of the default 512; under
+	// 64, all but 16), the rest stay posted for what arrives meanwhile.
+	// Datagrams that arrive while that many wait are dropped and counted
+	// (PacketStats.DropsNoReceive), as a full UDP receive buffer drops
+	// them. Default 512; at least 32.
 	RecvDepth int
 	// SendDepth is how many messages (a fragmented datagram is several)
 	// may be in flight; a write waits for room. Default 256, and at least
@@ -114,6 +117,12 @@ type PacketStats struct {
 	PeerHits, PeerMisses, PeerFailures uint64
 	// SendErrors counts sends the device completed with an error.
 	SendErrors uint64
+	// DropsNoListener counts the datagrams written to a port where
+	// nothing listens (its host answered so): the write succeeded and the
+	// datagram was lost, as UDP's is. Such a destination is remembered
+	// for a second (PeerFailures counts the resolution), and the writes
+	// to it meanwhile are lost and counted too.
+	DropsNoListener uint64
 }
 
 // PacketConn is a datagram end point over RDMA unreliable datagrams (UD):
@@ -180,6 +189,14 @@ type PacketConn struct {
 	sendRefs []*peerRef[udDest] // by send slot: the destination a datagram's last message holds
 	wrs      []ibv.UDSendWR
 	wfail    error // the send side failed for good
+	// The datagrams of the sends queued since the last post (c.wrs):
+	// pendSent of them, of pendBytes, to be counted as sent once posted;
+	// pendDone those and the ones lost as UDP loses them (no listener),
+	// to be counted in callDone, the datagrams of the current write
+	// call that are done, once every one queued before is posted. Under
+	// writeMu, as c.wrs.
+	pendSent, pendDone, callDone int
+	pendBytes                    uint64
 	// qpGone: the QP is destroyed (Close); set with writeMu and rmu held,
 	// so that no post, of sends (writeMu) or receives (rmu), reaches it.
 	qpGone bool
@@ -190,6 +207,16 @@ type PacketConn struct {
 
 	gmu    sync.Mutex
 	groups map[netip.Addr]udDest // the multicast groups joined: where datagrams to them go
+
+	// setupMu guards settingUp and removedSetup. settingUp: the setup
+	// (listenPacket, and the join of ListenMulticast) still runs on the
+	// caller's goroutine and uses the verbs objects as it makes them, so
+	// a removal of the device meanwhile does not release them
+	// concurrently: it records removedSetup, and the setup fails with
+	// ErrNoDevice and releases what it made once it is done (endSetup),
+	// as a Conn's dial does (removedDialing).
+	setupMu                 sync.Mutex
+	settingUp, removedSetup bool
 }
 
 // packetCounters are PacketStats' counters.
@@ -198,6 +225,7 @@ type packetCounters struct {
 	noReceive, truncated, reassembly, malformed    atomic.Uint64
 	staleFragments                                 atomic.Uint64
 	peerHits, peerMisses, peerFailures, sendErrors atomic.Uint64
+	noListener                                     atomic.Uint64
 }
 
 // udQP is the UD QP as the datagram path uses it: *ibv.QP, or a fake in
@@ -422,6 +450,15 @@ func (c *PacketConn) lockAndFlush() {
 // failAsync fails the PacketConn for an asynchronous event of its device
 // (see completer): reads and writes return err from then on.
 func (c *PacketConn) failAsync(err error, removed bool) {
+	if !removed && errors.Is(err, syscall.ENETDOWN) {
+		// The port stayed down past portDownGrace. That fails a Conn
+		// (its peer gave up on it meanwhile); the outage alone does
+		// not break a UD QP, which serves again once the port is back.
+		// A send made while it is down can: Soft-RoCE completes it
+		// with an error, and sendDone fails the writes (see
+		// docs/datagrams.md, Limits).
+		return
+	}
 	if removed {
 		err = &deviceError{syscall.ENODEV}
 	}
@@ -437,11 +474,33 @@ func (c *PacketConn) failAsync(err error, removed bool) {
 	}
 	c.smu.Unlock()
 	signal(c.writable)
-	if removed {
+	if removed && !c.removedWhileSetup() {
 		// The kernel finishes a device's removal only once every
 		// object of it is gone: they go now, not at Close.
 		c.releaseAsync()
 	}
+}
+
+// removedWhileSetup records a removal of the device that came while the
+// setup runs, and reports whether it did: the setup releases then
+// (endSetup).
+func (c *PacketConn) removedWhileSetup() bool {
+	c.setupMu.Lock()
+	defer c.setupMu.Unlock()
+	if c.settingUp {
+		c.removedSetup = true
+	}
+	return c.settingUp
+}
+
+// endSetup ends the setup and reports whether the device was removed
+// while it ran: the setup's outcome is then ErrNoDevice, and the caller
+// releases.
+func (c *PacketConn) endSetup() bool {
+	c.setupMu.Lock()
+	defer c.setupMu.Unlock()
+	c.settingUp = false
+	return c.removedSetup
 }
 
 // sendDone handles a send's completion: every send up to it is done.
@@ -640,7 +699,11 @@ func (c *PacketConn) ReadBatch(ms []Message, flags int) (int, error) {
 // returns) or a *net.UDPAddr. Up to 65,507 bytes, as UDP's; one longer
 // fails and sends nothing. The first datagram to a new destination waits
 // for its resolution (ResolveTimeout at most); a destination that cannot
-// be resolved fails that write (and the next ones for a second).
+// be resolved fails that write (and the next ones for a second). One
+// whose host answers that nothing listens on its port does not: as
+// UDP's, the write succeeds and the datagram is lost, counted in
+// PacketStats.DropsNoListener (and so are the writes to it for a
+// second).
 func (c *PacketConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 	if c.invalid() {
 		return 0, c.opErr("write", addr, syscall.EINVAL)
@@ -693,8 +756,10 @@ func (c *PacketConn) writeSingle(b []byte, dst netip.AddrPort) error {
 }
 
 // WriteBatch sends each message as one datagram, posting them together:
-// it returns how many it sent, and the error that stopped it. flags must
-// be 0.
+// it returns how many it sent, as x/net's WriteBatch does (those posted
+// to the device, and those lost to a port where nothing listens, before
+// the first that was not sent), and the error that stopped it. flags
+// must be 0.
 func (c *PacketConn) WriteBatch(ms []Message, flags int) (int, error) {
 	if c.invalid() {
 		return 0, c.opErr("write", nil, syscall.EINVAL)
@@ -715,6 +780,7 @@ func (c *PacketConn) write(ms []Message) (int, error) {
 	}
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
+	c.callDone = 0
 	for i := range ms {
 		m := &ms[i]
 		m.N = 0
@@ -723,17 +789,34 @@ func (c *PacketConn) write(ms []Message) (int, error) {
 			m.N, err = c.writeOne(m.Buffers, dst)
 		}
 		if err != nil {
-			c.postPending()
-			return i, c.opErr("write", m.Addr, err)
+			m.N = 0
+			if perr := c.postPending(); perr != nil {
+				err = perr
+			}
+			return c.writeDone(ms, i, err)
 		}
 	}
-	if len(ms) == 0 {
-		return 0, nil
-	}
 	if err := c.postPending(); err != nil {
-		return 0, c.opErr("write", ms[len(ms)-1].Addr, err)
+		return c.writeDone(ms, len(ms), err)
 	}
 	return len(ms), nil
+}
+
+// writeDone ends a write call that err stopped once the first queued
+// of ms were queued: the datagrams posted (or lost as UDP loses them)
+// before the first that was not are the call's count, as x/net's
+// WriteBatch's, and the error names the first one not sent; writeMu is
+// held.
+func (c *PacketConn) writeDone(ms []Message, queued int, err error) (int, error) {
+	n := min(c.callDone, queued)
+	for i := n; i < queued; i++ {
+		ms[i].N = 0 // queued, but not posted: never sent
+	}
+	var addr net.Addr
+	if n < len(ms) {
+		addr = ms[n].Addr
+	}
+	return n, c.opErr("write", addr, err)
 }
 
 // writeOne places one datagram in the send slots (waiting for room) and
@@ -753,6 +836,13 @@ func (c *PacketConn) writeOne(bufs [][]byte, dst netip.AddrPort) (int, error) {
 		return 0, &messageTooLongError{size}
 	}
 	d, ref, err := c.dest(dst, true)
+	if errors.Is(err, errNoListener) {
+		// Lost, as UDP's to a port where nothing listens; done for the
+		// write call once what is queued before it goes.
+		c.stats.noListener.Add(1)
+		c.pendDone++
+		return size, nil
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -775,7 +865,7 @@ func (c *PacketConn) writeOne(bufs [][]byte, dst netip.AddrPort) (int, error) {
 		// Closed, or the device removed, while the write waited: the
 		// memory goes too.
 		release()
-		return 0, net.ErrClosed
+		return 0, c.goneErr()
 	}
 	c.nextID++
 	id := c.nextID
@@ -799,6 +889,12 @@ func (c *PacketConn) writeOne(bufs [][]byte, dst netip.AddrPort) (int, error) {
 			last = ref
 		}
 		c.queueSend(seq, off, hl+n, d, last)
+		if k == count-1 {
+			// Sent once this message is posted.
+			c.pendSent++
+			c.pendDone++
+			c.pendBytes += uint64(size)
+		}
 		if len(c.wrs) == cap(c.wrs) {
 			if err := c.postPending(); err != nil {
 				if k < count-1 {
@@ -813,8 +909,6 @@ func (c *PacketConn) writeOne(bufs [][]byte, dst netip.AddrPort) (int, error) {
 			}
 		}
 	}
-	c.stats.sent.Add(1)
-	c.stats.bytesSent.Add(uint64(size))
 	return size, nil
 }
 
@@ -839,26 +933,51 @@ func (c *PacketConn) queueSend(seq uint64, off, n int, d udDest, ref *peerRef[ud
 	c.wrs = append(c.wrs, wr)
 }
 
-// postPending posts the queued sends; writeMu is held. A failed post fails the send
-// side for good: its slots would never come back.
+// postPending posts the queued sends and counts their datagrams as
+// sent, and done for the write call (see pendSent); writeMu is held. A
+// failed post fails the send side for good: its slots would never come
+// back. The datagrams of a post that failed were not sent, nor are they
+// done.
 func (c *PacketConn) postPending() error {
 	if c.qpGone {
 		c.wrs = c.wrs[:0]
+		c.pendSent, c.pendDone, c.pendBytes = 0, 0, 0
+		return c.goneErr()
+	}
+	if len(c.wrs) > 0 {
+		err := c.qp.PostUDSends(c.wrs)
+		c.wrs = c.wrs[:0]
+		if err != nil {
+			c.pendSent, c.pendDone, c.pendBytes = 0, 0, 0
+			c.smu.Lock()
+			if c.wfail == nil {
+				c.wfail = err
+			}
+			c.smu.Unlock()
+			return err
+		}
+	}
+	c.stats.sent.Add(uint64(c.pendSent))
+	c.stats.bytesSent.Add(c.pendBytes)
+	c.callDone += c.pendDone
+	c.pendSent, c.pendDone, c.pendBytes = 0, 0, 0
+	return nil
+}
+
+// goneErr is the error of a call that finds the QP destroyed: Close's,
+// or the removal of the device's (then ErrNoDevice, as reads and writes
+// that look at the failures first get).
+func (c *PacketConn) goneErr() error {
+	if isClosed(c.closing) {
 		return net.ErrClosed
 	}
-	if len(c.wrs) == 0 {
-		return nil
+	c.smu.Lock()
+	fail := c.wfail
+	c.smu.Unlock()
+	if errors.Is(fail, ErrNoDevice) {
+		return fail
 	}
-	err := c.qp.PostUDSends(c.wrs)
-	c.wrs = c.wrs[:0]
-	if err != nil {
-		c.smu.Lock()
-		if c.wfail == nil {
-			c.wfail = err
-		}
-		c.smu.Unlock()
-	}
-	return err
+	return net.ErrClosed
 }
 
 // waitSlots waits until count send slots are free; writeMu is held.
@@ -955,10 +1074,14 @@ func (c *PacketConn) dest(ap netip.AddrPort, locked bool) (udDest, *peerRef[udDe
 		default:
 			wait = l.wait
 		}
+		done := 0
 		if locked {
 			if err := c.postPending(); err != nil {
 				return udDest{}, nil, err
 			}
+			// Nothing is queued now: writes of others may come and go
+			// meanwhile, and this call's count is kept for it.
+			done = c.callDone
 			c.writeMu.Unlock()
 		}
 		var err error
@@ -971,6 +1094,7 @@ func (c *PacketConn) dest(ap netip.AddrPort, locked bool) (udDest, *peerRef[udDe
 		}
 		if locked {
 			c.writeMu.Lock()
+			c.callDone = done
 		}
 		if err != nil {
 			return udDest{}, nil, err
@@ -1010,6 +1134,28 @@ func destOf(a net.Addr) (netip.AddrPort, error) {
 }
 
 var errMissingAddress = errors.New("missing address")
+
+// errNoListener is a resolution's outcome when the destination's host
+// answered that nothing listens on its port: a write to it succeeds and
+// the datagram is lost (PacketStats.DropsNoListener), as UDP's, whose
+// send succeeds where the ICMP port unreachable comes later, if ever.
+var errNoListener = errors.New("rdma: nothing listens on the destination's port")
+
+// sidrUnsupported is the status of an InfiniBand SIDR reply (the service
+// ID resolution's answer) that says no id listens on the service ID
+// (rdma_cm's port). One that rejects (status 2) says that a listener is
+// there but did not take the request (as in the fault sweep, where the
+// listener's calls fail): the resolution failed, and the error says so.
+const sidrUnsupported = 1
+
+// sidrNoListener reports whether the CM event that ended a service ID
+// resolution says that nothing listens on the port: rdma_cm reports a
+// SIDR reply that is not a success as an unreachable event whose status
+// is the reply's (a positive number, where its own failures are negative
+// errnos: a timeout is -ETIMEDOUT).
+func sidrNoListener(unreachable bool, status int) bool {
+	return unreachable && status == sidrUnsupported
+}
 
 // errNotMember is a write's to a multicast group the PacketConn has not
 // joined: rdma_cm gives the address handle of a group to its members.
@@ -1109,7 +1255,7 @@ func (c *PacketConn) Stats() PacketStats {
 		DropsNoReceive: s.noReceive.Load(), DropsTruncated: s.truncated.Load(),
 		DropsReassembly: s.reassembly.Load(), DropsMalformed: s.malformed.Load(), DropsStaleFragments: s.staleFragments.Load(),
 		PeerHits: s.peerHits.Load(), PeerMisses: s.peerMisses.Load(), PeerFailures: s.peerFailures.Load(),
-		SendErrors: s.sendErrors.Load(),
+		SendErrors: s.sendErrors.Load(), DropsNoListener: s.noListener.Load(),
 	}
 }
 
@@ -1173,7 +1319,7 @@ func (lc *ListenConfig) listenPacket(ctx context.Context, network, address strin
 	if err != nil {
 		return nil, opErr(nil, err)
 	}
-	c, err := listenPacket(ap, opts)
+	c, err := listenPacket(ap, opts, netip.Addr{})
 	if err != nil && lc.FallbackUDP && fallsBackToUDP(err) {
 		return listenUDP(ctx, network, ap)
 	}
@@ -1214,12 +1360,8 @@ func ListenMulticast(network string, ifi *net.Interface, gaddr *Addr) (*PacketCo
 		return opErr(err)
 	}
 	opts, _ := PacketOptions{}.normalized()
-	c, err := listenPacket(netip.AddrPortFrom(local, 0), opts)
+	c, err := listenPacket(netip.AddrPortFrom(local, 0), opts, group)
 	if err != nil {
-		return opErr(err)
-	}
-	if err := c.join(group); err != nil {
-		c.Close()
 		return opErr(err)
 	}
 	return c, nil
@@ -1279,14 +1421,20 @@ func (c *PacketConn) udpReadBatch(ms []Message) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	flags &= MsgTrunc
 	if len(ms[0].Buffers) != 1 {
+		// Read whole into buf (no datagram is longer), then spread over
+		// the buffers: what they do not hold is the truncated tail.
 		data := buf[:n]
 		n = 0
 		for _, b := range ms[0].Buffers {
 			n += copy(b, data[n:])
 		}
+		if n < len(data) {
+			flags = MsgTrunc
+		}
 	}
-	ms[0].N, ms[0].Addr, ms[0].Flags = n, addr, flags&MsgTrunc
+	ms[0].N, ms[0].Addr, ms[0].Flags = n, addr, flags
 	return 1, nil
 }
 

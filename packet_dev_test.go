@@ -505,3 +505,55 @@ func BenchmarkPacketWriteBatch64(b *testing.B) {
 	srv.Close()
 	b.ReportMetric(float64(<-got)/float64(written), "arrived/sent")
 }
+
+// TestPacketNoListener: a WriteTo to a port of the test bed's address
+// where nothing listens succeeds, as UDP's does, and the datagram is
+// lost and counted (PacketStats.DropsNoListener; it failed with
+// EHOSTUNREACH); so does one after the remembered outcome expired. A
+// WriteTo to an address with no route (the test bed routes nothing
+// beyond its own subnets) and one to loopback (no RDMA device) still
+// fail.
+func TestPacketNoListener(t *testing.T) {
+	needDevice(t)
+	if siw() {
+		t.Skip("siw has no UD (TestPacketIWARP)")
+	}
+	a, b := listenPacketPair(t)
+	defer a.Close()
+	nobody := b.LocalAddr()
+	require.NoError(t, b.Close())
+	require.NoError(t, a.SetWriteDeadline(time.Now().Add(10*time.Second)))
+	for i := range 3 {
+		n, err := a.WriteTo([]byte("lost"), nobody)
+		require.NoError(t, err, "write %d", i)
+		require.Equal(t, 4, n)
+	}
+	time.Sleep(1100 * time.Millisecond) // the outcome is remembered for a second
+	ms := []rdma.Message{{Buffers: [][]byte{[]byte("lost")}, Addr: nobody}}
+	n, err := a.WriteBatch(ms, 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	st := a.Stats()
+	require.Equal(t, uint64(4), st.DropsNoListener, "%+v", st)
+	require.Equal(t, uint64(2), st.PeerFailures, "%+v", st)
+	require.Zero(t, st.DatagramsSent, "%+v", st)
+
+	for _, to := range []string{"192.0.2.1:9", "127.0.0.1:9"} {
+		_, err := a.WriteTo([]byte("x"), &rdma.Addr{IP: net.ParseIP(to[:len(to)-2]), Port: 9})
+		require.Error(t, err, to)
+		t.Logf("to %s: %v", to, err)
+	}
+	require.Equal(t, uint64(4), a.Stats().DropsNoListener)
+
+	// The PacketConn serves on.
+	c, err := rdma.ListenPacket("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = a.WriteTo([]byte("served"), c.LocalAddr())
+	require.NoError(t, err)
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+	buf := make([]byte, 16)
+	k, _, err := c.ReadFrom(buf)
+	require.NoError(t, err)
+	require.Equal(t, "served", string(buf[:k]))
+}

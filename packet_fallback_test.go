@@ -60,3 +60,36 @@ func TestPacketFallbackUDP(t *testing.T) {
 func isNoDeviceOrUnsupported(err error) bool {
 	return errors.Is(err, rdma.ErrNoDevice) || errors.Is(err, rdma.ErrUnsupported)
 }
+
+// TestPacketFallbackUDPTruncated: with FallbackUDP, a datagram longer
+// than the buffers of a ReadBatch message fills them, and the message's
+// Flags say MsgTrunc, with one buffer and with several.
+func TestPacketFallbackUDPTruncated(t *testing.T) {
+	lc := rdma.ListenConfig{FallbackUDP: true}
+	a, err := lc.ListenPacket(context.Background(), "rdma4", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer a.Close()
+	b, err := lc.ListenPacket(context.Background(), "rdma4", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer b.Close()
+	bp := b.(*rdma.PacketConn)
+	require.NoError(t, b.SetReadDeadline(time.Now().Add(5*time.Second)))
+	for _, bufs := range [][][]byte{{make([]byte, 5)}, {make([]byte, 2), make([]byte, 3)}} {
+		_, err = a.WriteTo([]byte("truncated"), b.LocalAddr())
+		require.NoError(t, err)
+		in := []rdma.Message{{Buffers: bufs}}
+		n, err := bp.ReadBatch(in, 0)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		require.Equal(t, 5, in[0].N, "%d buffers", len(bufs))
+		require.Equal(t, rdma.MsgTrunc, in[0].Flags&rdma.MsgTrunc, "%d buffers", len(bufs))
+	}
+	// One that fits is not truncated.
+	_, err = a.WriteTo([]byte("fits"), b.LocalAddr())
+	require.NoError(t, err)
+	in := []rdma.Message{{Buffers: [][]byte{make([]byte, 2), make([]byte, 3)}}}
+	_, err = bp.ReadBatch(in, 0)
+	require.NoError(t, err)
+	require.Equal(t, 4, in[0].N)
+	require.Zero(t, in[0].Flags)
+}

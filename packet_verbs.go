@@ -61,41 +61,58 @@ type joinedGroup struct {
 	attr  [len(rdmacm.UDParam{}.AHAttr)]byte
 }
 
-// listenPacket sets a PacketConn up on ap.
-func listenPacket(ap netip.AddrPort, opts PacketOptions) (_ *PacketConn, err error) {
+// listenPacket sets a PacketConn up on ap and, with a valid group, joins
+// that multicast group. A removal of the device while it does so fails
+// it with ErrNoDevice (see PacketConn.settingUp).
+func listenPacket(ap netip.AddrPort, opts PacketOptions, group netip.Addr) (*PacketConn, error) {
 	cm, err := acquireCM()
 	if err != nil {
 		return nil, err
 	}
 	c := newPacketConn(opts)
 	c.cm = cm
+	c.settingUp = true // before any event of the id can come
 	c.resCtx, c.stopRes = context.WithCancel(context.Background())
 	c.handle = cm.register(c)
-	defer func() {
-		if err != nil {
-			c.release()
+	err = c.setup(ap)
+	if err == nil && group.IsValid() {
+		err = c.join(group)
+	}
+	if c.endSetup() {
+		if c.dev != nil {
+			markRemoved(c.dev.ctx.Ptr())
 		}
-	}()
-	if c.id, err = rdmacm.NewUDPID(cm.ch, c.handle); err != nil {
+		err = &deviceError{syscall.ENODEV}
+	}
+	if err != nil {
+		c.release()
 		return nil, err
 	}
+	return c, nil
+}
+
+// setup makes the PacketConn's id, QP and memory on ap (listenPacket).
+func (c *PacketConn) setup(ap netip.AddrPort) (err error) {
+	if c.id, err = rdmacm.NewUDPID(c.cm.ch, c.handle); err != nil {
+		return err
+	}
 	if err := c.id.Bind(ap); err != nil {
-		return nil, noDevice(err)
+		return noDevice(err)
 	}
 	verbs, port := c.id.Verbs(), c.id.PortNum()
 	if verbs == nil {
 		if !ap.Addr().IsUnspecified() {
 			// Bound, but to an interface without RDMA.
-			return nil, &deviceError{syscall.ENODEV}
+			return &deviceError{syscall.ENODEV}
 		}
 		// A wildcard id has no device, and a UD QP serves one: that of
 		// the host's only device.
 		var n int
 		if verbs, n = rdmacm.OnlyDevice(); verbs == nil {
 			if n == 0 {
-				return nil, &deviceError{syscall.ENODEV}
+				return &deviceError{syscall.ENODEV}
 			}
-			return nil, fmt.Errorf("rdma: the host has %d RDMA devices: ListenPacket needs the address of one", n)
+			return fmt.Errorf("rdma: the host has %d RDMA devices: ListenPacket needs the address of one", n)
 		}
 		port = 1
 	} else {
@@ -103,38 +120,38 @@ func listenPacket(ap netip.AddrPort, opts PacketOptions) (_ *PacketConn, err err
 	}
 	ctx := ibv.ContextFrom(verbs)
 	if ctx.IWARP() {
-		return nil, errNoDatagrams
+		return errNoDatagrams
 	}
 	mtu := ctx.ActiveMTU(port)
 	if mtu == 0 {
-		return nil, os.NewSyscallError("ibv_query_port", syscall.EIO)
+		return os.NewSyscallError("ibv_query_port", syscall.EIO)
 	}
 	c.opts.SendDepth = sendDepthFor(c.opts, mtu)
 	c.cqe = c.opts.RecvDepth + c.opts.SendDepth
 	if c.dev, c.cqs, err = acquireDeviceCQ(verbs, c.cqe); err != nil {
-		return nil, err
+		return err
 	}
 	if c.pd, err = ctx.AllocPD(); err != nil {
-		return nil, err
+		return err
 	}
 	size := packetMemLen(c.opts, mtu)
 	mem, err := mapMemory(size)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	c.mem = mem
 	if c.mr, err = c.pd.RegMR(mem); err != nil {
-		return nil, registerError(err, size)
+		return registerError(err, size)
 	}
 	c.dev.addRegistered(size)
 	if c.vqp, c.maxInline, err = c.pd.CreateUDQP(c.cqs.cq, c.opts.SendDepth, c.opts.RecvDepth, udInline, port, ibv.UDQKey); err != nil {
-		return nil, err
+		return err
 	}
 	// The receive path refreshes the cache from the first datagram on.
 	c.peers = newPeerCache[udDest](c.opts.Peers, peerFailTTL, func(d udDest) { d.free() })
 	c.cqs.add(c.vqp.Num, c)
 	if err := c.initPath(c.vqp, mem, addrOf(mem), c.mr.LKey, mtu, c.cqs.poller, PollAdaptive); err != nil {
-		return nil, err
+		return err
 	}
 	local := c.id.LocalAddr()
 	if !local.Addr().IsValid() {
@@ -142,9 +159,9 @@ func listenPacket(ap netip.AddrPort, opts PacketOptions) (_ *PacketConn, err err
 	}
 	c.laddr, c.port = addrFrom(local), local.Port()
 	if err := c.id.Listen(128); err != nil {
-		return nil, err
+		return err
 	}
-	return c, nil
+	return nil
 }
 
 // join joins the multicast group and attaches the QP to it.
@@ -258,10 +275,14 @@ func (c *PacketConn) cmEvent(ev rdmacm.Event) {
 		default:
 		}
 	case rdmacm.EventDeviceRemoval:
-		if c.dev != nil {
+		c.setupMu.Lock()
+		if !c.settingUp && c.dev != nil {
+			// (While the setup runs, c.dev is its to write: it marks
+			// the removal itself when it ends.)
 			markRemoved(c.dev.ctx.Ptr())
 		}
-		c.failAsync(nil, true) // and releases
+		c.setupMu.Unlock()
+		c.failAsync(nil, true) // and releases, or leaves that to the setup
 	}
 }
 
@@ -276,7 +297,7 @@ func (c *PacketConn) startResolve(ap netip.AddrPort, ref *peerRef[udDest], refre
 	c.resMu.Lock()
 	defer c.resMu.Unlock()
 	if c.resClosed {
-		c.resolutionDone(ref, refresh, udDest{}, errClosedPacket)
+		c.resolutionDone(ref, refresh, udDest{}, c.goneErr())
 		return
 	}
 	resolve := c.resolveDest
@@ -332,11 +353,17 @@ func (c *PacketConn) resolveDest(ap netip.AddrPort) (udDest, error) {
 				return ev, nil
 			case ev.Type == rdmacm.EventRejected:
 				return ev, os.NewSyscallError(call, syscall.ECONNREFUSED)
+			case ev.Type == rdmacm.EventDeviceRemoval:
+				// The resolution's id is on the device too, and may
+				// hear of the removal before the PacketConn's own id.
+				return ev, &deviceError{os.NewSyscallError(call, syscall.ENODEV)}
 			}
 			return ev, os.NewSyscallError(call, eventErrno(ev, syscall.EHOSTUNREACH))
 		case <-ctx.Done():
 			if c.resCtx.Err() != nil {
-				return rdmacm.Event{}, errClosedPacket
+				// Cut short by the release: Close's, or the device
+				// removal's (whose error the writer gets).
+				return rdmacm.Event{}, c.goneErr()
 			}
 			return rdmacm.Event{}, os.NewSyscallError(call, syscall.ETIMEDOUT)
 		}
@@ -362,6 +389,11 @@ func (c *PacketConn) resolveDest(ap netip.AddrPort) (udDest, error) {
 	}
 	ev, err := wait(rdmacm.EventEstablished, "rdma_connect")
 	if err != nil {
+		if sidrNoListener(ev.Type == rdmacm.EventUnreachable, ev.Status) {
+			// The address and the route resolved: the host is there,
+			// its port is not. UDP sends that datagram and loses it.
+			return udDest{}, errNoListener
+		}
 		return udDest{}, err
 	}
 	if ev.UD == nil {
@@ -377,9 +409,6 @@ func (c *PacketConn) resolveDest(ap netip.AddrPort) (udDest, error) {
 // errOtherDevice is the resolution's error for a destination that the
 // routing table reaches through another device than the PacketConn's.
 var errOtherDevice = errors.New("rdma: the destination is reached through another RDMA device than the PacketConn's")
-
-// errClosedPacket ends the resolutions of a PacketConn that is closing.
-var errClosedPacket = errors.New("rdma: use of closed PacketConn")
 
 // release tears down whatever the PacketConn has set up, in the reverse
 // order: the listening id (no more resolutions answered), the

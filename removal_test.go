@@ -147,6 +147,20 @@ func TestDeviceRemoval(t *testing.T) {
 			_, _, err := pc.ReadFrom(make([]byte, 10))
 			ended <- ending{"ReadFrom", err, time.Now()}
 		}()
+		if silent := os.Getenv("RDMA_TEST_SILENT_ADDR"); silent != "" {
+			// A write that waits for the resolution of an address
+			// nobody answers for: the release cuts it short, and the
+			// write says why (it said "use of closed PacketConn").
+			lc := rdma.ListenConfig{Packet: rdma.PacketOptions{ResolveTimeout: 20 * time.Second}}
+			wp, err := lc.ListenPacket(context.Background(), "rdma", net.JoinHostPort(testAddr, "0"))
+			require.NoError(t, err)
+			defer wp.Close()
+			endings++
+			go func() {
+				_, err := wp.WriteTo([]byte("x"), &rdma.Addr{IP: net.ParseIP(silent), Port: 9})
+				ended <- ending{"WriteTo", err, time.Now()}
+			}()
+		}
 	}
 	// A server that never answers keeps a Dial waiting; its own id is on
 	// the device too, and goes once the Dial has failed.
@@ -458,4 +472,86 @@ func TestRegionBytesAfterRemoval(t *testing.T) {
 	require.NoError(t, err, "Dial after the device came back")
 	transfer(t, c, c, "the device is back")
 	require.NoError(t, c.Close())
+}
+
+// TestPacketPortDown takes the device's network interface down for
+// longer than the grace after which a Conn fails. A PacketConn, whose UD
+// QP the outage itself does not break, serves datagrams both ways once
+// the port is back (it failed every later read and write with ENETDOWN),
+// to a destination resolved before the outage and to a new one. A write
+// during an outage is another matter: Soft-RoCE completes its send with
+// an error (local QP operation error), which puts the QP in its error
+// state, and the later writes fail with EIO (docs/datagrams.md, Limits);
+// a new PacketConn serves.
+func TestPacketPortDown(t *testing.T) {
+	needDevice(t)
+	needNotSiw(t, "siw has no UD (TestPacketIWARP)")
+	out, err := exec.Command("rdma", "link", "show").Output()
+	require.NoError(t, err)
+	m := rxeLinkRE.FindStringSubmatch(string(out))
+	if m == nil {
+		t.Skipf("no software RDMA link whose interface can go down: %s", out)
+	}
+	netdev := m[2]
+	defer rdma.SetPortDownGrace(time.Second)()
+	keep := "/proc/sys/net/ipv6/conf/" + netdev + "/keep_addr_on_down"
+	if old, err := os.ReadFile(keep); err == nil {
+		require.NoError(t, os.WriteFile(keep, []byte("1"), 0o644))
+		defer os.WriteFile(keep, old, 0o644)
+	}
+	setLink := func(state string) {
+		out, err := exec.Command("ip", "link", "set", netdev, state).CombinedOutput()
+		require.NoError(t, err, "ip link set %s %s: %s", netdev, state, out)
+	}
+	defer setLink("up")
+	listen := func() *rdma.PacketConn {
+		t.Helper()
+		c, err := rdma.ListenPacket("rdma", net.JoinHostPort(testAddr, "0"))
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	// exchange writes from one to the other until a datagram arrives.
+	exchange := func(from, to *rdma.PacketConn, what string) {
+		t.Helper()
+		buf := make([]byte, 64)
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			_, err := from.WriteTo([]byte(what), to.LocalAddr())
+			require.NoError(t, err, what)
+			require.NoError(t, to.SetReadDeadline(time.Now().Add(200*time.Millisecond)))
+			n, _, err := to.ReadFrom(buf)
+			if err == nil && string(buf[:n]) == what {
+				return
+			}
+			if err != nil {
+				require.ErrorIs(t, err, os.ErrDeadlineExceeded, what)
+			}
+			require.True(t, time.Now().Before(deadline), "%s: no datagram arrived", what)
+		}
+	}
+	a, b := listen(), listen()
+	exchange(a, b, "before")
+	exchange(b, a, "before, back")
+
+	setLink("down")
+	time.Sleep(3 * time.Second) // three times the grace
+	setLink("up")
+	exchange(a, b, "after")
+	exchange(b, a, "after, back")
+	exchange(a, listen(), "a new destination")
+	require.Zero(t, a.Stats().SendErrors)
+
+	setLink("down")
+	var werr error
+	for start := time.Now(); time.Since(start) < 3*time.Second && werr == nil; time.Sleep(100 * time.Millisecond) {
+		_, werr = a.WriteTo([]byte("during"), b.LocalAddr())
+	}
+	setLink("up")
+	if werr == nil {
+		_, werr = a.WriteTo([]byte("after"), b.LocalAddr())
+	}
+	t.Logf("writes during the outage: %v; %+v", werr, a.Stats())
+	require.ErrorIs(t, werr, syscall.EIO)
+	exchange(listen(), b, "a new PacketConn")
 }

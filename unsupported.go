@@ -48,10 +48,11 @@ type packetSys struct {
 	resolveFake func(netip.AddrPort) (udDest, error)
 }
 
-func listenPacket(netip.AddrPort, PacketOptions) (*PacketConn, error) { return nil, ErrUnsupported }
-func (c *PacketConn) releaseAsync()                                   {}
-func (c *PacketConn) join(netip.Addr) error                           { return ErrUnsupported }
-func multicastLocal(*net.Interface, bool) (netip.Addr, error)         { return netip.Addr{}, ErrUnsupported }
+func listenPacket(netip.AddrPort, PacketOptions, netip.Addr) (*PacketConn, error) {
+	return nil, ErrUnsupported
+}
+func (c *PacketConn) releaseAsync()                           {}
+func multicastLocal(*net.Interface, bool) (netip.Addr, error) { return netip.Addr{}, ErrUnsupported }
 
 // startResolve resolves through resolveFake, at once, if a test set it:
 // without RDMA there is nothing else to resolve with.
