@@ -148,8 +148,19 @@ type Conn struct {
 	// either direction), after which the peer's connection manager no
 	// longer holds the QP's number as a connection's (see keepQP).
 	cmUp, cmDown bool
-	ka           keepalive
-	kaTimer      *time.Timer // ticks the keepalive while it is on
+	// awaitFirst: an accepted connection on a transport whose connection
+	// setup has the initiator send first (iWARP's MPA without its
+	// ready-to-receive exchange) is established, but not handed to
+	// Accept before the dialing side's first message has arrived (see
+	// firstArrived). heardFirst: a receive completed (on the accepting
+	// side, that may be before the connection manager's event is
+	// processed). nudge repeats the dialing side's first message until
+	// it hears from its peer (see nudgeFirst); nudges counts them.
+	awaitFirst, heardFirst bool
+	nudge                  *time.Timer
+	nudges                 int
+	ka                     keepalive
+	kaTimer                *time.Timer // ticks the keepalive while it is on
 }
 
 // queuePair posts work requests: the connection's *ibv.QP, or a fake.

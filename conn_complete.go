@@ -23,6 +23,10 @@ func (c *Conn) complete(wc ibv.WC) bool {
 		c.oneSidedDone(wc)
 	} else {
 		c.recvDone(wc)
+		c.heardFirst = true
+		if c.awaitFirst {
+			c.firstArrived(wc.Status == ibv.WCSuccess && c.life.werr == nil)
+		}
 	}
 	if c.cr.wantCredit {
 		c.returnCredits(true)

@@ -367,6 +367,7 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 		return err
 	}
 	c.start(peer)
+	c.initiatorFirst()
 	return nil
 }
 
@@ -533,6 +534,17 @@ func (c *Conn) handleCM(ev rdmacm.Event) {
 			if ok {
 				c.life.phase = phaseEstablished
 				c.cmUp = true
+				// iWARP: not before the dialing side's first message
+				// (see initiatorFirst), which the poller may have
+				// taken already.
+				if c.lay.headers() {
+					c.awaitFirst = true
+					if c.heardFirst {
+						c.firstArrived(true)
+						c.flushDroppingLock()
+					}
+					ok = false
+				}
 			}
 			c.mu.Unlock()
 			if ok {
@@ -546,6 +558,20 @@ func (c *Conn) handleCM(ev rdmacm.Event) {
 			c.lst.failed(c)
 		}
 	case phaseEstablished, phaseDead:
+		c.mu.Lock()
+		awaiting := c.awaitFirst && (ev.Type == rdmacm.EventDisconnected || ev.Type == rdmacm.EventDeviceRemoval || ev.Type == eventLost)
+		if awaiting {
+			// Gone before its first message: never accepted (see
+			// firstArrived).
+			c.firstArrived(false)
+		}
+		c.mu.Unlock()
+		if awaiting && ev.Type == rdmacm.EventDeviceRemoval {
+			markRemoved(c.id.Verbs())
+		}
+		if awaiting {
+			return
+		}
 		// While closing too: a disconnect ends the wait for the fin's
 		// acknowledgement.
 		switch ev.Type {
@@ -559,6 +585,96 @@ func (c *Conn) handleCM(ev rdmacm.Event) {
 			c.fail(c.cm.lostErr())
 			c.mu.Unlock()
 		}
+	}
+}
+
+// On iWARP the initiator of a connection sends first, and siw, without
+// MPA version 2's ready-to-receive exchange, has two races around the
+// first messages (docs/providers.md):
+//   - Its accepting side reports the connection established as soon as
+//     its MPA reply is sent, and a message posted then can reach the
+//     dialing side right behind that reply, before the dialing side's
+//     connection manager has taken it: siw reads the reply, finds more
+//     bytes behind it, and fails the connect (CONNECT_ERROR) while the
+//     server holds the connection as established. A server that writes
+//     first lost 1 dial in 26 that way in the test bed
+//     (TestDialServerWritesFirst).
+//   - Its accepting side moves the socket under the QP only after the
+//     MPA reply is sent: a message from the dialing side that arrives in
+//     between stays in the socket's buffer, unprocessed, until more
+//     bytes arrive (1 dial in about 60 there, once the dialing side sent
+//     first).
+//
+// So on a transport of header SENDs (iWARP) the dialing side sends a
+// credit message as soon as it is connected (initiatorFirst) and repeats
+// it, a few times with growing pauses, until it hears from its peer
+// (nudgeFirst: a message stranded in the socket goes up with the next
+// one); the accepting side is handed to Accept, and so may send, only
+// once a message of the peer's has arrived, and at once answers it with
+// a credit message of its own (firstArrived). Everything the library
+// sends by itself answers something the peer sent, or starts after
+// Accept.
+
+// initiatorFirst sends the dialing side's first message on iWARP: a credit
+// message returning nothing, which spends one of the peer's control
+// credits as any credit message does (the peer's answer returns it).
+func (c *Conn) initiatorFirst() {
+	if !c.lay.headers() {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sendFirst()
+	c.nudge = time.AfterFunc(nudgeFirstAfter, c.nudgeFirst)
+}
+
+// sendFirst sends a credit message, if a control credit allows; mu is
+// held.
+func (c *Conn) sendFirst() {
+	if c.life.werr == nil && !c.tx.draining && c.cr.ctrlFree(c.tx.ctrlInFlight()) {
+		c.queueSend(wire.MsgCredit, 0)
+		c.flushDroppingLock()
+	}
+}
+
+// nudgeFirstAfter is the pause before the first repeat of the dialing
+// side's first message; each next pause is four times longer, and there
+// are nudgeFirstRepeats of them (fewer than the control credits, so that
+// a credit message of the connection's own can still go before the peer
+// answers).
+const (
+	nudgeFirstAfter   = 5 * time.Millisecond
+	nudgeFirstRepeats = wire.CtrlDepth - 2
+)
+
+// nudgeFirst repeats the first message while nothing was heard from the
+// peer; it runs on the timer's goroutine.
+func (c *Conn) nudgeFirst() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.heardFirst || c.life.phase != phaseEstablished || c.nudges >= nudgeFirstRepeats {
+		return
+	}
+	c.nudges++
+	c.sendFirst()
+	c.nudge.Reset(nudgeFirstAfter << (2 * c.nudges))
+}
+
+// firstArrived ends an accepted connection's wait for its peer's first
+// message (awaitFirst): it arrived (ok), and the listener queues the
+// connection for Accept and the peer is answered (its repeats end); or
+// the connection failed first, and the listener drops it. mu is held.
+func (c *Conn) firstArrived(ok bool) {
+	c.awaitFirst = false
+	if !ok {
+		c.lst.failed(c)
+		return
+	}
+	c.lst.established(c)
+	if c.cr.ctrlFree(c.tx.ctrlInFlight()) {
+		// Queued: a completion's sends are posted by the poller's flush
+		// (see complete), the event's by handleCM.
+		c.queueSend(wire.MsgCredit, 0)
 	}
 }
 

@@ -275,3 +275,49 @@ func TestCancelledDials(t *testing.T) {
 	rdma.WaitReleases()
 	require.Equal(t, recvsLeft, rdma.UnconnectedRecvsLeft(), "releases of unconnected dials that left receives posted")
 }
+
+// TestDialServerWritesFirst: servers that write as soon as they accept
+// (a banner, a greeting: SSH, SMTP, Redis's replicas). On iWARP the
+// connection's first bytes after the MPA exchange must not reach the
+// dialing side before it has taken the MPA reply: siw reads the reply
+// and then finds more bytes behind it, a protocol error it reports as
+// CONNECT_ERROR, while the server has the connection accepted.
+func TestDialServerWritesFirst(t *testing.T) {
+	needDevice(t)
+	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	defer ln.Close()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				if _, err := c.Write([]byte("banner")); err == nil {
+					io.Copy(io.Discard, c)
+				}
+			}()
+		}
+	}()
+	dials := 100
+	if testing.Short() {
+		dials = 20
+	}
+	for i := range dials {
+		c, err := (&rdma.Dialer{Timeout: 10 * time.Second}).Dial("rdma", ln.Addr().String())
+		require.NoError(t, err, "dial %d", i)
+		got := make([]byte, 6)
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, err = io.ReadFull(c, got)
+		require.NoError(t, err, "dial %d: the listener's %+v; the dialed end's %+v", i, ln.Stats(), c.(*rdma.Conn).Stats())
+		require.Equal(t, "banner", string(got))
+		require.NoError(t, c.Close())
+	}
+}

@@ -201,6 +201,10 @@ func (c *Conn) stopKeepAlive() {
 	if c.kaTimer != nil {
 		c.kaTimer.Stop()
 	}
+	if c.nudge != nil {
+		// The first message's repeats too (see nudgeFirst).
+		c.nudge.Stop()
+	}
 }
 
 // keepAliveTick runs on the timer's goroutine.

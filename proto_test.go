@@ -49,7 +49,7 @@ func TestPeerBytesAreProtocolErrors(t *testing.T) {
 	b[4] = wire.Version + 1
 	_, err = parseHello(b)
 	require.ErrorIs(t, err, ErrProtocol)
-	require.ErrorContains(t, err, "protocol version 8, want 7")
+	require.ErrorContains(t, err, "protocol version 9, want 8")
 
 	_, err = parseRingDesc(make([]byte, 3), 8192)
 	var pe *protocolError

@@ -7,8 +7,9 @@ const (
 	// Version is the protocol version this package speaks. 1 carried the
 	// header in an 8-byte prefix; 2 had no flags; 3 used SEND and receive
 	// buffers; 4 had no HelloHeaders; 5 had fixed rings; 6 had no wants
-	// flag.
-	Version  = 7
+	// flag; 7 let an iWARP responder send before the initiator's first
+	// message.
+	Version  = 8
 	helloLen = 30
 
 	HelloMessages = 1 << 0 // Hello.Flags: the sender's reads are message-oriented
