@@ -27,6 +27,7 @@ func (connSys) errorQP()                  {}
 func (connSys) wasDialed() bool           { return false }
 func (c *Conn) freeVerbs()                {}
 func (c *Conn) markDeviceRemoved()        {}
+func (c *Conn) firstArrived(bool)         { c.awaitFirst = false } // no listener accepts here
 func wcStatusString(status uint32) string { return fmt.Sprintf("status %d", status) }
 
 func asyncEventString(t ibv.AsyncEventType) string { return fmt.Sprintf("event %d", int(t)) }
