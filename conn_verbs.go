@@ -638,13 +638,14 @@ func (c *Conn) sendFirst() {
 }
 
 // nudgeFirstAfter is the pause before the first repeat of the dialing
-// side's first message; each next pause is four times longer, and there
-// are nudgeFirstRepeats of them (fewer than the control credits, so that
-// a credit message of the connection's own can still go before the peer
-// answers).
+// side's first message; each next pause is eight times longer (5, 40 and
+// 320 ms), and there are nudgeFirstRepeats of them, as many as the
+// control credits left. Past them, the keepalive's first probe (an RDMA
+// WRITE, which needs no credit) is the next message to bring a stranded
+// one up.
 const (
 	nudgeFirstAfter   = 5 * time.Millisecond
-	nudgeFirstRepeats = wire.CtrlDepth - 2
+	nudgeFirstRepeats = wire.CtrlDepth - 1
 )
 
 // nudgeFirst repeats the first message while nothing was heard from the
@@ -657,7 +658,7 @@ func (c *Conn) nudgeFirst() {
 	}
 	c.nudges++
 	c.sendFirst()
-	c.nudge.Reset(nudgeFirstAfter << (2 * c.nudges))
+	c.nudge.Reset(nudgeFirstAfter << (3 * c.nudges))
 }
 
 // firstArrived ends an accepted connection's wait for its peer's first
@@ -671,7 +672,7 @@ func (c *Conn) firstArrived(ok bool) {
 		return
 	}
 	c.lst.established(c)
-	if c.cr.ctrlFree(c.tx.ctrlInFlight()) {
+	if c.life.phase == phaseEstablished && c.cr.ctrlFree(c.tx.ctrlInFlight()) {
 		// Queued: a completion's sends are posted by the poller's flush
 		// (see complete), the event's by handleCM.
 		c.queueSend(wire.MsgCredit, 0)

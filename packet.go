@@ -109,7 +109,8 @@ type PacketStats struct {
 	// DropsStaleFragments counts fragments dropped because they could
 	// complete nothing: a duplicate of one held, or one of a datagram
 	// completed or given up less than the reassembly timeout (1 s) ago
-	// (its datagram, if given up, is counted in DropsReassembly once).
+	// and among the last 16 finished (its datagram, if given
+	// up, is counted in DropsReassembly once).
 	DropsStaleFragments uint64
 	// PeerHits and PeerMisses count the writes that found their
 	// destination's address handle cached, and those that resolved it;
@@ -482,15 +483,15 @@ func (c *PacketConn) failAsync(err error, removed bool) {
 }
 
 // removedWhileSetup records a removal of the device that came while the
-// setup runs, and reports whether it did: the setup releases then
-// (endSetup).
+// setup runs, and reports whether one did (now, or as the connection
+// manager's event recorded it): the setup releases then (endSetup).
 func (c *PacketConn) removedWhileSetup() bool {
 	c.setupMu.Lock()
 	defer c.setupMu.Unlock()
 	if c.settingUp {
 		c.removedSetup = true
 	}
-	return c.settingUp
+	return c.removedSetup
 }
 
 // endSetup ends the setup and reports whether the device was removed

@@ -276,9 +276,13 @@ func (c *PacketConn) cmEvent(ev rdmacm.Event) {
 		}
 	case rdmacm.EventDeviceRemoval:
 		c.setupMu.Lock()
-		if !c.settingUp && c.dev != nil {
-			// (While the setup runs, c.dev is its to write: it marks
-			// the removal itself when it ends.)
+		if c.settingUp {
+			// While the setup runs, c.dev is its to write: it marks
+			// the removal itself when it ends, and releases. Decided
+			// here, under the same lock as the check: a setup that ends
+			// right after it must see the removal.
+			c.removedSetup = true
+		} else if c.dev != nil {
 			markRemoved(c.dev.ctx.Ptr())
 		}
 		c.setupMu.Unlock()

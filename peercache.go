@@ -2,6 +2,7 @@ package rdma
 
 import (
 	"errors"
+	"net"
 	"net/netip"
 	"sync"
 	"time"
@@ -318,6 +319,19 @@ func (c *peerCache[V]) refreshed(ref *peerRef[V], v V, err error, now time.Time)
 	}
 }
 
+// refreshedGone ends a refresh (see refreshed) whose answer was that the
+// destination is no more (nothing listens on its port): the entry leaves
+// the cache, so the next write resolves it anew, as a new destination's.
+func (c *peerCache[V]) refreshedGone(ref *peerRef[V], err error, now time.Time) {
+	c.mu.Lock()
+	if !ref.gone && c.entries[ref.key] == ref {
+		c.evict(ref) // the refresh holds ref: nothing is freed here
+	}
+	c.mu.Unlock()
+	var none V
+	c.refreshed(ref, none, err, now)
+}
+
 // release gives back a hold acquire or resolved gave; the value is freed
 // now if it left the cache meanwhile and this was its last holder.
 func (c *peerCache[V]) release(ref *peerRef[V]) {
@@ -432,7 +446,15 @@ func (c *PacketConn) resolutionDone(ref *peerRef[udDest], refresh bool, d udDest
 		c.resolveDone(ref, d, err)
 		return
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, errNoListener):
+		// Its PacketConn closed and none took the port: what is
+		// written to it is lost and counted as such (see writeOne), not
+		// sent to the QP that is gone.
+		c.peers.refreshedGone(ref, err, time.Now())
+		return
+	case err != nil && !errors.Is(err, net.ErrClosed):
+		// (Not one the release cut short.)
 		c.stats.peerFailures.Add(1)
 	}
 	c.peers.refreshed(ref, d, err, time.Now())

@@ -494,3 +494,22 @@ func TestPeerCacheRefreshGone(t *testing.T) {
 	require.ElementsMatch(t, []uint32{10, 11, 20, 21}, log.qpnList())
 	require.ErrorIs(t, c.acquire(peerAddr(2), t0).err, errCacheClosed)
 }
+
+// A refresh answered with "nothing listens there" takes the entry out of
+// the cache (its value freed once the refresh lets go of it): the next
+// write resolves the destination anew instead of sending to the QP that
+// is gone.
+func TestPeerCacheRefreshedGone(t *testing.T) {
+	var log freeLog
+	c := newPeerCache(4, time.Second, log.free)
+	t0 := time.Unix(1000, 0)
+	resolveQP(t, c, peerAddr(1), 10, t0)
+	ref := c.heard(peerAddr(1), 11, t0)
+	require.NotNil(t, ref)
+	c.refreshedGone(ref, errors.New("nothing listens"), t0)
+	require.Equal(t, []uint32{10}, log.qpnList(), "the entry's value is freed")
+	require.Zero(t, c.len())
+	w := c.acquire(peerAddr(1), t0)
+	require.False(t, w.ref.ok, "the next write resolves anew")
+	c.resolved(w.ref, &testHandle{peer: peerAddr(1), qpn: 12}, nil, t0)
+}
