@@ -18,7 +18,11 @@
 // reply of another version. Version 3 added the flags and the fragment
 // type; version 4 the receive ring; version 5 headers as SEND payloads
 // (below); version 6 rings that grow and shrink (below); version 7 the
-// header's wants flag (below).
+// header's wants flag (below); version 8 the initiator's first message on
+// a transport of header SENDs: the dialing side sends a credit message
+// once connected, repeated until it hears from the listener, which sends
+// nothing before a message of the dialer's has arrived (iWARP's MPA has
+// the initiator send first).
 //
 // Memory: each side has a receive ring, the only memory the protocol lets
 // the peer touch (registered for remote write, never read; memory an

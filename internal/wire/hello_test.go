@@ -44,7 +44,7 @@ func TestHelloBytes(t *testing.T) {
 		RingSize: 0x08090a0b, RingAddr: 0x0c0d0e0f10111213, RKey: 0x14151617}
 	want := []byte{
 		0x47, 0x56, 0x52, 0x44, // magic "GVRD"
-		7,          // version
+		8,          // version
 		0x03,       // flags
 		0x01, 0x02, // recvDepth
 		0x03,                   // ctrlDepth
@@ -56,7 +56,7 @@ func TestHelloBytes(t *testing.T) {
 	}
 	require.Equal(t, want, h.Marshal())
 	require.Len(t, want, helloLen)
-	require.Equal(t, 7, Version)
+	require.Equal(t, 8, Version)
 }
 
 func TestHelloRejected(t *testing.T) {
@@ -79,12 +79,13 @@ func TestHelloRejected(t *testing.T) {
 		{"bad magic", mutate(func(b []byte) { b[0] ^= 0xff }), "bad magic"},
 		{"version 0", mutate(func(b []byte) { b[4] = 0 }), "protocol version 0"},
 		{"version 1 (header in the payload)", mutate(func(b []byte) { b[4] = 1 }), "protocol version 1"},
-		{"version 2 (no flags)", mutate(func(b []byte) { b[4] = 2 }), "protocol version 2, want 7"},
-		{"version 3 (receive buffers)", mutate(func(b []byte) { b[4] = 3 }), "protocol version 3, want 7"},
-		{"version 4 (immediate data only)", mutate(func(b []byte) { b[4] = 4 }), "protocol version 4, want 7"},
-		{"version 5 (fixed rings)", mutate(func(b []byte) { b[4] = 5 }), "protocol version 5, want 7"},
-		{"version 6 (no wants flag)", mutate(func(b []byte) { b[4] = 6 }), "protocol version 6, want 7"},
-		{"version 8", mutate(func(b []byte) { b[4] = Version + 1 }), "protocol version 8"},
+		{"version 2 (no flags)", mutate(func(b []byte) { b[4] = 2 }), "protocol version 2, want 8"},
+		{"version 3 (receive buffers)", mutate(func(b []byte) { b[4] = 3 }), "protocol version 3, want 8"},
+		{"version 4 (immediate data only)", mutate(func(b []byte) { b[4] = 4 }), "protocol version 4, want 8"},
+		{"version 5 (fixed rings)", mutate(func(b []byte) { b[4] = 5 }), "protocol version 5, want 8"},
+		{"version 6 (no wants flag)", mutate(func(b []byte) { b[4] = 6 }), "protocol version 6, want 8"},
+		{"version 7 (iWARP responder may send first)", mutate(func(b []byte) { b[4] = 7 }), "protocol version 7, want 8"},
+		{"version 9", mutate(func(b []byte) { b[4] = Version + 1 }), "protocol version 9"},
 		{"unknown flag", mutate(func(b []byte) { b[5] = 0x80 }), "unknown flags 0x80"},
 		{"zero recvDepth", with(Hello{RecvDepth: 0, CtrlDepth: CtrlDepth, BufSize: 4096}), "bad geometry"},
 		{"zero ctrlDepth", with(Hello{RecvDepth: 16, CtrlDepth: 0, BufSize: 4096}), "bad geometry"},

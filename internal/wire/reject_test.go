@@ -8,7 +8,7 @@ import (
 
 func TestRejectBytes(t *testing.T) {
 	// The magic, the version, the reason, two reserved bytes.
-	require.Equal(t, []byte{0x47, 0x56, 0x52, 0x44, 7, 3, 0, 0}, MarshalReject(3))
+	require.Equal(t, []byte{0x47, 0x56, 0x52, 0x44, 8, 3, 0, 0}, MarshalReject(3))
 	for _, r := range []uint8{0, 1, 6, 200, 0xff} {
 		got, ok := ParseReject(MarshalReject(r))
 		require.True(t, ok)
