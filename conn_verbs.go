@@ -628,13 +628,22 @@ func (c *Conn) initiatorFirst() {
 	c.nudge = time.AfterFunc(nudgeFirstAfter, c.nudgeFirst)
 }
 
-// sendFirst sends a credit message, if a control credit allows; mu is
-// held.
+// sendFirst sends a credit message (queueFirst) and posts it; mu is held.
 func (c *Conn) sendFirst() {
-	if c.life.werr == nil && !c.tx.draining && c.cr.ctrlFree(c.tx.ctrlInFlight()) {
-		c.queueSend(wire.MsgCredit, 0)
+	if c.queueFirst() {
 		c.flushDroppingLock()
 	}
+}
+
+// queueFirst queues a credit message, the first message of either side
+// on iWARP, if the connection can still send and a control credit
+// allows, and reports whether it did; mu is held.
+func (c *Conn) queueFirst() bool {
+	if c.life.phase != phaseEstablished || c.life.werr != nil || c.tx.draining || !c.cr.ctrlFree(c.tx.ctrlInFlight()) {
+		return false
+	}
+	c.queueSend(wire.MsgCredit, 0)
+	return true
 }
 
 // nudgeFirstAfter is the pause before the first repeat of the dialing
@@ -672,11 +681,9 @@ func (c *Conn) firstArrived(ok bool) {
 		return
 	}
 	c.lst.established(c)
-	if c.life.phase == phaseEstablished && c.cr.ctrlFree(c.tx.ctrlInFlight()) {
-		// Queued: a completion's sends are posted by the poller's flush
-		// (see complete), the event's by handleCM.
-		c.queueSend(wire.MsgCredit, 0)
-	}
+	// Queued: a completion's sends are posted by the poller's flush (see
+	// complete), the event's by handleCM.
+	c.queueFirst()
 }
 
 // destroyQP destroys the id's QP while no CM event is being processed.

@@ -287,25 +287,13 @@ func TestDialServerWritesFirst(t *testing.T) {
 	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
 	require.NoError(t, err)
 	defer ln.Close()
-	var wg sync.WaitGroup
+	wg := serve(ln, func(c net.Conn) {
+		if _, err := c.Write([]byte("banner")); err == nil {
+			io.Copy(io.Discard, c)
+		}
+	})
 	defer wg.Wait()
 	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				if _, err := c.Write([]byte("banner")); err == nil {
-					io.Copy(io.Discard, c)
-				}
-			}()
-		}
-	}()
 	dials := 100
 	if testing.Short() {
 		dials = 20

@@ -208,6 +208,13 @@ func transfer(t *testing.T, from, to net.Conn, msg string) {
 // serveEcho accepts connections on ln until it is closed and echoes each
 // one back to itself; Wait waits for the echoing goroutines to finish.
 func serveEcho(ln net.Listener) *sync.WaitGroup {
+	return serve(ln, func(c net.Conn) { io.Copy(c, c) })
+}
+
+// serve accepts connections on ln until it is closed and runs handle on
+// each, on a goroutine of its own, closing the connection after it; Wait
+// waits for those goroutines to finish.
+func serve(ln net.Listener, handle func(net.Conn)) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	go func() {
 		for {
@@ -219,7 +226,7 @@ func serveEcho(ln net.Listener) *sync.WaitGroup {
 			go func() {
 				defer wg.Done()
 				defer c.Close()
-				io.Copy(c, c)
+				handle(c)
 			}()
 		}
 	}()

@@ -515,9 +515,7 @@ func BenchmarkPacketWriteBatch64(b *testing.B) {
 // fail.
 func TestPacketNoListener(t *testing.T) {
 	needDevice(t)
-	if siw() {
-		t.Skip("siw has no UD (TestPacketIWARP)")
-	}
+	needNotSiw(t, "siw has no UD (TestPacketIWARP)")
 	a, b := listenPacketPair(t)
 	defer a.Close()
 	nobody := b.LocalAddr()

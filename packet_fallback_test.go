@@ -24,13 +24,7 @@ func TestPacketFallbackUDP(t *testing.T) {
 	require.Equal(t, "rdma", oe.Net)
 	require.True(t, isNoDeviceOrUnsupported(err), "%v", err)
 
-	lc := rdma.ListenConfig{FallbackUDP: true}
-	a, err := lc.ListenPacket(context.Background(), "rdma4", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer a.Close()
-	b, err := lc.ListenPacket(context.Background(), "rdma4", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer b.Close()
+	a, b := fallbackUDPPair(t)
 	require.True(t, a.(*rdma.PacketConn).IsUDP())
 	bu := b.LocalAddr().(*net.UDPAddr)
 	_, err = a.WriteTo([]byte("one"), &rdma.Addr{IP: bu.IP, Port: bu.Port})
@@ -57,6 +51,21 @@ func TestPacketFallbackUDP(t *testing.T) {
 // isNoDeviceOrUnsupported reports whether err says that RDMA cannot serve
 // here: no device (a host without RDMA, or loopback), or no RDMA in the
 // build.
+// fallbackUDPPair opens two PacketConns on loopback with FallbackUDP
+// (UDP sockets: no RDMA device serves loopback), closed at the test's
+// cleanup.
+func fallbackUDPPair(t *testing.T) (a, b net.PacketConn) {
+	t.Helper()
+	lc := rdma.ListenConfig{FallbackUDP: true}
+	a, err := lc.ListenPacket(context.Background(), "rdma4", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { a.Close() })
+	b, err = lc.ListenPacket(context.Background(), "rdma4", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { b.Close() })
+	return a, b
+}
+
 func isNoDeviceOrUnsupported(err error) bool {
 	return errors.Is(err, rdma.ErrNoDevice) || errors.Is(err, rdma.ErrUnsupported)
 }
@@ -65,17 +74,11 @@ func isNoDeviceOrUnsupported(err error) bool {
 // than the buffers of a ReadBatch message fills them, and the message's
 // Flags say MsgTrunc, with one buffer and with several.
 func TestPacketFallbackUDPTruncated(t *testing.T) {
-	lc := rdma.ListenConfig{FallbackUDP: true}
-	a, err := lc.ListenPacket(context.Background(), "rdma4", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer a.Close()
-	b, err := lc.ListenPacket(context.Background(), "rdma4", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer b.Close()
+	a, b := fallbackUDPPair(t)
 	bp := b.(*rdma.PacketConn)
 	require.NoError(t, b.SetReadDeadline(time.Now().Add(5*time.Second)))
 	for _, bufs := range [][][]byte{{make([]byte, 5)}, {make([]byte, 2), make([]byte, 3)}} {
-		_, err = a.WriteTo([]byte("truncated"), b.LocalAddr())
+		_, err := a.WriteTo([]byte("truncated"), b.LocalAddr())
 		require.NoError(t, err)
 		in := []rdma.Message{{Buffers: bufs}}
 		n, err := bp.ReadBatch(in, 0)
@@ -85,7 +88,7 @@ func TestPacketFallbackUDPTruncated(t *testing.T) {
 		require.Equal(t, rdma.MsgTrunc, in[0].Flags&rdma.MsgTrunc, "%d buffers", len(bufs))
 	}
 	// One that fits is not truncated.
-	_, err = a.WriteTo([]byte("fits"), b.LocalAddr())
+	_, err := a.WriteTo([]byte("fits"), b.LocalAddr())
 	require.NoError(t, err)
 	in := []rdma.Message{{Buffers: [][]byte{make([]byte, 2), make([]byte, 3)}}}
 	_, err = bp.ReadBatch(in, 0)

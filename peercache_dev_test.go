@@ -28,9 +28,7 @@ const peerRefreshBound = 5 * time.Second
 // within the bound, plus a resolution.
 func TestPacketPeerReopened(t *testing.T) {
 	needDevice(t)
-	if siw() {
-		t.Skip("siw has no UD")
-	}
+	needNotSiw(t, "siw has no UD (TestPacketIWARP)")
 	a, b := listenPacketPair(t)
 	defer a.Close()
 	addr := b.LocalAddr().String()

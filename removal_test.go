@@ -251,6 +251,32 @@ func TestDeviceRemoval(t *testing.T) {
 	require.NoError(t, c.Close())
 }
 
+// downableLink finds the software RDMA link whose interface a test may
+// take down, skipping the test where there is none, has the interface
+// keep its IPv6 address across the outage for the tests after it (as it
+// was at the test's cleanup), and returns what sets the interface "up" or
+// "down".
+func downableLink(t *testing.T) (setLink func(state string)) {
+	t.Helper()
+	out, err := exec.Command("rdma", "link", "show").Output()
+	require.NoError(t, err)
+	m := rxeLinkRE.FindStringSubmatch(string(out))
+	if m == nil {
+		t.Skipf("no software RDMA link whose interface can go down: %s", out)
+	}
+	netdev := m[2]
+	keep := "/proc/sys/net/ipv6/conf/" + netdev + "/keep_addr_on_down"
+	if old, err := os.ReadFile(keep); err == nil {
+		require.NoError(t, os.WriteFile(keep, []byte("1"), 0o644))
+		t.Cleanup(func() { os.WriteFile(keep, old, 0o644) })
+	}
+	return func(state string) {
+		t.Helper()
+		out, err := exec.Command("ip", "link", "set", netdev, state).CombinedOutput()
+		require.NoError(t, err, "ip link set %s %s: %s", netdev, state, out)
+	}
+}
+
 // TestPortDown takes the RDMA device's network interface down: a flap
 // shorter than the grace is survived, a longer outage fails the blocked
 // Read with an error wrapping ENETDOWN (the device's asynchronous events),
@@ -265,23 +291,8 @@ func TestDeviceRemoval(t *testing.T) {
 func TestPortDown(t *testing.T) {
 	needDevice(t)
 	needNotSiw(t, "siw resets its connections when their netdev goes down, even for a flap of 0.5 s (measured: the transfer after the flap failed with ECONNRESET)")
-	out, err := exec.Command("rdma", "link", "show").Output()
-	require.NoError(t, err)
-	m := rxeLinkRE.FindStringSubmatch(string(out))
-	if m == nil {
-		t.Skipf("no software RDMA link whose interface can go down: %s", out)
-	}
-	netdev := m[2]
+	setLink := downableLink(t)
 	defer rdma.SetPortDownGrace(2 * time.Second)()
-	keep := "/proc/sys/net/ipv6/conf/" + netdev + "/keep_addr_on_down"
-	if old, err := os.ReadFile(keep); err == nil {
-		require.NoError(t, os.WriteFile(keep, []byte("1"), 0o644))
-		defer os.WriteFile(keep, old, 0o644)
-	}
-	setLink := func(state string) {
-		out, err := exec.Command("ip", "link", "set", netdev, state).CombinedOutput()
-		require.NoError(t, err, "ip link set %s %s: %s", netdev, state, out)
-	}
 	var a *rdma.Conn
 	var b net.Conn
 	defer func() {
@@ -486,23 +497,8 @@ func TestRegionBytesAfterRemoval(t *testing.T) {
 func TestPacketPortDown(t *testing.T) {
 	needDevice(t)
 	needNotSiw(t, "siw has no UD (TestPacketIWARP)")
-	out, err := exec.Command("rdma", "link", "show").Output()
-	require.NoError(t, err)
-	m := rxeLinkRE.FindStringSubmatch(string(out))
-	if m == nil {
-		t.Skipf("no software RDMA link whose interface can go down: %s", out)
-	}
-	netdev := m[2]
+	setLink := downableLink(t)
 	defer rdma.SetPortDownGrace(time.Second)()
-	keep := "/proc/sys/net/ipv6/conf/" + netdev + "/keep_addr_on_down"
-	if old, err := os.ReadFile(keep); err == nil {
-		require.NoError(t, os.WriteFile(keep, []byte("1"), 0o644))
-		defer os.WriteFile(keep, old, 0o644)
-	}
-	setLink := func(state string) {
-		out, err := exec.Command("ip", "link", "set", netdev, state).CombinedOutput()
-		require.NoError(t, err, "ip link set %s %s: %s", netdev, state, out)
-	}
 	defer setLink("up")
 	listen := func() *rdma.PacketConn {
 		t.Helper()
