@@ -382,59 +382,43 @@ import (
 // Supported reports whether the real librdmacm is linked in.
 const Supported = true
 
-// EventType is an rdma_cm event type.
-type EventType int
-
-// Event types the library acts on.
-const (
-	EventAddrResolved    EventType = C.RDMA_CM_EVENT_ADDR_RESOLVED
-	EventAddrError       EventType = C.RDMA_CM_EVENT_ADDR_ERROR
-	EventRouteResolved   EventType = C.RDMA_CM_EVENT_ROUTE_RESOLVED
-	EventRouteError      EventType = C.RDMA_CM_EVENT_ROUTE_ERROR
-	EventConnectRequest  EventType = C.RDMA_CM_EVENT_CONNECT_REQUEST
-	EventConnectResponse EventType = C.RDMA_CM_EVENT_CONNECT_RESPONSE
-	EventConnectError    EventType = C.RDMA_CM_EVENT_CONNECT_ERROR
-	EventUnreachable     EventType = C.RDMA_CM_EVENT_UNREACHABLE
-	EventRejected        EventType = C.RDMA_CM_EVENT_REJECTED
-	EventEstablished     EventType = C.RDMA_CM_EVENT_ESTABLISHED
-	EventDisconnected    EventType = C.RDMA_CM_EVENT_DISCONNECTED
-	EventDeviceRemoval   EventType = C.RDMA_CM_EVENT_DEVICE_REMOVAL
-	EventAddrChange      EventType = C.RDMA_CM_EVENT_ADDR_CHANGE
-	EventTimewaitExit    EventType = C.RDMA_CM_EVENT_TIMEWAIT_EXIT
-	EventMulticastJoin   EventType = C.RDMA_CM_EVENT_MULTICAST_JOIN
-	EventMulticastError  EventType = C.RDMA_CM_EVENT_MULTICAST_ERROR
+// Every constant of types.go equals librdmacm's (and the kernel's) own.
+var (
+	_ [EventAddrResolved - C.RDMA_CM_EVENT_ADDR_RESOLVED]struct{}
+	_ [C.RDMA_CM_EVENT_ADDR_RESOLVED - EventAddrResolved]struct{}
+	_ [EventAddrError - C.RDMA_CM_EVENT_ADDR_ERROR]struct{}
+	_ [C.RDMA_CM_EVENT_ADDR_ERROR - EventAddrError]struct{}
+	_ [EventRouteResolved - C.RDMA_CM_EVENT_ROUTE_RESOLVED]struct{}
+	_ [C.RDMA_CM_EVENT_ROUTE_RESOLVED - EventRouteResolved]struct{}
+	_ [EventRouteError - C.RDMA_CM_EVENT_ROUTE_ERROR]struct{}
+	_ [C.RDMA_CM_EVENT_ROUTE_ERROR - EventRouteError]struct{}
+	_ [EventConnectRequest - C.RDMA_CM_EVENT_CONNECT_REQUEST]struct{}
+	_ [C.RDMA_CM_EVENT_CONNECT_REQUEST - EventConnectRequest]struct{}
+	_ [EventConnectResponse - C.RDMA_CM_EVENT_CONNECT_RESPONSE]struct{}
+	_ [C.RDMA_CM_EVENT_CONNECT_RESPONSE - EventConnectResponse]struct{}
+	_ [EventConnectError - C.RDMA_CM_EVENT_CONNECT_ERROR]struct{}
+	_ [C.RDMA_CM_EVENT_CONNECT_ERROR - EventConnectError]struct{}
+	_ [EventUnreachable - C.RDMA_CM_EVENT_UNREACHABLE]struct{}
+	_ [C.RDMA_CM_EVENT_UNREACHABLE - EventUnreachable]struct{}
+	_ [EventRejected - C.RDMA_CM_EVENT_REJECTED]struct{}
+	_ [C.RDMA_CM_EVENT_REJECTED - EventRejected]struct{}
+	_ [EventEstablished - C.RDMA_CM_EVENT_ESTABLISHED]struct{}
+	_ [C.RDMA_CM_EVENT_ESTABLISHED - EventEstablished]struct{}
+	_ [EventDisconnected - C.RDMA_CM_EVENT_DISCONNECTED]struct{}
+	_ [C.RDMA_CM_EVENT_DISCONNECTED - EventDisconnected]struct{}
+	_ [EventDeviceRemoval - C.RDMA_CM_EVENT_DEVICE_REMOVAL]struct{}
+	_ [C.RDMA_CM_EVENT_DEVICE_REMOVAL - EventDeviceRemoval]struct{}
+	_ [EventMulticastJoin - C.RDMA_CM_EVENT_MULTICAST_JOIN]struct{}
+	_ [C.RDMA_CM_EVENT_MULTICAST_JOIN - EventMulticastJoin]struct{}
+	_ [EventMulticastError - C.RDMA_CM_EVENT_MULTICAST_ERROR]struct{}
+	_ [C.RDMA_CM_EVENT_MULTICAST_ERROR - EventMulticastError]struct{}
+	_ [EventAddrChange - C.RDMA_CM_EVENT_ADDR_CHANGE]struct{}
+	_ [C.RDMA_CM_EVENT_ADDR_CHANGE - EventAddrChange]struct{}
+	_ [EventTimewaitExit - C.RDMA_CM_EVENT_TIMEWAIT_EXIT]struct{}
+	_ [C.RDMA_CM_EVENT_TIMEWAIT_EXIT - EventTimewaitExit]struct{}
+	_ [AHAttrSize - C.sizeof_struct_ibv_ah_attr]struct{}
+	_ [C.sizeof_struct_ibv_ah_attr - AHAttrSize]struct{}
 )
-
-func (t EventType) String() string {
-	return C.GoString(C.rdma_event_str(C.enum_rdma_cm_event_type(t)))
-}
-
-// Event is a copy of an rdma_cm_event, already acknowledged.
-type Event struct {
-	Type   EventType
-	Status int
-	// Handle is the handle of the id the event is for; ListenHandle that of
-	// the listening id for connect requests, whose ID is a new id.
-	Handle       uintptr
-	ListenHandle uintptr
-	ID           *ID
-	PrivateData  []byte
-	// Initiator and Responder are, in a connect request, the RDMA READ
-	// depths the requester offers from this side's point of view (the
-	// kernel swaps them): how many READs this side may issue, and serve.
-	Initiator, Responder uint8
-	// UD is, in the established event of a UDP port space id, what its
-	// service ID resolution found: where datagrams to the peer go.
-	UD *UDParam
-}
-
-// UDParam is the outcome of a service ID resolution: the peer's QP
-// number and Q_Key, and the address handle attributes (a struct
-// ibv_ah_attr) of the route to it.
-type UDParam struct {
-	QPNum, QKey uint32
-	AHAttr      [C.sizeof_struct_ibv_ah_attr]byte
-}
 
 // EventChannel is an rdma_event_channel driven through the netpoller.
 type EventChannel struct {
@@ -842,3 +826,8 @@ func (id *ID) LocalAddr() netip.AddrPort { return id.addr(0) }
 
 // PeerAddr is the connected or requesting peer's address.
 func (id *ID) PeerAddr() netip.AddrPort { return id.addr(1) }
+
+// cEventName is librdmacm's name of t, for the test that holds String to it.
+func cEventName(t EventType) string {
+	return C.GoString(C.rdma_event_str(C.enum_rdma_cm_event_type(t)))
+}
