@@ -1,9 +1,9 @@
-//go:build linux && cgo
-
 package rdma
 
 import (
+	"net/netip"
 	"sync"
+	"unsafe"
 
 	"github.com/goverbs/rdma/internal/rdmacm"
 )
@@ -32,11 +32,62 @@ func (e *cmLostError) Error() string {
 }
 func (e *cmLostError) Unwrap() error { return e.err }
 
+// eventChannel is what the loop needs of an rdma_cm event channel: the
+// real one (cm_verbs.go), or the host tests' fake, which plays the
+// connection manager so that the dial, accept and event sequences run
+// without a device.
+type eventChannel interface {
+	// Run passes each event to handle until Interrupt; see
+	// rdmacm.EventChannel.Run.
+	Run(handle func(rdmacm.Event)) error
+	Interrupt()
+	Destroy()
+	// Quiet runs f while no event is being processed (see
+	// rdmacm.EventChannel.Quiet).
+	Quiet(f func())
+	// newID creates an RC id whose events carry handle; requestID is
+	// the new id of a connect request.
+	newID(handle uintptr) (cmID, error)
+	requestID(ev rdmacm.Event) cmID
+	// newUDPID creates an id of the UDP port space, for a PacketConn.
+	newUDPID(handle uintptr) (*rdmacm.ID, error)
+}
+
+// cmID is what a Conn and a Listener ask of their rdma_cm id
+// (*rdmacm.ID, or the host tests' fake): the connection manager's steps,
+// and the QP's life under the id.
+type cmID interface {
+	Bind(ap netip.AddrPort) error
+	Listen(backlog int) error
+	ResolveAddr(src netip.Addr, dst netip.AddrPort, timeoutMs int) error
+	ResolveRoute(timeoutMs int) error
+	SetAckTimeout(t uint8) error
+	ConnectRead(private []byte, initiator, responder uint8) error
+	AcceptRead(private []byte, initiator, responder uint8) error
+	Reject(private []byte) error
+	Disconnect() error
+	ErrorQP() error
+	SetHandle(h uintptr)
+	CreateQP(pd, cq unsafe.Pointer, sendWR, recvWR, inline int) (unsafe.Pointer, int, error)
+	AdoptQP(qp unsafe.Pointer) error
+	DestroyQP() error
+	ReleaseQP() error
+	// Verbs is the ibv_context of the id's device, nil before it has one.
+	Verbs() unsafe.Pointer
+	LocalAddr() netip.AddrPort
+	PeerAddr() netip.AddrPort
+	Destroy() error
+}
+
+// openEventChannel opens the process's event channel (cm_verbs.go; a
+// build without verbs has none).
+var openEventChannel = newEventChannel
+
 // cmLoop owns the process's rdma_cm event channel and the goroutine that
 // reads it. It exists while anything (a listener, a connection, a dial in
 // progress) holds a reference, so an idle process has no goroutine left.
 type cmLoop struct {
-	ch       *rdmacm.EventChannel
+	ch       eventChannel
 	done     chan struct{}
 	stop     chan struct{}         // closed by the last release
 	handlers map[uintptr]cmHandler // under cmMu
@@ -60,7 +111,7 @@ func acquireCM() (*cmLoop, error) {
 	cmMu.Lock()
 	defer cmMu.Unlock()
 	if theCM == nil {
-		ch, err := rdmacm.NewEventChannel()
+		ch, err := openEventChannel()
 		if err != nil {
 			return nil, hostDeviceError(err)
 		}
@@ -143,8 +194,9 @@ func (l *cmLoop) dispatch(ev rdmacm.Event) {
 		// The listener is going away: refuse and drop the new id. Its
 		// only event has been acknowledged, so destroying it here
 		// cannot wait on this goroutine.
-		ev.ID.Reject(marshalReject(RefusedShutdown))
-		retryDestroy(ev.ID.Destroy)
+		id := l.ch.requestID(ev)
+		id.Reject(marshalReject(RefusedShutdown))
+		retryDestroy(id.Destroy)
 	}
 }
 

@@ -13,9 +13,10 @@ import (
 // Failing and shutting a Conn down, in one place: fail (every failure of
 // an established connection), CloseRead, CloseWrite, Close, the peer's
 // disconnect, a device's removal, and the teardown (the linger for the
-// fin, the drain of the QP, the release). The verbs objects are freed
-// through three hooks of the platform's part (disconnect, freeVerbs and
-// markDeviceRemoved in conn_verbs.go; no-ops in unsupported.go).
+// fin, the drain of the QP, the release). The release's whole order is in
+// one function, releaseAll; the verbs objects go through the steps of the
+// platform's part (connSys: conn_sys.go and conn_verbs.go; no-ops in
+// unsupported.go).
 
 // CloseWrite shuts down the writing side: the peer reads what was written
 // and then io.EOF, while this side can still read. Writes fail from then
@@ -451,6 +452,7 @@ func (c *Conn) release() {
 	c.releaseOnce.Do(c.releaseAll)
 }
 
+// releaseAll is the release, from the disconnect to the id's destroy.
 func (c *Conn) releaseAll() {
 	c.mu.Lock()
 	c.stopKeepAlive()
@@ -489,7 +491,63 @@ func (c *Conn) releaseAll() {
 	c.waitDisconnects()
 	// The rings registered apart, before the arena goes back to the pool.
 	c.freeRings()
-	c.freeVerbs()
+	if c.id == nil {
+		return // a Conn built on fakes (host tests) has no verbs objects
+	}
+	// Neither an rdma_accept in progress (qpMu) nor librdmacm's
+	// processing of an event of the id (Quiet, in destroyQP) may find the
+	// QP freed, and no rdma_accept may start once it is (qpGone).
+	keep := c.reusableQP()
+	c.qpMu.Lock()
+	c.qpGone = true
+	c.retireQP(keep)
+	c.qpMu.Unlock()
+	// Before the arena (and its PD) may go to another connection.
+	c.releaseRegions()
+	c.dropArena()
+	// Before the device's release: the device must stay open, its
+	// asynchronous events with it, until its port is back.
+	c.mu.Lock()
+	established := c.cmUp && !c.cmDown
+	c.mu.Unlock()
+	c.waitPortBack(established)
+	c.releaseDevice()
+	c.closeID()
+}
+
+// disconnectWait bounds how long a release waits for the peer's
+// connection manager to answer the disconnect before it decides that the
+// QP cannot be kept (see reusableQP).
+const disconnectWait = 250 * time.Millisecond
+
+// reusableQP reports whether the QP can serve another connection: the
+// connection was dialed; every work request it had has completed (a
+// reset drops queued ones without a completion, which would leave their
+// buffers' owners waiting), and every RDMA READ of it successfully (see
+// readCut); its device is neither iWARP nor gone; and the
+// connection manager completed the disconnect exchange, waiting up to
+// disconnectWait for that.
+//
+// Only a dial adopts a kept QP, and so only a dial's QP is kept. The
+// peer's connection manager holds the QP's number as that of a live
+// connection until it has processed the disconnect's last message, and
+// a side cannot learn when that is unless its own request was answered
+// (both sides may disconnect at once). A new connection whose QP number
+// it still holds is refused: when the number comes in a dial's request,
+// with a reject that says so, and the dial tries again with a new QP
+// (staleConnError); when it comes in an accept's reply, the dialing side
+// drops the reply, and its dial hangs until its request is sent again,
+// seconds later. Accepts therefore create their QPs.
+func (c *Conn) reusableQP() bool {
+	if !c.qpDrained || c.readCut || !c.qpKeepable() {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cmUp && !c.cmDown {
+		c.waitDroppingLock(disconnectWait, func() bool { return c.cmDown })
+	}
+	return c.cmDown
 }
 
 // failAsync fails the connection for an asynchronous event; removed says

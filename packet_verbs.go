@@ -93,7 +93,7 @@ func listenPacket(ap netip.AddrPort, opts PacketOptions, group netip.Addr) (*Pac
 
 // setup makes the PacketConn's id, QP and memory on ap (listenPacket).
 func (c *PacketConn) setup(ap netip.AddrPort) (err error) {
-	if c.id, err = rdmacm.NewUDPID(c.cm.ch, c.handle); err != nil {
+	if c.id, err = c.cm.ch.newUDPID(c.handle); err != nil {
 		return err
 	}
 	if err := c.id.Bind(ap); err != nil {
@@ -174,7 +174,7 @@ func (c *PacketConn) join(group netip.Addr) error {
 	if c.mcID == nil {
 		// rdma_cm joins groups on a bound id, not a listening one.
 		c.mcHandle = c.cm.register(c)
-		id, err := rdmacm.NewUDPID(c.cm.ch, c.mcHandle)
+		id, err := c.cm.ch.newUDPID(c.mcHandle)
 		if err != nil {
 			return err
 		}
@@ -342,7 +342,7 @@ func (c *PacketConn) resolveDest(ap netip.AddrPort) (udDest, error) {
 	r := &resolver{ev: make(chan rdmacm.Event, 4)}
 	h := c.cm.register(r)
 	defer c.cm.unregister(h)
-	id, err := rdmacm.NewUDPID(c.cm.ch, h)
+	id, err := c.cm.ch.newUDPID(h)
 	if err != nil {
 		return udDest{}, err
 	}

@@ -3,12 +3,12 @@
 package rdma
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"net/netip"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/goverbs/rdma/internal/ibv"
 )
@@ -20,14 +20,30 @@ import (
 // otherwise only meet nil or zero values, for which they return errors as
 // package net does. This file holds the verbs hooks those methods call.
 
-type connSys struct{}
+// verbsSys has no verbs objects here, and its steps do nothing: a Conn
+// here is the host tests', over fakes.
+type verbsSys struct{}
 
-func (connSys) disconnect()               {}
-func (connSys) errorQP()                  {}
-func (connSys) wasDialed() bool           { return false }
-func (c *Conn) freeVerbs()                {}
-func (c *Conn) markDeviceRemoved()        {}
-func (c *Conn) firstArrived(bool)         { c.awaitFirst = false } // no listener accepts here
+func (s *connSys) openPath(Options, completer) (dataPath, error) { return dataPath{}, ErrUnsupported }
+func (s *connSys) ackTimeout() uint8                             { return 0 }
+func (s *connSys) readDepths() (uint8, uint8)                    { return 0, 0 }
+func (s *connSys) blockingConnect() bool                         { return false }
+func (s *connSys) portDown() bool                                { return false }
+func (s *connSys) markIDRemoved()                                {}
+func (s *connSys) markDeviceRemoved()                            {}
+func (s *connSys) qpKeepable() bool                              { return false }
+func (s *connSys) retireQP(bool)                                 {}
+func (s *connSys) dropArena()                                    {}
+func (s *connSys) waitPortBack(bool)                             {}
+func (s *connSys) releaseDevice()                                {}
+
+// newEventChannel finds no connection manager: Dial and Listen fail with
+// ErrUnsupported.
+func newEventChannel() (eventChannel, error) { return nil, ErrUnsupported }
+
+func markRemoved(unsafe.Pointer)      {}
+func addListener(unsafe.Pointer, int) {}
+
 func wcStatusString(status uint32) string { return fmt.Sprintf("status %d", status) }
 
 func asyncEventString(t ibv.AsyncEventType) string { return fmt.Sprintf("event %d", int(t)) }
@@ -40,8 +56,6 @@ var (
 	deviceLinger time.Duration
 	devMu        sync.Mutex
 )
-
-type listenerSys struct{}
 
 // packetSys has only what tests over a fake fabric use: resolveFake,
 // which resolves a destination in place of rdma_cm (see packet_verbs.go).
@@ -74,18 +88,6 @@ func (c *PacketConn) release() {
 	}
 	c.rmu.Unlock()
 }
-
-func (l *Listener) close() error { return nil }
-
-func dial(context.Context, netip.Addr, netip.AddrPort, Options) (*Conn, error) {
-	return nil, ErrUnsupported
-}
-
-func listen(netip.AddrPort, int, Options, func(net.Addr, error)) (*Listener, error) {
-	return nil, ErrUnsupported
-}
-
-func (l *Listener) halfOpenNow() int { return 0 }
 
 type regionSys struct{}
 

@@ -1,5 +1,3 @@
-//go:build linux && cgo
-
 package rdma
 
 import (
@@ -14,11 +12,16 @@ import (
 	"github.com/goverbs/rdma/internal/wire"
 )
 
+// The rdma_cm side of a Listener: the listening id, the connection
+// requests it answers, the connections it sets up and accepts until they
+// are established, and its close. It runs over the cmID and connSys steps,
+// so the host tests drive it over a fake connection manager.
+
 // listenerSys is the rdma_cm side of a Listener.
 type listenerSys struct {
 	cm       *cmLoop
 	handle   uintptr
-	id       *rdmacm.ID
+	id       cmID
 	opts     Options
 	backlog  int
 	halfOpen int            // the most connections accepted by us and not yet established
@@ -55,7 +58,7 @@ func listen(ap netip.AddrPort, backlog int, opts Options, onRefuse func(net.Addr
 		cm.release()
 		return nil, err
 	}
-	if l.id, err = rdmacm.NewID(cm.ch, l.handle); err != nil {
+	if l.id, err = cm.ch.newID(l.handle); err != nil {
 		return fail(err)
 	}
 	if err := l.id.Bind(ap); err != nil {
@@ -141,7 +144,7 @@ func (l *Listener) destroyID() {
 
 // request answers a connection request.
 func (l *Listener) request(ev rdmacm.Event) {
-	id := ev.ID
+	id := l.cm.ch.requestID(ev)
 	// A refusal says why, in the reject's private data, and is counted
 	// and reported. It is decided here and made on the listener's
 	// handoff goroutine: the Refused hook is the application's code, and
@@ -255,9 +258,10 @@ func (l *Listener) accept(c *Conn, peer wire.Hello, remote *Addr) {
 		c.qpMu.Unlock()
 		return
 	}
-	err = c.id.SetAckTimeout(c.dev.ackTimeout)
+	err = c.id.SetAckTimeout(c.ackTimeout())
 	if err == nil {
-		err = c.id.AcceptRead(c.hello().Marshal(), min(c.dev.initDepth, c.reqInit), min(c.dev.respDepth, c.reqResp))
+		initDepth, respDepth := c.readDepths()
+		err = c.id.AcceptRead(c.hello().Marshal(), min(initDepth, c.reqInit), min(respDepth, c.reqResp))
 	}
 	c.qpMu.Unlock()
 	if err != nil {
