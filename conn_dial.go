@@ -20,14 +20,19 @@ func newVerbsConn(cm *cmLoop, ph phase) *Conn {
 	return c
 }
 
+// fakeDataPath, set only by host tests, builds the data path in place of
+// the device's (openPath): over it and a fake connection manager (see
+// eventChannel) the dial, accept and release sequences run without a
+// device.
+var fakeDataPath func(opts Options, comp completer) (layout, dataPath, error)
+
 // setup creates the data path on the id's device (openPath: device
 // reference, arena, QP) and posts every receive.
 func (c *Conn) setup(opts Options) error {
 	var p dataPath
 	var err error
-	if c.pathFake != nil {
-		c.lay = newLayout(opts)
-		p, err = c.pathFake(opts, c.lay)
+	if fakeDataPath != nil {
+		c.lay, p, err = fakeDataPath(opts, c)
 	} else {
 		p, err = c.openPath(opts, c)
 	}

@@ -42,10 +42,6 @@ type connSys struct {
 	// free it under such a call.
 	qpMu   sync.Mutex
 	qpGone bool // under qpMu: the release has destroyed the QP; the id goes next
-	// pathFake, set by host tests, builds the data path in place of the
-	// device's (openPath): over it and a fake id the dial and accept
-	// sequences run without a device.
-	pathFake func(opts Options, lay layout) (dataPath, error)
 	// ringAddr and ringRKey are where the peer writes into the receive
 	// ring, as the hello announces it.
 	ringAddr uint64
