@@ -292,10 +292,10 @@ func (id *fakeID) CreateQP(unsafe.Pointer, unsafe.Pointer, int, int, int) (unsaf
 	return nil, 0, errors.New("fake: no QPs")
 }
 func (id *fakeID) AdoptQP(unsafe.Pointer) error { return errors.New("fake: no QPs") }
-func (id *fakeID) DestroyQP() error            { return nil }
-func (id *fakeID) ReleaseQP() error            { return nil }
-func (id *fakeID) Verbs() unsafe.Pointer       { return nil }
-func (id *fakeID) LocalAddr() netip.AddrPort   { return netip.MustParseAddrPort("127.0.0.1:40001") }
+func (id *fakeID) DestroyQP() error             { return nil }
+func (id *fakeID) ReleaseQP() error             { return nil }
+func (id *fakeID) Verbs() unsafe.Pointer        { return nil }
+func (id *fakeID) LocalAddr() netip.AddrPort    { return netip.MustParseAddrPort("127.0.0.1:40001") }
 func (id *fakeID) PeerAddr() netip.AddrPort {
 	if id.peer.IsValid() {
 		return id.peer
