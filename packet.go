@@ -166,56 +166,76 @@ type PacketConn struct {
 	closeOnce sync.Once
 	rdl, wdl  *deadline
 
-	readMu   sync.Mutex // serializes readers
-	ravg     time.Duration
-	readable chan struct{}
-	rmu      sync.Mutex // the receive state below
-	queue    []rxItem   // a ring of the datagrams waiting for a reader
-	qhead    int
-	qlen     int
-	held     int // receive slots the queue holds
-	posted   int // receives posted
-	reposts  []ibv.RecvWR
-	reasm    *reassembler
-	rfail    error // the receive side failed for good (a failed post)
+	readMu    sync.Mutex // serializes readers
+	ravg      time.Duration
+	readable  chan struct{}
+	recvState // the receive side's state, under its rmu (packet_recv.go)
 
-	writeMu  sync.Mutex // serializes writers
-	wavg     time.Duration
-	writable chan struct{}
-	smu      sync.Mutex         // the send state below
-	sent     uint64             // sends posted
-	done     uint64             // sends completed (the ring's free slots follow)
-	sendRefs []*peerRef[udDest] // by send slot: the destination a datagram's last message holds
-	wrs      []ibv.UDSendWR
-	wfail    error // the send side failed for good
-	// The datagrams of the sends queued since the last post (c.wrs):
-	// pendSent of them, of pendBytes, to be counted as sent once posted;
-	// pendDone those and the ones lost as UDP loses them (no listener),
-	// to be counted in callDone, the datagrams of the current write
-	// call that are done, once every one queued before is posted. Under
-	// writeMu, as c.wrs.
-	pendSent, pendDone, callDone int
-	pendBytes                    uint64
+	writeMu    sync.Mutex // serializes writers; guards writeState
+	wavg       time.Duration
+	writable   chan struct{}
+	writeState // what the writer queues, under writeMu (packet_send.go)
+	sendSlots  // the send slots, under their smu (packet_send.go)
 	// qpGone: the QP is destroyed (Close); set with writeMu and rmu held,
 	// so that no post, of sends (writeMu) or receives (rmu), reaches it.
 	qpGone bool
-	nextID uint32
 
 	peers *peerCache[udDest]
 	stats packetCounters
 
-	gmu    sync.Mutex
-	groups map[netip.Addr]udDest // the multicast groups joined: where datagrams to them go
+	mcastGroups // the multicast groups joined, under their gmu
+	packetSetup // whether the setup still runs, under its setupMu
+}
 
-	// setupMu guards settingUp and removedSetup. settingUp: the setup
-	// (listenPacket, and the join of ListenMulticast) still runs on the
-	// caller's goroutine and uses the verbs objects as it makes them, so
-	// a removal of the device meanwhile does not release them
-	// concurrently: it records removedSetup, and the setup fails with
-	// ErrNoDevice and releases what it made once it is done (endSetup),
-	// as a Conn's dial does (removedDialing).
+// mcastGroups are the multicast groups a PacketConn joined (join,
+// packet_verbs.go), by address: where the datagrams written to each go.
+// gmu guards groups (and join's making of packetSys.mcEv).
+type mcastGroups struct {
+	gmu    sync.Mutex
+	groups map[netip.Addr]udDest
+}
+
+// groupDest returns where datagrams to the group go, if it was joined.
+func (g *mcastGroups) groupDest(group netip.Addr) (udDest, bool) {
+	g.gmu.Lock()
+	defer g.gmu.Unlock()
+	d, ok := g.groups[group]
+	return d, ok
+}
+
+// packetSetup tells a removal of the device whether the setup still
+// runs. settingUp: the setup (listenPacket, and the join of
+// ListenMulticast) still runs on the caller's goroutine and uses the
+// verbs objects as it makes them, so a removal of the device meanwhile
+// does not release them concurrently: it records removedSetup, and the
+// setup fails with ErrNoDevice and releases what it made once it is done
+// (endSetup), as a Conn's dial does (removedDialing). setupMu guards
+// settingUp and removedSetup.
+type packetSetup struct {
 	setupMu                 sync.Mutex
 	settingUp, removedSetup bool
+}
+
+// removedWhileSetup records a removal of the device that came while the
+// setup runs, and reports whether one did (now, or as the connection
+// manager's event recorded it): the setup releases then (endSetup).
+func (s *packetSetup) removedWhileSetup() bool {
+	s.setupMu.Lock()
+	defer s.setupMu.Unlock()
+	if s.settingUp {
+		s.removedSetup = true
+	}
+	return s.removedSetup
+}
+
+// endSetup ends the setup and reports whether the device was removed
+// while it ran: the setup's outcome is then ErrNoDevice, and the caller
+// releases.
+func (s *packetSetup) endSetup() bool {
+	s.setupMu.Lock()
+	defer s.setupMu.Unlock()
+	s.settingUp = false
+	return s.removedSetup
 }
 
 // packetCounters are PacketStats' counters.
@@ -297,45 +317,15 @@ func (c *PacketConn) failAsync(err error, removed bool) {
 	if removed {
 		err = &deviceError{syscall.ENODEV}
 	}
-	c.rmu.Lock()
-	if c.rfail == nil {
-		c.rfail = err
-	}
-	c.rmu.Unlock()
+	c.failRecvs(err)
 	signal(c.readable)
-	c.smu.Lock()
-	if c.wfail == nil {
-		c.wfail = err
-	}
-	c.smu.Unlock()
+	c.failSends(err)
 	signal(c.writable)
 	if removed && !c.removedWhileSetup() {
 		// The kernel finishes a device's removal only once every
 		// object of it is gone: they go now, not at Close.
 		c.releaseAsync()
 	}
-}
-
-// removedWhileSetup records a removal of the device that came while the
-// setup runs, and reports whether one did (now, or as the connection
-// manager's event recorded it): the setup releases then (endSetup).
-func (c *PacketConn) removedWhileSetup() bool {
-	c.setupMu.Lock()
-	defer c.setupMu.Unlock()
-	if c.settingUp {
-		c.removedSetup = true
-	}
-	return c.removedSetup
-}
-
-// endSetup ends the setup and reports whether the device was removed
-// while it ran: the setup's outcome is then ErrNoDevice, and the caller
-// releases.
-func (c *PacketConn) endSetup() bool {
-	c.setupMu.Lock()
-	defer c.setupMu.Unlock()
-	c.settingUp = false
-	return c.removedSetup
 }
 
 // goneErr is the error of a call that finds the QP destroyed: Close's,
@@ -345,10 +335,7 @@ func (c *PacketConn) goneErr() error {
 	if isClosed(c.closing) {
 		return net.ErrClosed
 	}
-	c.smu.Lock()
-	fail := c.wfail
-	c.smu.Unlock()
-	if errors.Is(fail, ErrNoDevice) {
+	if fail := c.sendFailure(); errors.Is(fail, ErrNoDevice) {
 		return fail
 	}
 	return net.ErrClosed

@@ -3,6 +3,7 @@ package rdma
 import (
 	"net"
 	"net/netip"
+	"sync"
 	"syscall"
 	"time"
 
@@ -18,6 +19,50 @@ type rxItem struct {
 	n    int
 	buf  []byte
 	src  netip.AddrPort
+}
+
+// recvState is a PacketConn's receive side: the datagrams waiting for a
+// reader, the receive slots they hold and those posted, the consumed
+// receives waiting to be posted again, the reassembly of fragmented
+// datagrams, and the failure that ended the side. rmu guards the rest:
+// complete takes it, and the methods that say rmu is held (their names
+// mostly end in Locked) are called with it.
+type recvState struct {
+	rmu     sync.Mutex
+	queue   []rxItem // a ring of the datagrams waiting for a reader
+	qhead   int
+	qlen    int
+	held    int // receive slots the queue holds
+	posted  int // receives posted
+	reposts []ibv.RecvWR
+	reasm   *reassembler
+	rfail   error // the receive side failed for good (a failed post)
+}
+
+// enqueue puts a datagram at the end of the queue, which has room; rmu
+// is held.
+func (r *recvState) enqueue(it rxItem) {
+	r.queue[(r.qhead+r.qlen)%len(r.queue)] = it
+	r.qlen++
+}
+
+// dequeue takes the oldest datagram of the queue, which has one; rmu is
+// held.
+func (r *recvState) dequeue() rxItem {
+	it := r.queue[r.qhead]
+	r.queue[r.qhead] = rxItem{}
+	r.qhead = (r.qhead + 1) % len(r.queue)
+	r.qlen--
+	return it
+}
+
+// failRecvs fails the receive side with err, unless it failed before.
+func (r *recvState) failRecvs(err error) {
+	r.rmu.Lock()
+	if r.rfail == nil {
+		r.rfail = err
+	}
+	r.rmu.Unlock()
 }
 
 // wrRecvFlag marks a receive's work request id (the slot is the rest);
@@ -116,8 +161,7 @@ func (c *PacketConn) complete(wc ibv.WC) bool {
 
 // push queues a datagram for the readers; rmu is held.
 func (c *PacketConn) push(it rxItem) {
-	c.queue[(c.qhead+c.qlen)%len(c.queue)] = it
-	c.qlen++
+	c.enqueue(it)
 	signal(c.readable)
 }
 
@@ -245,10 +289,7 @@ func (c *PacketConn) read(bufs [][]byte) (n int, src netip.AddrPort, flags int, 
 // popLocked takes the oldest datagram of the queue into bufs; rmu is
 // held.
 func (c *PacketConn) popLocked(bufs [][]byte) (n int, src netip.AddrPort, flags int) {
-	it := c.queue[c.qhead]
-	c.queue[c.qhead] = rxItem{}
-	c.qhead = (c.qhead + 1) % len(c.queue)
-	c.qlen--
+	it := c.dequeue()
 	data := it.buf
 	if it.slot >= 0 {
 		data = c.mem[it.off : it.off+it.n]

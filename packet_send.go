@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -19,6 +20,64 @@ import (
 // datagram need at most half), and a writer that sends now and then
 // costs no completion per datagram.
 const sigEvery = 16
+
+// writeState is what the writer of the moment queues: the work requests
+// of the sends queued since the last post (wrs), their datagrams, and the
+// id of the last fragmented datagram. PacketConn.writeMu guards it.
+type writeState struct {
+	wrs []ibv.UDSendWR
+	// The datagrams of the sends queued since the last post (c.wrs):
+	// pendSent of them, of pendBytes, to be counted as sent once posted;
+	// pendDone those and the ones lost as UDP loses them (no listener),
+	// to be counted in callDone, the datagrams of the current write
+	// call that are done, once every one queued before is posted.
+	pendSent, pendDone, callDone int
+	pendBytes                    uint64
+	nextID                       uint32
+}
+
+// dropPending forgets the sends queued since the last post and their
+// datagrams: posted and counted, or never to be.
+func (w *writeState) dropPending() {
+	w.wrs = w.wrs[:0]
+	w.pendSent, w.pendDone, w.pendBytes = 0, 0, 0
+}
+
+// sendSlots are the send slots' accounting: the sends posted (sent) and
+// completed (done), whose difference is the slots in use; by slot, the
+// destination a datagram's last message holds until its send completes;
+// and the failure that ended the send side. smu guards the rest.
+type sendSlots struct {
+	smu      sync.Mutex
+	sent     uint64             // sends posted
+	done     uint64             // sends completed (the ring's free slots follow)
+	sendRefs []*peerRef[udDest] // by send slot: the destination a datagram's last message holds
+	wfail    error              // the send side failed for good
+}
+
+// slotsFree returns how many of depth send slots are free, and the send
+// side's failure, if any.
+func (s *sendSlots) slotsFree(depth int) (int, error) {
+	s.smu.Lock()
+	defer s.smu.Unlock()
+	return depth - int(s.sent-s.done), s.wfail
+}
+
+// sendFailure returns the failure that ended the send side, if any.
+func (s *sendSlots) sendFailure() error {
+	s.smu.Lock()
+	defer s.smu.Unlock()
+	return s.wfail
+}
+
+// failSends fails the send side with err, unless it failed before.
+func (s *sendSlots) failSends(err error) {
+	s.smu.Lock()
+	if s.wfail == nil {
+		s.wfail = err
+	}
+	s.smu.Unlock()
+}
 
 func (c *PacketConn) sendOff() int { return c.opts.RecvDepth * c.slotLen() }
 
@@ -307,33 +366,26 @@ func (c *PacketConn) queueSend(seq uint64, off, n int, d udDest, ref *peerRef[ud
 }
 
 // postPending posts the queued sends and counts their datagrams as
-// sent, and done for the write call (see pendSent); writeMu is held. A
+// sent, and done for the write call (see writeState); writeMu is held. A
 // failed post fails the send side for good: its slots would never come
 // back. The datagrams of a post that failed were not sent, nor are they
 // done.
 func (c *PacketConn) postPending() error {
 	if c.qpGone {
-		c.wrs = c.wrs[:0]
-		c.pendSent, c.pendDone, c.pendBytes = 0, 0, 0
+		c.dropPending()
 		return c.goneErr()
 	}
 	if len(c.wrs) > 0 {
-		err := c.qp.PostUDSends(c.wrs)
-		c.wrs = c.wrs[:0]
-		if err != nil {
-			c.pendSent, c.pendDone, c.pendBytes = 0, 0, 0
-			c.smu.Lock()
-			if c.wfail == nil {
-				c.wfail = err
-			}
-			c.smu.Unlock()
+		if err := c.qp.PostUDSends(c.wrs); err != nil {
+			c.dropPending()
+			c.failSends(err)
 			return err
 		}
 	}
 	c.stats.sent.Add(uint64(c.pendSent))
 	c.stats.bytesSent.Add(c.pendBytes)
 	c.callDone += c.pendDone
-	c.pendSent, c.pendDone, c.pendBytes = 0, 0, 0
+	c.dropPending()
 	return nil
 }
 
@@ -342,10 +394,7 @@ func (c *PacketConn) postPending() error {
 // posted before a wait: only their completions could free slots.
 func (c *PacketConn) waitSlots(count int) error {
 	for {
-		c.smu.Lock()
-		free := c.opts.SendDepth - int(c.sent-c.done)
-		fail := c.wfail
-		c.smu.Unlock()
+		free, fail := c.slotsFree(c.opts.SendDepth)
 		if fail != nil {
 			return fail
 		}
@@ -390,9 +439,7 @@ func (r *msgReader) read(p []byte) {
 func (c *PacketConn) dest(ap netip.AddrPort, locked bool) (udDest, *peerRef[udDest], error) {
 	if ap.Addr().IsMulticast() {
 		// A group's address handle lives as long as the membership.
-		c.gmu.Lock()
-		d, ok := c.groups[ap.Addr()]
-		c.gmu.Unlock()
+		d, ok := c.groupDest(ap.Addr())
 		if !ok {
 			return d, nil, errNotMember
 		}
@@ -408,10 +455,7 @@ func (c *PacketConn) dest(ap netip.AddrPort, locked bool) (udDest, *peerRef[udDe
 		case errors.Is(l.err, errCacheClosed):
 			// Closed, or released for a device's removal (then the
 			// writes' error says so).
-			c.smu.Lock()
-			fail := c.wfail
-			c.smu.Unlock()
-			if fail != nil {
+			if fail := c.sendFailure(); fail != nil {
 				return udDest{}, nil, fail
 			}
 			return udDest{}, nil, net.ErrClosed
