@@ -124,6 +124,26 @@ type PacketStats struct {
 	DropsNoListener uint64
 }
 
+// How a PacketConn is built, for those who work on it.
+//
+// This file holds the type, its setup over a QP (initPath), the
+// completer's entries but the receive path's lockAndFlush (complete, and
+// failAsync for the device's events) and the public methods that are
+// neither reads nor writes. packet_recv.go has the receive path,
+// packet_send.go the send path and the destinations it resolves,
+// packet_udp.go the UDP fallback, and packet_verbs.go the platform's
+// part (packetSys: the UDP port space id, the UD QP and its memory, the
+// resolutions, the multicast joins, the release). The cache of resolved
+// destinations is peercache.go's, the reassembly of fragmented datagrams
+// reassembly.go's.
+//
+// Its state is in groups, each a type with the lock that guards it:
+// recvState (rmu), writeState (writeMu, which serializes the writers as
+// readMu does the readers), sendSlots (smu), mcastGroups (gmu) and
+// packetSetup (setupMu). They are embedded: their fields read as the
+// PacketConn's, their methods are called as its own. readMu is taken before rmu, and writeMu before
+// smu, rmu (the release, to set qpGone) and gmu.
+
 // PacketConn is a datagram end point over RDMA unreliable datagrams (UD):
 // a net.PacketConn whose datagrams, of up to 65,507 bytes as UDP's, go to
 // and come from other PacketConns by IP address and port. Datagrams may be
@@ -147,7 +167,7 @@ type PacketStats struct {
 type PacketConn struct {
 	packetSys // the verbs side (packet_verbs.go)
 
-	udp   *net.UDPConn // with ListenConfig.FallbackUDP, where RDMA could not serve
+	udp   *udpFallback // with ListenConfig.FallbackUDP, where RDMA could not serve (packet_udp.go)
 	laddr *Addr
 	port  uint16
 	opts  PacketOptions
@@ -302,6 +322,19 @@ func newPacketConn(opts PacketOptions) *PacketConn {
 		readable: make(chan struct{}, 1), writable: make(chan struct{}, 1)}
 }
 
+// complete handles one completion of the PacketConn's QP, on the poller
+// (see completer): a datagram received goes to the queue (or, a
+// fragment, to reassembly: recvDone), a send's completion frees the
+// slots up to it (sendDone). It reports whether receives wait to be
+// posted again (lockAndFlush).
+func (c *PacketConn) complete(wc ibv.WC) bool {
+	if wc.WRID&wrRecvFlag == 0 {
+		c.sendDone(wc)
+		return false
+	}
+	return c.recvDone(wc)
+}
+
 // failAsync fails the PacketConn for an asynchronous event of its device
 // (see completer): reads and writes return err from then on.
 func (c *PacketConn) failAsync(err error, removed bool) {
@@ -365,44 +398,29 @@ func (c *PacketConn) LocalAddr() net.Addr {
 	return c.laddr
 }
 
+// IsUDP reports whether the PacketConn is the kernel UDP socket that
+// ListenConfig.FallbackUDP opened.
+func (c *PacketConn) IsUDP() bool { return c != nil && c.udp != nil }
+
 // SetDeadline sets the read and write deadlines, as net.PacketConn's.
-func (c *PacketConn) SetDeadline(t time.Time) error {
-	if c.invalid() {
-		return c.opErr("set", nil, syscall.EINVAL)
-	}
-	if c.udp != nil {
-		return c.udp.SetDeadline(t)
-	}
-	if !c.rdl.set(t) || !c.wdl.set(t) {
-		return c.opErr("set", nil, net.ErrClosed)
-	}
-	return nil
-}
+func (c *PacketConn) SetDeadline(t time.Time) error { return c.setDeadline(t, true, true) }
 
 // SetReadDeadline sets the deadline of ReadFrom and ReadBatch.
-func (c *PacketConn) SetReadDeadline(t time.Time) error {
-	if c.invalid() {
-		return c.opErr("set", nil, syscall.EINVAL)
-	}
-	if c.udp != nil {
-		return c.udp.SetReadDeadline(t)
-	}
-	if !c.rdl.set(t) {
-		return c.opErr("set", nil, net.ErrClosed)
-	}
-	return nil
-}
+func (c *PacketConn) SetReadDeadline(t time.Time) error { return c.setDeadline(t, true, false) }
 
 // SetWriteDeadline sets the deadline of WriteTo and WriteBatch (a write
 // waits for room to send, and for a new destination's resolution).
-func (c *PacketConn) SetWriteDeadline(t time.Time) error {
+func (c *PacketConn) SetWriteDeadline(t time.Time) error { return c.setDeadline(t, false, true) }
+
+// setDeadline sets the read deadline, the write deadline or both.
+func (c *PacketConn) setDeadline(t time.Time, read, write bool) error {
 	if c.invalid() {
 		return c.opErr("set", nil, syscall.EINVAL)
 	}
 	if c.udp != nil {
-		return c.udp.SetWriteDeadline(t)
+		return c.udp.setDeadline(t, read, write)
 	}
-	if !c.wdl.set(t) {
+	if read && !c.rdl.set(t) || write && !c.wdl.set(t) {
 		return c.opErr("set", nil, net.ErrClosed)
 	}
 	return nil
@@ -531,7 +549,3 @@ func ListenMulticast(network string, ifi *net.Interface, gaddr *Addr) (*PacketCo
 	}
 	return c, nil
 }
-
-// IsUDP reports whether the PacketConn is the kernel UDP socket that
-// ListenConfig.FallbackUDP opened.
-func (c *PacketConn) IsUDP() bool { return c != nil && c.udp != nil }

@@ -11,6 +11,13 @@ import (
 	"github.com/goverbs/rdma/internal/wire"
 )
 
+// The receive path of a PacketConn: the receives posted in their slots
+// (initPath posts them all), what each arriving datagram does (recvDone:
+// to the queue, to reassembly, or dropped and counted), how ReadFrom and
+// ReadBatch take datagrams out of the queue (read, popLocked), and how
+// consumed receives are posted again (repostLocked, flushRepostsLocked).
+// The queue and the counts of the slots are recvState's.
+
 // rxItem is a datagram waiting for a reader: in a receive slot (slot >=
 // 0, its bytes at mem[off:off+n]) or reassembled (buf).
 type rxItem struct {
@@ -88,15 +95,10 @@ func (c *PacketConn) recvWR(slot int) ibv.RecvWR {
 	return ibv.RecvWR{ID: wrRecvFlag | uint64(slot), Addr: c.base + uint64(off), Len: uint32(c.slotLen()), LKey: c.lkey}
 }
 
-// complete handles one completion of the PacketConn's QP, on the poller
-// (see completer): a datagram received goes to the queue (or, a
-// fragment, to reassembly), a send's completion frees the slots up to it.
-// It reports whether receives wait to be posted again (lockAndFlush).
-func (c *PacketConn) complete(wc ibv.WC) bool {
-	if wc.WRID&wrRecvFlag == 0 {
-		c.sendDone(wc)
-		return false
-	}
+// recvDone handles a receive's completion (see complete): a datagram
+// received goes to the queue (or, a fragment, to reassembly). It reports
+// whether receives wait to be posted again (lockAndFlush).
+func (c *PacketConn) recvDone(wc ibv.WC) bool {
 	slot := int(wc.WRID &^ wrRecvFlag)
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
@@ -329,7 +331,7 @@ func (c *PacketConn) ReadBatch(ms []Message, flags int) (int, error) {
 		return 0, c.opErr("read", nil, syscall.EINVAL)
 	}
 	if c.udp != nil {
-		return c.udpReadBatch(ms)
+		return c.udp.readBatch(ms)
 	}
 	if len(ms) == 0 {
 		return 0, nil

@@ -13,6 +13,13 @@ import (
 	"github.com/goverbs/rdma/internal/wire"
 )
 
+// The send path of a PacketConn: WriteTo and WriteBatch find each
+// datagram's destination (dest, resolving a new one), place it in the
+// send slots, in fragments if it is longer than a message (writeOne),
+// queue its work requests (queueSend) and post them (postPending);
+// sendDone frees the slots as the sends complete. What a write queues is
+// writeState's, the slots' accounting sendSlots'.
+
 // sigEvery is how often a send is signaled: its completion frees every
 // slot up to it. Besides, every send is signaled that leaves more than
 // half of the slots in flight, so a writer that waits for room always
@@ -141,7 +148,7 @@ func (c *PacketConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 		return 0, c.opErr("write", addr, syscall.EINVAL)
 	}
 	if c.udp != nil {
-		return c.udpWriteTo(b, addr)
+		return c.udp.writeTo(b, addr)
 	}
 	dst, err := destOf(addr)
 	if err != nil {
@@ -200,7 +207,7 @@ func (c *PacketConn) WriteBatch(ms []Message, flags int) (int, error) {
 		return 0, c.opErr("write", nil, syscall.EINVAL)
 	}
 	if c.udp != nil {
-		return c.udpWriteBatch(ms)
+		return c.udp.writeBatch(ms)
 	}
 	return c.write(ms)
 }

@@ -5,9 +5,16 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"time"
 
 	"github.com/goverbs/rdma/internal/wire"
 )
+
+// The UDP fallback of a PacketConn: with ListenConfig.FallbackUDP, a
+// ListenPacket that RDMA cannot serve (fallsBackToUDP) opens a kernel UDP
+// socket on the same address instead (listenUDP), and the PacketConn's
+// methods hand their calls to it (udpFallback) where the rest of the
+// PacketConn is unused: no QP, no memory, no peers.
 
 // fallsBackToUDP reports whether a ListenPacket that failed with err may
 // use a UDP socket instead (FallbackUDP): no RDMA device serves the
@@ -20,6 +27,8 @@ func fallsBackToUDP(err error) bool {
 // no unreliable datagrams.
 var errNoDatagrams = errors.New("rdma: the device's transport (iWARP) has no unreliable datagrams")
 
+// listenUDP opens the kernel UDP socket of a PacketConn that falls back
+// to UDP on ap.
 func listenUDP(ctx context.Context, network string, ap netip.AddrPort) (*PacketConn, error) {
 	udpNet := "udp"
 	switch network {
@@ -34,18 +43,39 @@ func listenUDP(ctx context.Context, network string, ap netip.AddrPort) (*PacketC
 		return nil, err
 	}
 	c := newPacketConn(PacketOptions{})
-	c.udp = pc.(*net.UDPConn)
+	c.udp = &udpFallback{pc.(*net.UDPConn)}
 	return c, nil
 }
 
-func (c *PacketConn) udpWriteTo(b []byte, addr net.Addr) (int, error) {
+// udpFallback is the UDP socket of a PacketConn that fell back to UDP.
+// Its errors are the socket's own (a *net.OpError of the "udp" network),
+// as are the addresses that its reads return (*net.UDPAddr).
+type udpFallback struct{ *net.UDPConn }
+
+// setDeadline sets the socket's read deadline, write deadline or both
+// (PacketConn.setDeadline).
+func (u *udpFallback) setDeadline(t time.Time, read, write bool) error {
+	switch {
+	case read && write:
+		return u.SetDeadline(t)
+	case read:
+		return u.SetReadDeadline(t)
+	default:
+		return u.SetWriteDeadline(t)
+	}
+}
+
+// writeTo is WriteTo's: an *Addr destination is sent to as the
+// *net.UDPAddr of its IP address and port.
+func (u *udpFallback) writeTo(b []byte, addr net.Addr) (int, error) {
 	if a, ok := addr.(*Addr); ok {
 		addr = net.UDPAddrFromAddrPort(a.AddrPort())
 	}
-	return c.udp.WriteTo(b, addr)
+	return u.WriteTo(b, addr)
 }
 
-func (c *PacketConn) udpReadBatch(ms []Message) (int, error) {
+// readBatch is ReadBatch's: it reads one datagram, into ms[0].
+func (u *udpFallback) readBatch(ms []Message) (int, error) {
 	if len(ms) == 0 {
 		return 0, nil
 	}
@@ -55,7 +85,7 @@ func (c *PacketConn) udpReadBatch(ms []Message) (int, error) {
 	} else {
 		buf = make([]byte, wire.MaxDatagram)
 	}
-	n, _, flags, addr, err := c.udp.ReadMsgUDP(buf, nil)
+	n, _, flags, addr, err := u.ReadMsgUDP(buf, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -76,13 +106,14 @@ func (c *PacketConn) udpReadBatch(ms []Message) (int, error) {
 	return 1, nil
 }
 
-func (c *PacketConn) udpWriteBatch(ms []Message) (int, error) {
+// writeBatch is WriteBatch's: it writes the messages one by one.
+func (u *udpFallback) writeBatch(ms []Message) (int, error) {
 	for i := range ms {
 		var b []byte
 		for _, p := range ms[i].Buffers {
 			b = append(b, p...)
 		}
-		n, err := c.udpWriteTo(b, ms[i].Addr)
+		n, err := u.writeTo(b, ms[i].Addr)
 		if err != nil {
 			return i, err
 		}
