@@ -1,19 +1,20 @@
 # make test: formatting and static checks, host unit tests and fuzzing, then
 # the device tests inside a Soft-RoCE VM (testbed/vm.sh) with the interop
 # module's (interop/: quic-go and miekg/dns over PacketConn) and its
-# application benchmarks (gRPC, HTTP/2, TLS, a relay: RDMA beside Go TCP) for
-# a few iterations each, the fault sweep
-# there (a test binary built with -tags faultinject that makes each call
-# into the kernel's RDMA interface fail in turn: faults_test.go), the device
-# tests again on
-# soft-iWARP (testbed/vm.sh --provider siw), the scale test in a
-# VM with more memory, then the two-host tests on a pair of them
-# (testbed/vm.sh --pair). make demo: the echo example in
-# the VM. make bench: the zero-cost rows on the host, then the benchmark
-# table, then the application rows (bench/apps.sh). Those install what they
-# need on a Debian machine (as root). make check and make unit need neither
-# root nor the VM: without the verbs headers they check the portable build
-# only.
+# application benchmarks (gRPC, HTTP/2, TLS, a relay: RDMA beside Go TCP)
+# for a few iterations each, the fault sweep there (a test binary built
+# with -tags faultinject that makes each call into the kernel's RDMA
+# interface fail in turn: faults_test.go), the device tests again on
+# soft-iWARP (testbed/vm.sh --provider siw), the scale test in a VM with
+# more memory, then the two-host tests on a pair of them (testbed/vm.sh
+# --pair). make demo: the echo example in the VM. make bench: the
+# zero-cost rows on the host (make zerocost), then in the test bed the
+# Soft-RoCE table (bench/bench.sh), the soft-iWARP rows, the two-host
+# rows, the application rows (bench/apps.sh) and the many-clients rows
+# (bench/clients.sh --table); bench/README.md says what each measures.
+# Those install what they need on a Debian machine (as root). make check
+# and make unit need neither root nor the VM: without the verbs headers
+# they check the portable build only.
 
 GO          ?= go
 CC          ?= cc

@@ -19,56 +19,13 @@ var (
 	_ net.Addr     = (*Addr)(nil)
 )
 
-// How a Conn is built, for those who work on it (docs/architecture.md
-// has the same prose, with the lock order).
-//
-// A Conn orchestrates collaborators that each keep one concern: the
-// lifecycle (lifecycle.go), the credit ledger (credits.go), the send and
-// receive rings (sendring.go, recvring.go), the waiting policy (wait.go),
-// the keepalive (keepalive.go), and, for one-sided RDMA, the slot table of
-// operations in flight (onesided.go). This file holds the type and its
-// public methods; send.go and recv.go the two data paths; conn_complete.go
-// what completions do; conn_close.go every failure and the teardown. The
-// platform's part (connSys: the rdma_cm id, the QP, the registered memory,
-// the device) is set up, and freed when conn_close.go says, in
-// conn_verbs.go.
-//
-// Concurrency. These goroutines run a Conn's code:
-//   - the caller's Reads and Writes (one of each at a time, by readMu and
-//     writeMu), and Close, CloseRead, CloseWrite and the setters;
-//   - the poller goroutine of its CQ (a device has one per CQ), which
-//     calls complete for each completion with that CQ's cqMu held and,
-//     once cqMu is released, lockAndFlush for the connections that have
-//     sends to post;
-//   - a Read or Write of any connection on the same CQ that spins
-//     while it waits (tryPoll): it runs complete and lockAndFlush of this
-//     connection exactly as the poller would;
-//   - the connection's CM inbox goroutine (inbox.go), which handles the
-//     rdma_cm events the CM goroutine hands it (handleCM, conn_verbs.go);
-//     the CM goroutine itself never takes mu;
-//   - a listener's setup goroutines, which set its connections up;
-//   - a listener's teardown goroutines, which tear down connections that
-//     were never accepted, and Listener.Close, which closes queued ones.
-//
-// No goroutine holds mu while it waits, and every loop that holds it makes
-// progress each round (copies, queues, posts) or drops it to wait: the
-// poller, the keepalive and every call of the connection take mu, so a
-// loop that spun with it held would stall them all (and, through the
-// poller, every connection on the same CQ).
-//
-// Everything in life, cr, tx, rx and the keepalive is guarded by mu; the
-// keepalive's timer runs keepAliveTick on a goroutine of its own. Helpers whose name
-// ends in DroppingLock are entered and left with mu held but release it
-// in between (to post sends, which is a system call on rxe, to copy
-// payload, or to wait); their callers must re-check what they rely on.
-// Two things are touched without mu by design: the payload of queued
-// received messages (a Read or WriteTo copies it out while rx.copying is
-// set; the completion side only appends behind it) and the send ring from
-// its tail on, which a Write or ReadFrom fills while tx.filling is set
-// (flush leaves it alone). The release waits for both flags to clear
-// before the memory goes; neither is ever set across a call into the
-// application. Once the teardown owns the send queue (tx.draining), it
-// posts its drain marker with mu held: nobody else posts then.
+// How a Conn is built, for those who work on it: this file holds the Conn
+// type, its Reads and Writes, addresses and deadlines, and the peer's
+// hello (open); its other methods sit with their concerns (conn_close.go,
+// keepalive.go, send.go, region.go, stats.go). Which collaborator keeps
+// which concern, the goroutines that run a Conn's code, what mu guards
+// and the lock order are in docs/architecture.md ("Concurrency", "Lock
+// order"), the one copy of that prose.
 
 // Conn is an RDMA connection; it implements net.Conn. Dial returns one, and
 // so does a Listener's Accept. Its methods may be called from several

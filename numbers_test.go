@@ -10,21 +10,22 @@ import (
 	"github.com/goverbs/rdma/internal/wire"
 )
 
-// The numbers the docs quote (README, godoc, error messages), pinned: a
-// change of one of them fails here, where the docs that quote it are
-// named.
+// The numbers the docs quote (README, docs/, godoc, error messages),
+// pinned: a change of one of them fails here, where the docs that quote
+// it are named (README sections by their headings).
 func TestDocumentedNumbers(t *testing.T) {
 	opts, err := Options{}.normalized()
 	require.NoError(t, err)
-	// README "Usage" and rdmainfo's header: buffer 64 KiB, send depth 16,
-	// recv depth 64.
+	// README "Sizing", docs/operations.md and rdmainfo's header: buffer
+	// 64 KiB, send depth 16, recv depth 64.
 	require.Equal(t, 64<<10, opts.BufferSize)
 	require.Equal(t, 16, opts.SendDepth)
 	require.Equal(t, 64, opts.RecvDepth)
 
-	// README: 32 KiB registered by an idle connection end, 2,080 KiB by
-	// one grown, and 108 CQ entries per connection end; resources.go's
-	// message: RecvDepth + SendDepth + 28.
+	// README "Sizing" (and "How it differs from TCP" for the 32 KiB): 32
+	// KiB registered by an idle connection end, 2,080 KiB by one grown,
+	// and 108 CQ entries per connection end; resources.go's message:
+	// RecvDepth + SendDepth + 28.
 	lay := newLayout(opts)
 	require.Equal(t, 32<<10, lay.size())
 	require.Equal(t, 2080<<10, lay.size()+2*lay.bigRing)
@@ -36,9 +37,10 @@ func TestDocumentedNumbers(t *testing.T) {
 	require.Equal(t, opts.RecvDepth+opts.SendDepth+cqFixed, lay.cqEntries())
 	require.Contains(t, (&cqLimitError{need: 108, max: 100}).Error(), "RecvDepth + SendDepth + 28")
 
-	// README "Failures": a listener keeps at most 32 MiB of half-open
-	// connections, 1,024 of 32 KiB with the defaults (and at least 32),
-	// and never more than its backlog.
+	// README "Sizing" and docs/operations.md (F3): a listener keeps at
+	// most 32 MiB of half-open connections, 1,024 of 32 KiB with the
+	// defaults (and at least 32), and never more than its backlog; a new
+	// request evicts the oldest one older than a second.
 	require.Equal(t, 32<<20, halfOpenMemory)
 	require.Equal(t, 128, halfOpenLimit(opts, 128))
 	require.Equal(t, 1024, halfOpenLimit(opts, 4096))
@@ -46,19 +48,20 @@ func TestDocumentedNumbers(t *testing.T) {
 	require.Equal(t, 32, minHalfOpen)
 	require.Equal(t, time.Second, halfOpenGrace)
 
-	// README and Close's godoc: the linger for a peer that leaves no
-	// receive free, 3 s.
+	// README "How it differs from TCP" and Close's godoc: the linger for
+	// a peer that leaves no receive free, 3 s.
 	require.Equal(t, 3*time.Second, lingerTimeout)
-	// README "Failures": a peer causes at most 8 ring registrations at
-	// once, then one a second.
+	// docs/operations.md "Failures": a peer's first 8 ring offers are
+	// followed, then one a second.
 	require.Equal(t, 8, ringBurst)
 	require.Equal(t, time.Second, ringRefill)
 	// ListenConfig.Refused: past 256 refusals waiting, the CM goroutine
 	// makes them.
 	require.Equal(t, 256, maxQueuedRefusals)
-	// bench/README and docs/providers.md: a Read or Write of at most
-	// 512 bytes copies with the lock held; on a NIC a post of at most
-	// 2 KiB is made with it held; a destroyed QP's number is held for at
+	// bench/history.md: a Read or Write of at most 512 bytes copies with
+	// the lock held; CONTRIBUTING.md's table of tests: on a NIC a post of
+	// at most 2 KiB is made with it held; poller.go, beside the siw CQ
+	// size in docs/providers.md: a destroyed QP's number is held for at
 	// most 32,768 completions.
 	require.Equal(t, 512, smallCopy)
 	require.Equal(t, 2048, heldPostBytes)
@@ -68,15 +71,16 @@ func TestDocumentedNumbers(t *testing.T) {
 	// most one resolution a second.
 	require.Equal(t, 5*time.Second, peerRefreshAfter)
 	require.Equal(t, time.Second, peerVerifyEvery)
-	// README: a Dial without a timeout gives up after 2 min.
+	// README "How it differs from TCP" and "Failures": a Dial without a
+	// timeout gives up after 2 min.
 	require.Equal(t, 2*time.Minute, DefaultDialTimeout)
-	// README: a port down for over 10 s fails its connections.
+	// README "Failures": a port down for over 10 s fails its connections.
 	require.Equal(t, 10*time.Second, portDownGrace)
-	// README: a 64 B message takes 64 B of the peer's ring.
+	// README "Sizing": a 64 B message takes 64 B of the peer's ring.
 	require.Equal(t, 64, wire.RingAlign)
-	// README "Usage": a request written in two pieces never waits when
-	// the peer has at least 4 receives (hold begins at two unconsumed
-	// messages, half the peer's receives at most).
+	// README "How it differs from TCP": a request written in two pieces
+	// never waits when the peer has at least 4 receives (hold begins at
+	// two unconsumed messages, half the peer's receives at most).
 	l := newLedger(opts.RecvDepth)
 	l.open(4, wire.CtrlDepth)
 	require.Equal(t, 2, l.holdAt)
