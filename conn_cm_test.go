@@ -12,7 +12,7 @@ import (
 )
 
 // A connection's reactions to its CM events over the fake connection
-// manager (cm_fake_test.go), on a transport without immediate data too,
+// manager (cm_test.go), on a transport without immediate data too,
 // where the dialing side sends first (conn_cm.go).
 
 // credits counts the credit messages among sends, as headers.

@@ -16,7 +16,7 @@ import (
 	"github.com/goverbs/rdma/internal/wire"
 )
 
-// The dial sequence over the fake connection manager (cm_fake_test.go),
+// The dial sequence over the fake connection manager (cm_test.go),
 // and the classification of its answers.
 
 // What each answer of the connection manager to a dial step makes of the

@@ -16,7 +16,7 @@ import (
 )
 
 // The listener's rdma_cm side over the fake connection manager
-// (cm_fake_test.go): requests answered, connections set up, accepted,
+// (cm_test.go): requests answered, connections set up, accepted,
 // refused and torn down.
 
 // fakeListen listens over the fake; refusals are recorded.
