@@ -37,78 +37,94 @@ func (c *Conn) handleCM(ev rdmacm.Event) {
 	c.mu.Unlock()
 	switch ph {
 	case phaseDialing:
-		if ev.Type == rdmacm.EventDeviceRemoval {
-			// Here, not only where the dialing goroutine reads it: a
-			// dial that gave up during rdma_connect (see connect) reads
-			// no more events, and the kernel waits until the device is
-			// let go. Marking twice is harmless.
-			c.markIDRemoved()
-		}
-		select {
-		case c.cmEv <- ev:
-		default:
-		}
+		c.dialingEvent(ev)
 	case phaseAccepting:
-		switch ev.Type {
-		case rdmacm.EventEstablished:
-			c.mu.Lock()
-			// Unless the listener evicted it meanwhile (its teardown
-			// has begun).
-			ok := c.life.phase == phaseAccepting
-			if ok {
-				c.life.phase = phaseEstablished
-				c.cmUp = true
-				// iWARP: not before the dialing side's first message
-				// (see initiatorFirst), which the poller may have
-				// taken already.
-				if c.lay.headers() {
-					c.awaitFirst = true
-					if c.heardFirst {
-						c.firstArrived(true)
-						c.flushDroppingLock()
-					}
-					ok = false
-				}
-			}
-			c.mu.Unlock()
-			if ok {
-				c.lst.established(c)
-			}
-		case rdmacm.EventTimewaitExit:
-		case rdmacm.EventDeviceRemoval:
-			c.markIDRemoved()
-			c.lst.failed(c)
-		default:
-			c.lst.failed(c)
-		}
+		c.acceptingEvent(ev)
 	case phaseEstablished, phaseDead:
+		c.establishedEvent(ev)
+	}
+}
+
+// dialingEvent hands an event to the dialing goroutine (waitCM).
+func (c *Conn) dialingEvent(ev rdmacm.Event) {
+	if ev.Type == rdmacm.EventDeviceRemoval {
+		// Here, not only where the dialing goroutine reads it: a dial
+		// that gave up during rdma_connect (see connect) reads no more
+		// events, and the kernel waits until the device is let go.
+		// Marking twice is harmless.
+		c.markIDRemoved()
+	}
+	select {
+	case c.cmEv <- ev:
+	default:
+	}
+}
+
+// acceptingEvent ends an accept's handshake: established, the connection
+// goes to the listener's queue; anything else but TIMEWAIT_EXIT drops it.
+func (c *Conn) acceptingEvent(ev rdmacm.Event) {
+	switch ev.Type {
+	case rdmacm.EventEstablished:
 		c.mu.Lock()
-		awaiting := c.awaitFirst && (ev.Type == rdmacm.EventDisconnected || ev.Type == rdmacm.EventDeviceRemoval || ev.Type == eventLost)
-		if awaiting {
-			// Gone before its first message: never accepted (see
-			// firstArrived).
-			c.firstArrived(false)
+		// Unless the listener evicted it meanwhile (its teardown has
+		// begun).
+		ok := c.life.phase == phaseAccepting
+		if ok {
+			c.life.phase = phaseEstablished
+			c.cmUp = true
+			// iWARP: not before the dialing side's first message (see
+			// initiatorFirst), which the poller may have taken already.
+			if c.lay.headers() {
+				c.awaitFirst = true
+				if c.heardFirst {
+					c.firstArrived(true)
+					c.flushDroppingLock()
+				}
+				ok = false
+			}
 		}
 		c.mu.Unlock()
-		if awaiting && ev.Type == rdmacm.EventDeviceRemoval {
+		if ok {
+			c.lst.established(c)
+		}
+	case rdmacm.EventTimewaitExit:
+	case rdmacm.EventDeviceRemoval:
+		c.markIDRemoved()
+		c.lst.failed(c)
+	default:
+		c.lst.failed(c)
+	}
+}
+
+// establishedEvent is what an established connection (or one closing)
+// does with an event: a disconnect, a removal, the loss of the events.
+func (c *Conn) establishedEvent(ev rdmacm.Event) {
+	c.mu.Lock()
+	awaiting := c.awaitFirst && (ev.Type == rdmacm.EventDisconnected || ev.Type == rdmacm.EventDeviceRemoval || ev.Type == eventLost)
+	if awaiting {
+		// Gone before its first message: never accepted (see
+		// firstArrived).
+		c.firstArrived(false)
+	}
+	c.mu.Unlock()
+	if awaiting {
+		if ev.Type == rdmacm.EventDeviceRemoval {
 			c.markIDRemoved()
 		}
-		if awaiting {
-			return
-		}
-		// While closing too: a disconnect ends the wait for the fin's
-		// acknowledgement.
-		switch ev.Type {
-		case rdmacm.EventDisconnected:
-			// A status (-ETIMEDOUT) says our disconnect went unanswered.
-			c.peerDisconnected(ev.Status == 0)
-		case rdmacm.EventDeviceRemoval:
-			c.deviceRemoved()
-		case eventLost:
-			c.mu.Lock()
-			c.fail(c.cm.lostErr())
-			c.mu.Unlock()
-		}
+		return
+	}
+	// While closing too: a disconnect ends the wait for the fin's
+	// acknowledgement.
+	switch ev.Type {
+	case rdmacm.EventDisconnected:
+		// A status (-ETIMEDOUT) says our disconnect went unanswered.
+		c.peerDisconnected(ev.Status == 0)
+	case rdmacm.EventDeviceRemoval:
+		c.deviceRemoved()
+	case eventLost:
+		c.mu.Lock()
+		c.fail(c.cm.lostErr())
+		c.mu.Unlock()
 	}
 }
 

@@ -69,18 +69,7 @@ func (s *connSys) openPath(opts Options, comp completer) (dataPath, error) {
 		}
 	}
 	s.useArena(ar)
-	if ar.qp != nil {
-		// A pooled QP, on cqs: the id takes it as it would a new one.
-		qp := ar.qp
-		ar.qp, ar.qpShard = nil, nil
-		if s.freshQP {
-			destroyQP(qp)
-		} else if err := s.id.AdoptQP(qp.Ptr()); err != nil {
-			destroyQP(qp)
-		} else {
-			s.vqp = qp
-		}
-	}
+	s.adoptPooledQP()
 	if s.vqp == nil {
 		// In the arena's PD: its receive ring's rkey works for this QP only.
 		qp, inline, err := s.id.CreateQP(s.ar.pd.Ptr(), cqs.cq.Ptr(), s.lay.sendQueue(), s.lay.recvSlots, 256)
@@ -98,6 +87,24 @@ func (s *connSys) openPath(opts Options, comp completer) (dataPath, error) {
 		recvRKey: s.ar.recvMR.RKey, recvLKey: s.ar.recvMR.LKey, inline: ar.inline, sp: cqs,
 		postAside: dev.postAside, kernelPosts: dev.kernelPosts, rings: verbsRings{ar: s.ar, dev: dev},
 		ringAddr: s.ar.base + uint64(s.lay.recvOff())}, nil
+}
+
+// adoptPooledQP gives the id the QP the arena came from the pool with,
+// on the arena's CQ, as it would take a new one; a dial told to create
+// its QP (freshQP) destroys it instead.
+func (s *connSys) adoptPooledQP() {
+	qp := s.ar.qp
+	if qp == nil {
+		return
+	}
+	s.ar.qp, s.ar.qpShard = nil, nil
+	if s.freshQP {
+		destroyQP(qp)
+	} else if err := s.id.AdoptQP(qp.Ptr()); err != nil {
+		destroyQP(qp)
+	} else {
+		s.vqp = qp
+	}
 }
 
 // ackTimeout is the device's local ACK timeout for the QP.

@@ -172,21 +172,7 @@ func (l *Listener) request(ev rdmacm.Event) {
 		refuse(RefusedProtocol, err)
 		return
 	}
-	l.mu.Lock()
-	reason := RefusedUnknown
-	switch {
-	case l.closed:
-		reason = RefusedShutdown
-	case l.settingUp+len(l.pending)+len(l.queue) >= l.backlog && !l.evictOldest(time.Now().Add(-halfOpenGrace)):
-		// Half-open connections may fill the backlog (they are bounded
-		// by memory, which small rings make plentiful): a stale one
-		// makes room as it does below.
-		reason = RefusedBacklog
-	case l.settingUp+len(l.pending) >= l.halfOpen && !l.evictOldest(time.Now().Add(-halfOpenGrace)):
-		reason = RefusedBacklog
-	}
-	l.mu.Unlock()
-	if reason != RefusedUnknown {
+	if reason := l.admit(); reason != RefusedUnknown {
 		refuse(reason, nil)
 		return
 	}
@@ -267,6 +253,25 @@ func (l *Listener) accept(c *Conn, peer wire.Hello, remote *Addr) {
 	if err != nil {
 		l.failed(c)
 	}
+}
+
+// admit decides whether a request may be set up: RefusedUnknown if so,
+// else why not.
+func (l *Listener) admit() RefuseReason {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.closed:
+		return RefusedShutdown
+	case l.settingUp+len(l.pending)+len(l.queue) >= l.backlog && !l.evictOldest(time.Now().Add(-halfOpenGrace)):
+		// Half-open connections may fill the backlog (they are bounded
+		// by memory, which small rings make plentiful): a stale one
+		// makes room as it does below.
+		return RefusedBacklog
+	case l.settingUp+len(l.pending) >= l.halfOpen && !l.evictOldest(time.Now().Add(-halfOpenGrace)):
+		return RefusedBacklog
+	}
+	return RefusedUnknown
 }
 
 // evictOldest drops the oldest half-open connection if it started before
