@@ -40,5 +40,5 @@ func (c *Conn) complete(wc ibv.WC) bool {
 	if c.life.phase == phaseDead {
 		signal(c.drained)
 	}
-	return len(c.tx.sends) > 0 || c.pendingGoes() || c.ringDue()
+	return len(c.tx.sends) > 0 || c.pendingGoes() || c.rs.due()
 }

@@ -351,7 +351,7 @@ func (c *Conn) flushDroppingLock() {
 		if c.pendingGoes() {
 			c.queuePending()
 		}
-		if c.ringDue() {
+		if c.rs.due() {
 			c.ringTurn()
 		}
 		if pend, _ := c.tx.pending(); c.tx.finQueued && pend == 0 && !c.tx.filling {
