@@ -114,7 +114,17 @@ func (rs *resizer) maxMsg(span int) int { return min(rs.ownBuf, rs.peerBuf, span
 // whether it is time to grow: the worker is to register a big ring.
 func (rs *resizer) noteData(n, maxMsg, span int) bool {
 	rs.active = true
-	if 2*n < maxMsg || rs.rxCur != &rs.arenaRx || rs.noGrow || rs.alloc == nil {
+	if 2*n < maxMsg {
+		return false
+	}
+	return rs.noteLarge(n, span)
+}
+
+// noteLarge accounts for a large message (at least half the largest) of n
+// bytes received in a receive ring of span bytes (see noteData): in the
+// arena's ring, it counts toward growing.
+func (rs *resizer) noteLarge(n, span int) bool {
+	if rs.rxCur != &rs.arenaRx || rs.noGrow || rs.alloc == nil {
 		return false
 	}
 	rs.large += n
