@@ -275,7 +275,8 @@ func (c *Conn) recvDone(wc ibv.WC) bool {
 
 // recvMsg handles a message that consumed one of our receives. Every byte
 // of it is the peer's: a message that breaks the protocol fails the
-// connection, here, with the first check it fails.
+// connection here, with the error of the first check it fails (handleMsg
+// and the handler of its type return it).
 func (c *Conn) recvMsg(wc ibv.WC) {
 	if err := c.handleMsg(wc); err != nil {
 		c.fail(err)
