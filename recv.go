@@ -330,27 +330,17 @@ func (c *Conn) handleMsg(wc ibv.WC) error {
 	}
 }
 
-// landMsg takes a data or ring message of n bytes into the receive ring's
-// accounting (more: the peer's Write goes on in the next message).
-func (c *Conn) landMsg(n uint32, inline []byte, more bool) (rxMsg, error) {
+// recvData queues a data message of n bytes for the reader (more: the
+// peer's Write goes on in the next message).
+func (c *Conn) recvData(n uint32, inline []byte, more bool) error {
 	m, err := c.rx.arrived(n, more)
 	if err != nil {
-		return m, err
+		return err
 	}
 	if inline != nil {
 		// It came in the SEND: into the ring where an RDMA WRITE
 		// would have put it.
 		copy(c.rx.payload(m, 0), inline)
-	}
-	return m, nil
-}
-
-// recvData queues a data message of n bytes for the reader (more: the
-// peer's Write goes on in the next message).
-func (c *Conn) recvData(n uint32, inline []byte, more bool) error {
-	m, err := c.landMsg(n, inline, more)
-	if err != nil {
-		return err
 	}
 	c.noteData(int(n))
 	if c.rx.discarding {
@@ -375,9 +365,12 @@ func (c *Conn) recvData(n uint32, inline []byte, more bool) error {
 
 // recvRing takes the peer's offer of a receive ring (wire.MsgRing).
 func (c *Conn) recvRing(n uint32, inline []byte) error {
-	m, err := c.landMsg(n, inline, false)
+	m, err := c.rx.arrived(n, false)
 	if err != nil {
 		return err
+	}
+	if inline != nil {
+		copy(c.rx.payload(m, 0), inline) // as a data message's (recvData)
 	}
 	// Read never sees it; its ring bytes and receive go back in
 	// order with the data.
