@@ -388,11 +388,3 @@ func (e *wcError) Unwrap() error {
 	}
 	return syscall.ECONNRESET
 }
-
-// countFailed counts a failed completion, but not the flushes of a
-// teardown.
-func (c *Conn) countFailed(status uint32) {
-	if status != ibv.WCFlushErr {
-		c.st.CompletionErrors++
-	}
-}

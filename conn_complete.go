@@ -4,8 +4,8 @@ import "github.com/goverbs/rdma/internal/ibv"
 
 // The completion side of a Conn: the poller (or a spinning Read or Write)
 // hands each work completion to complete, which passes it to the path it
-// belongs to (send.go, recv.go, onesided.go). Each path counts a failed one
-// (countFailed, conn.go) and fails the connection with its error (wcError).
+// belongs to (send.go, recv.go, onesided.go). Each path fails the
+// connection with a failed one's error (wcError); complete counts it.
 
 // complete handles one work completion (see completer). It posts consumed
 // receives again, but only queues the sends that must go out (a credit
@@ -17,16 +17,22 @@ func (c *Conn) complete(wc ibv.WC) bool {
 	if wc.Status == ibv.WCSuccess {
 		c.heard++ // the peer is alive: the keepalive starts over
 	}
+	ours := true
 	if wc.WRID&wrSend != 0 {
 		c.sendDone(wc)
 	} else if wc.WRID&wrOneSided != 0 {
-		c.oneSidedDone(wc)
+		ours = c.oneSidedDone(wc)
 	} else {
-		c.recvDone(wc)
+		ours = c.recvDone(wc)
 		c.heardFirst = true
 		if c.awaitFirst {
 			c.firstArrived(wc.Status == ibv.WCSuccess && c.life.werr == nil)
 		}
+	}
+	if ours && wc.Status != ibv.WCSuccess && wc.Status != ibv.WCFlushErr {
+		// A failure of work of ours (not another QP's stray completion,
+		// see recvDone), but not the flushes of a teardown.
+		c.st.CompletionErrors++
 	}
 	if c.cr.wantCredit {
 		c.returnCredits(true)
@@ -34,5 +40,5 @@ func (c *Conn) complete(wc ibv.WC) bool {
 	if c.life.phase == phaseDead {
 		signal(c.drained)
 	}
-	return len(c.tx.sends) > 0 || c.pendingGoes() || c.ringDue()
+	return len(c.tx.sends) > 0 || c.pendingGoes() || c.rs.due()
 }

@@ -249,19 +249,19 @@ func (c *Conn) startOneSided(ctx context.Context, op uint8, local *Region, lo, n
 	return i, err
 }
 
-// oneSidedDone handles a one-sided operation's completion (mu is held).
-// A failure other than a flush broke the QP: the connection fails with
-// it, on both ends.
-func (c *Conn) oneSidedDone(wc ibv.WC) {
+// oneSidedDone handles a one-sided operation's completion (mu is held);
+// it reports whether the operation was one of ours (complete counts the
+// failed ones that were). A failure other than a flush broke the QP: the
+// connection fails with it, on both ends.
+func (c *Conn) oneSidedDone(wc ibv.WC) bool {
 	t := &c.os
 	i, ok := t.lookup(wc.WRID)
 	if !ok {
-		return
+		return false
 	}
 	t.inFlight--
 	s := &t.slots[i]
 	if wc.Status != ibv.WCSuccess {
-		c.countFailed(wc.Status)
 		if wc.Status != ibv.WCFlushErr && !c.life.has(shutPeerGone) {
 			c.fail(&oneSidedError{wc.Status})
 		}
@@ -274,10 +274,11 @@ func (c *Conn) oneSidedDone(wc ibv.WC) {
 	s.status = wc.Status
 	if s.abandoned {
 		t.put(i)
-		return
+		return true
 	}
 	s.finished = true
 	signal(s.done)
+	return true
 }
 
 // oneSidedErr is what a caller gets for a completion's status (mu is

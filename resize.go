@@ -43,7 +43,9 @@ const growAfter = 4
 var shrinkIdle = 2 * time.Second
 
 // resizer is a connection's ring state beyond the rings themselves. Conn.mu
-// guards it, but for workMu.
+// guards it, but for workMu. Its methods are the bookkeeping, called with
+// mu held: they register nothing and start no worker, but report when the
+// worker has work (Conn.kickRingWork starts it).
 type resizer struct {
 	alloc            ringAllocator
 	arenaRx, arenaTx ringMem // the arena's rings
@@ -88,50 +90,210 @@ type retiredRing struct {
 	ctrlSeq uint32
 }
 
-// initRings sets up the ring state over the arena's two rings.
-func (c *Conn) initRings(rx, tx ringMem, lay layout) {
-	rs := &c.rs
+// init sets up the ring state over the arena's two rings.
+func (rs *resizer) init(rx, tx ringMem, lay layout) {
 	rs.arenaRx, rs.arenaTx = rx, tx
 	rs.rxCur, rs.txCur = &rs.arenaRx, &rs.arenaTx
 	rs.ownBuf = lay.bufSize
 	rs.bigSpan, rs.ownBig = lay.bigRing, lay.bigRing
 }
 
-// openRings takes the geometry agreed at the handshake.
-func (c *Conn) openRings(span int, peer wire.Hello) {
-	rs := &c.rs
+// open takes the geometry agreed at the handshake.
+func (rs *resizer) open(span int, peer wire.Hello) {
 	rs.initSpan = span
 	rs.peerBuf = int(peer.BufSize)
 	// The peer sends from a ring no bigger than its own BufferSize gives.
 	rs.bigSpan = min(rs.bigSpan, bigRingFor(rs.peerBuf))
 }
 
-// ringMaxMsg is the largest message in a ring of span bytes.
-func (c *Conn) ringMaxMsg(span int) int { return min(c.rs.ownBuf, c.rs.peerBuf, span/2) }
+// maxMsg is the largest message in a ring of span bytes.
+func (rs *resizer) maxMsg(span int) int { return min(rs.ownBuf, rs.peerBuf, span/2) }
 
-// noteData accounts for a data message of n bytes received: it may be
-// time to grow.
-func (c *Conn) noteData(n int) {
-	rs := &c.rs
+// noteData accounts for a data message of n bytes received, in a
+// receive ring of span bytes whose largest message is maxMsg; it reports
+// whether it is time to grow: the worker is to register a big ring.
+func (rs *resizer) noteData(n, maxMsg, span int) bool {
 	rs.active = true
-	if 2*n < c.rx.maxMsg || rs.rxCur != &rs.arenaRx || rs.noGrow || rs.alloc == nil {
-		return
+	if 2*n < maxMsg {
+		return false
+	}
+	return rs.noteLarge(n, span)
+}
+
+// noteLarge accounts for a large message (at least half the largest) of n
+// bytes received in a receive ring of span bytes (see noteData): in the
+// arena's ring, it counts toward growing.
+func (rs *resizer) noteLarge(n, span int) bool {
+	if rs.rxCur != &rs.arenaRx || rs.noGrow || rs.alloc == nil {
+		return false
 	}
 	rs.large += n
 	// Without a token in the budget (ringBudget) the ring stays small for
 	// now; a later large message asks again.
-	if rs.large >= growAfter*c.rx.span && rs.bigSpan > c.rx.span && rs.offer == nil && rs.rxOld == nil && !rs.wantGrow &&
+	if rs.large >= growAfter*span && rs.bigSpan > span && rs.offer == nil && rs.rxOld == nil && !rs.wantGrow &&
 		rs.budget.take(time.Now()) {
 		rs.wantGrow = true
-		c.kickRingWork()
+		return true
+	}
+	return false
+}
+
+// due reports whether an offer or an answer waits to go (flush sends it
+// when it can: Conn.ringTurn).
+func (rs *resizer) due() bool {
+	return (rs.offer != nil && !rs.offerSent) || (rs.offered && (rs.txNext != nil || rs.decline))
+}
+
+// takeOffer takes the peer's offer of a new receive ring, from a
+// wire.MsgRing whose payload is b: the send ring to match is the arena's
+// if that is big enough (and the NIC is done with it), or one the worker
+// registers (it reports whether the worker is to).
+func (rs *resizer) takeOffer(b []byte) (bool, error) {
+	d, err := parseRingDesc(b, rs.ownBig)
+	if err != nil {
+		return false, err
+	}
+	if rs.offered {
+		return false, &protocolError{"ring offer while another is unanswered"}
+	}
+	rs.offered, rs.peerOffer = true, d
+	if int(d.Size) <= len(rs.arenaTx.buf) {
+		rs.txNext = &rs.arenaTx
+		rs.txReady()
+		return false, nil
+	}
+	// Past its budget (ringBudget) the offer is declined. That is an
+	// answer the protocol already has, for a sender short of memory: the
+	// peer keeps its old ring, which it has kept writing into meanwhile,
+	// and waits for nothing more. Failing the connection instead would
+	// punish a burst the budget merely caps; ignoring the offer would
+	// leave the peer's offer outstanding forever, and with it its rings.
+	if rs.alloc == nil || !rs.budget.take(time.Now()) {
+		rs.decline = true
+		return false, nil
+	}
+	rs.wantTx = int(d.Size)
+	return true, nil
+}
+
+// txReady checks that the NIC is done with the send ring txNext (it may
+// have left it by a switch not yet complete): if not, the switch waits
+// for that completion (retire).
+func (rs *resizer) txReady() {
+	for _, r := range rs.retired {
+		if r.m == rs.txNext {
+			rs.txNext = nil
+			return
+		}
 	}
 }
 
-// ringDue reports whether an offer or an answer waits to go (flush
-// sends it when it can: ringTurn).
-func (c *Conn) ringDue() bool {
-	rs := &c.rs
-	return (rs.offer != nil && !rs.offerSent) || (rs.offered && (rs.txNext != nil || rs.decline))
+// retire lets go of the send rings the NIC is done with, once the
+// signaled sends up to ctrlDone have completed: registered ones go to the
+// worker (it reports whether any did); the arena's becomes usable again
+// for an offer that waits for it.
+func (rs *resizer) retire(ctrlDone uint32) bool {
+	work := false
+	k := 0
+	for _, r := range rs.retired {
+		if int32(ctrlDone-r.ctrlSeq) < 0 {
+			rs.retired[k] = r
+			k++
+			continue
+		}
+		if r.m.reg != nil {
+			rs.free = append(rs.free, r.m)
+			work = true
+		} else if rs.offered && rs.txNext == nil && !rs.decline && rs.wantTx == 0 && int(rs.peerOffer.Size) <= len(r.m.buf) {
+			rs.txNext = r.m
+		}
+	}
+	clear(rs.retired[k:])
+	rs.retired = rs.retired[:k]
+	return work
+}
+
+// declined takes the peer's wire.MsgDecline: the offered ring goes (to
+// the worker, if registered: it reports whether), and the connection
+// stays as it is.
+func (rs *resizer) declined() (bool, error) {
+	if rs.offer == nil || !rs.offerSent {
+		return false, &protocolError{"ring decline without an offer"}
+	}
+	work := false
+	if rs.offer.reg != nil {
+		rs.free = append(rs.free, rs.offer)
+		work = true
+		rs.noGrow = true
+	}
+	rs.offer, rs.offerSent = nil, false
+	return work, nil
+}
+
+// dropOld lets the old receive ring go, its last queued message
+// consumed: to the worker, if registered (it reports whether).
+func (rs *resizer) dropOld() bool {
+	if rs.rxOld == nil {
+		return false
+	}
+	work := rs.rxOld.reg != nil
+	if work {
+		rs.free = append(rs.free, rs.rxOld)
+	}
+	rs.rxOld = nil
+	return work
+}
+
+// idleTick is a tick of the idle timer of a grown connection: with no
+// data since the last, it reports that the arena's ring is to be offered
+// again, and sets the offer up.
+func (rs *resizer) idleTick() bool {
+	if rs.closed || rs.rxCur == &rs.arenaRx {
+		return false
+	}
+	if rs.active || rs.offer != nil || rs.rxOld != nil || rs.wantGrow {
+		rs.active = false
+		rs.idle.Reset(shrinkIdle)
+		return false
+	}
+	rs.offer, rs.offerSize = &rs.arenaRx, rs.initSpan
+	return true
+}
+
+// dropOwned forgets m, about to be freed.
+func (rs *resizer) dropOwned(m *ringMem) {
+	for i, o := range rs.owned {
+		if o == m {
+			rs.owned = append(rs.owned[:i], rs.owned[i+1:]...)
+			return
+		}
+	}
+}
+
+// ownedBytes is the memory of the rings registered apart from the arena.
+func (rs *resizer) ownedBytes() int {
+	n := 0
+	for _, m := range rs.owned {
+		n += len(m.buf)
+	}
+	return n
+}
+
+// The connection's side of the resizing: what needs its lock, its
+// receive ring and send path, or its worker.
+
+// initRings sets up the ring state over the arena's two rings.
+func (c *Conn) initRings(rx, tx ringMem, lay layout) { c.rs.init(rx, tx, lay) }
+
+// openRings takes the geometry agreed at the handshake.
+func (c *Conn) openRings(span int, peer wire.Hello) { c.rs.open(span, peer) }
+
+// noteData accounts for a data message of n bytes received: it may be
+// time to grow.
+func (c *Conn) noteData(n int) {
+	if c.rs.noteData(n, c.rx.maxMsg, c.rx.span) {
+		c.kickRingWork()
+	}
 }
 
 // ringTurn sends what the ring protocol has waiting, where the send path
@@ -166,82 +328,31 @@ func (c *Conn) ringTurn() {
 	c.queueSend(wire.MsgSwitched, 0)
 	rs.retired = append(rs.retired, retiredRing{rs.txCur, c.tx.ctrlSeq})
 	d := rs.peerOffer
-	c.tx.switchTo(rs.txNext, d, c.ringMaxMsg(int(d.Size)), c.cr.peerWindow)
+	c.tx.switchTo(rs.txNext, d, rs.maxMsg(int(d.Size)), c.cr.peerWindow)
 	rs.txCur, rs.txNext = rs.txNext, nil
 	// A Write waiting for room in the old ring finds the new one empty.
 	signal(c.txReady)
 }
 
-// ringOffered takes the peer's offer of a new receive ring, from a wire.MsgRing
-// whose payload is b: the send ring to match is the arena's if that is big
-// enough (and the NIC is done with it), or one the worker registers.
+// ringOffered takes the peer's offer of a new receive ring (see
+// resizer.takeOffer).
 func (c *Conn) ringOffered(b []byte) error {
-	rs := &c.rs
-	d, err := parseRingDesc(b, rs.ownBig)
-	if err != nil {
-		return err
+	work, err := c.rs.takeOffer(b)
+	if work {
+		c.kickRingWork()
 	}
-	if rs.offered {
-		return &protocolError{"ring offer while another is unanswered"}
-	}
-	rs.offered, rs.peerOffer = true, d
-	if int(d.Size) <= len(rs.arenaTx.buf) {
-		rs.txNext = &rs.arenaTx
-		c.ringTxReady()
-		return nil
-	}
-	// Past its budget (ringBudget) the offer is declined. That is an
-	// answer the protocol already has, for a sender short of memory: the
-	// peer keeps its old ring, which it has kept writing into meanwhile,
-	// and waits for nothing more. Failing the connection instead would
-	// punish a burst the budget merely caps; ignoring the offer would
-	// leave the peer's offer outstanding forever, and with it its rings.
-	if rs.alloc == nil || !rs.budget.take(time.Now()) {
-		rs.decline = true
-		return nil
-	}
-	rs.wantTx = int(d.Size)
-	c.kickRingWork()
-	return nil
-}
-
-// ringTxReady checks that the NIC is done with the send ring txNext (it
-// may have left it by a switch not yet complete): if not, the switch waits
-// for that completion (retireSent).
-func (c *Conn) ringTxReady() {
-	rs := &c.rs
-	for _, r := range rs.retired {
-		if r.m == rs.txNext {
-			rs.txNext = nil
-			return
-		}
-	}
+	return err
 }
 
 // retireSent lets go of the send rings the NIC is done with, after a
-// signaled completion: registered ones go to the worker; the arena's
-// becomes usable again for an offer that waits for it.
+// signaled completion (see resizer.retire).
 func (c *Conn) retireSent() {
-	rs := &c.rs
-	if len(rs.retired) == 0 {
+	if len(c.rs.retired) == 0 {
 		return
 	}
-	k := 0
-	for _, r := range rs.retired {
-		if int32(c.tx.ctrlDone-r.ctrlSeq) < 0 {
-			rs.retired[k] = r
-			k++
-			continue
-		}
-		if r.m.reg != nil {
-			rs.free = append(rs.free, r.m)
-			c.kickRingWork()
-		} else if rs.offered && rs.txNext == nil && !rs.decline && rs.wantTx == 0 && int(rs.peerOffer.Size) <= len(r.m.buf) {
-			rs.txNext = r.m
-		}
+	if c.rs.retire(c.tx.ctrlDone) {
+		c.kickRingWork()
 	}
-	clear(rs.retired[k:])
-	rs.retired = rs.retired[:k]
 }
 
 // ringSwitched takes the peer's wire.MsgSwitched: its next message goes to the
@@ -255,7 +366,7 @@ func (c *Conn) ringSwitched() error {
 	}
 	rs.rxOld, rs.rxCur = rs.rxCur, rs.offer
 	rs.offer, rs.offerSent = nil, false
-	c.rx.switchTo(rs.rxCur.buf[:rs.offerSize], rs.offerSize, c.ringMaxMsg(rs.offerSize))
+	c.rx.switchTo(rs.rxCur.buf[:rs.offerSize], rs.offerSize, rs.maxMsg(rs.offerSize))
 	rs.large = 0
 	if rs.rxCur == &rs.arenaRx {
 		c.st.RingShrinks++
@@ -275,34 +386,21 @@ func (c *Conn) ringSwitched() error {
 	return nil
 }
 
-// ringDeclined takes the peer's wire.MsgDecline: the offered ring goes, and the
-// connection stays as it is.
+// ringDeclined takes the peer's wire.MsgDecline (see resizer.declined).
 func (c *Conn) ringDeclined() error {
-	rs := &c.rs
-	if rs.offer == nil || !rs.offerSent {
-		return &protocolError{"ring decline without an offer"}
-	}
-	if rs.offer.reg != nil {
-		rs.free = append(rs.free, rs.offer)
+	work, err := c.rs.declined()
+	if work {
 		c.kickRingWork()
-		rs.noGrow = true
 	}
-	rs.offer, rs.offerSent = nil, false
-	return nil
+	return err
 }
 
 // ringDrained lets the old receive ring go once its last queued message
 // was consumed.
 func (c *Conn) ringDrained() {
-	rs := &c.rs
-	if !c.rx.takeDrained() || rs.rxOld == nil {
-		return
-	}
-	if rs.rxOld.reg != nil {
-		rs.free = append(rs.free, rs.rxOld)
+	if c.rx.takeDrained() && c.rs.dropOld() {
 		c.kickRingWork()
 	}
-	rs.rxOld = nil
 }
 
 // ringIdle is the idle timer of a grown connection: with no data since
@@ -310,17 +408,9 @@ func (c *Conn) ringDrained() {
 func (c *Conn) ringIdle() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	rs := &c.rs
-	if rs.closed || rs.rxCur == &rs.arenaRx {
-		return
+	if c.rs.idleTick() {
+		c.flushDroppingLock()
 	}
-	if rs.active || rs.offer != nil || rs.rxOld != nil || rs.wantGrow {
-		rs.active = false
-		rs.idle.Reset(shrinkIdle)
-		return
-	}
-	rs.offer, rs.offerSize = &rs.arenaRx, rs.initSpan
-	c.flushDroppingLock()
 }
 
 // kickRingWork starts the ring worker if it is not running.
@@ -346,7 +436,7 @@ func (c *Conn) ringWorker() {
 		case len(rs.free) > 0:
 			m := rs.free[len(rs.free)-1]
 			rs.free = rs.free[:len(rs.free)-1]
-			c.dropOwned(m)
+			rs.dropOwned(m)
 			c.mu.Unlock()
 			rs.alloc.freeRing(m)
 			c.mu.Lock()
@@ -393,26 +483,6 @@ func (c *Conn) allocRingDroppingLock(size int, remote bool) *ringMem {
 		return nil // the release frees it with the rest
 	}
 	return m
-}
-
-// dropOwned forgets m, about to be freed.
-func (c *Conn) dropOwned(m *ringMem) {
-	rs := &c.rs
-	for i, o := range rs.owned {
-		if o == m {
-			rs.owned = append(rs.owned[:i], rs.owned[i+1:]...)
-			return
-		}
-	}
-}
-
-// ownedBytes is the memory of the rings registered apart from the arena.
-func (c *Conn) ownedBytes() int {
-	n := 0
-	for _, m := range c.rs.owned {
-		n += len(m.buf)
-	}
-	return n
 }
 
 // freeRings gives back every ring registered apart from the arena, once

@@ -351,7 +351,7 @@ func (c *Conn) flushDroppingLock() {
 		if c.pendingGoes() {
 			c.queuePending()
 		}
-		if c.ringDue() {
+		if c.rs.due() {
 			c.ringTurn()
 		}
 		if pend, _ := c.tx.pending(); c.tx.finQueued && pend == 0 && !c.tx.filling {
@@ -418,9 +418,6 @@ func (c *Conn) lockAndFlush() {
 func (c *Conn) sendDone(wc ibv.WC) {
 	c.tx.completed(wc.WRID)
 	c.retireSent()
-	if wc.Status != ibv.WCSuccess {
-		c.countFailed(wc.Status)
-	}
 	if wc.Status != ibv.WCSuccess && c.life.werr == nil {
 		if c.life.has(shutPeerGone) || wc.Status == ibv.WCFlushErr {
 			c.life.failWrite(syscall.ECONNRESET)

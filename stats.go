@@ -57,7 +57,7 @@ func (c *Conn) Stats() ConnStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.st
-	s.RegisteredBytes += len(c.mem) + c.ownedBytes() // the rings; c.st counts the regions
+	s.RegisteredBytes += len(c.mem) + c.rs.ownedBytes() // the rings; c.st counts the regions
 	return s
 }
 
