@@ -155,7 +155,7 @@ func (c *Conn) initDataPath(qp queuePair, mem []byte, lay layout, sendBase uint6
 	sendRing := mem[lay.sendOff() : lay.sendOff()+lay.ring]
 	c.tx = newSendRing(lay.sendSlots, lay.ctrlSlots, sendRing, sendBase, sendLKey, maxInline, lay.headers())
 	// The receive ring's key comes with the registration (setup).
-	c.initRings(ringMem{buf: c.rx.buf[0], base: sendBase - uint64(lay.sendOff()-lay.recvOff())},
+	c.rs.init(ringMem{buf: c.rx.buf[0], base: sendBase - uint64(lay.sendOff()-lay.recvOff())},
 		ringMem{buf: sendRing, base: sendBase, lkey: sendLKey}, lay)
 	c.early = make([]ibv.WC, 0, lay.recvSlots)
 	c.rx.reposts = lay.recvSlots
@@ -175,7 +175,7 @@ func (c *Conn) initDataPath(qp queuePair, mem []byte, lay layout, sendBase uint6
 // read the reply) are handled now, in order.
 func (c *Conn) open(peer wire.Hello, lay layout) {
 	span, maxMsg := wire.RingGeometry(lay.ring, lay.bufSize, int(peer.RingSize), int(peer.BufSize))
-	c.openRings(span, peer)
+	c.rs.open(span, peer)
 	c.msgWrite = peer.Flags&wire.HelloMessages != 0
 	c.cr.open(int(peer.RecvDepth), int(peer.CtrlDepth))
 	c.cr.noMerge = c.msgWrite

@@ -282,12 +282,6 @@ func (rs *resizer) ownedBytes() int {
 // The connection's side of the resizing: what needs its lock, its
 // receive ring and send path, or its worker.
 
-// initRings sets up the ring state over the arena's two rings.
-func (c *Conn) initRings(rx, tx ringMem, lay layout) { c.rs.init(rx, tx, lay) }
-
-// openRings takes the geometry agreed at the handshake.
-func (c *Conn) openRings(span int, peer wire.Hello) { c.rs.open(span, peer) }
-
 // noteData accounts for a data message of n bytes received: it may be
 // time to grow.
 func (c *Conn) noteData(n int) {
