@@ -50,7 +50,7 @@ type eventChannel interface {
 	newID(handle uintptr) (cmID, error)
 	requestID(ev rdmacm.Event) cmID
 	// newUDPID creates an id of the UDP port space, for a PacketConn.
-	newUDPID(handle uintptr) (*rdmacm.ID, error)
+	newUDPID(handle uintptr) (udID, error)
 }
 
 // cmID is what a Conn and a Listener ask of their rdma_cm id
@@ -64,6 +64,8 @@ type cmID interface {
 	SetAckTimeout(t uint8) error
 	ConnectRead(private []byte, initiator, responder uint8) error
 	AcceptRead(private []byte, initiator, responder uint8) error
+	// AcceptUD answers a service ID resolution of a PacketConn's port.
+	AcceptUD(qpNum uint32) error
 	Reject(private []byte) error
 	Disconnect() error
 	ErrorQP() error
@@ -76,6 +78,24 @@ type cmID interface {
 	Verbs() unsafe.Pointer
 	LocalAddr() netip.AddrPort
 	PeerAddr() netip.AddrPort
+	Destroy() error
+}
+
+// udID is what a PacketConn asks of an id of the UDP port space: its
+// own (bound, listening, answering resolutions), its multicast id's, and
+// a resolution's.
+type udID interface {
+	Bind(ap netip.AddrPort) error
+	Listen(backlog int) error
+	ResolveAddr(src netip.Addr, dst netip.AddrPort, timeoutMs int) error
+	ResolveRoute(timeoutMs int) error
+	// ConnectUD starts the service ID resolution of the destination's
+	// port; its outcome is an event.
+	ConnectUD() error
+	JoinMulticast(group netip.Addr) error
+	PortNum() uint8
+	Verbs() unsafe.Pointer
+	LocalAddr() netip.AddrPort
 	Destroy() error
 }
 

@@ -128,7 +128,13 @@ func (f *fakeCM) requestID(ev rdmacm.Event) cmID {
 	return f.reqs[ev.Handle]
 }
 
-func (f *fakeCM) newUDPID(uintptr) (*rdmacm.ID, error) { return nil, ErrUnsupported }
+func (f *fakeCM) newUDPID(handle uintptr) (udID, error) {
+	id, err := f.newID(handle)
+	if err != nil {
+		return nil, err
+	}
+	return id.(*fakeID), nil
+}
 
 // request sends the listener whose id has handle a connect request with
 // private data hello, and returns the request's new id.
@@ -255,6 +261,15 @@ func (id *fakeID) AcceptRead(private []byte, _, _ uint8) error {
 	return id.step("AcceptRead", private, &rdmacm.Event{Type: rdmacm.EventEstablished})
 }
 func (id *fakeID) Reject(private []byte) error { return id.step("Reject", private, nil) }
+func (id *fakeID) AcceptUD(uint32) error       { return id.step("AcceptUD", nil, nil) }
+
+// ConnectUD's default answer is the service ID resolution's: the peer's
+// QP number and Q_Key.
+func (id *fakeID) ConnectUD() error {
+	return id.step("ConnectUD", nil, &rdmacm.Event{Type: rdmacm.EventEstablished, UD: &rdmacm.UDParam{QPNum: 0x123, QKey: 0x11111111}})
+}
+func (id *fakeID) JoinMulticast(netip.Addr) error { return id.step("JoinMulticast", nil, nil) }
+func (id *fakeID) PortNum() uint8                 { return 1 }
 
 // Disconnect flushes the QP and is answered, as a connection manager
 // whose peer answers the disconnect request does.

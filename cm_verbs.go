@@ -25,6 +25,10 @@ func (c verbsChannel) newID(handle uintptr) (cmID, error) {
 
 func (c verbsChannel) requestID(ev rdmacm.Event) cmID { return ev.ID }
 
-func (c verbsChannel) newUDPID(handle uintptr) (*rdmacm.ID, error) {
-	return rdmacm.NewUDPID(c.EventChannel, handle)
+func (c verbsChannel) newUDPID(handle uintptr) (udID, error) {
+	id, err := rdmacm.NewUDPID(c.EventChannel, handle)
+	if err != nil {
+		return nil, err
+	}
+	return id, nil
 }

@@ -4,7 +4,6 @@ package rdma
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -26,7 +25,7 @@ import (
 type packetSys struct {
 	cm       *cmLoop
 	handle   uintptr
-	id       *rdmacm.ID
+	id       udID
 	dev      *device
 	cqs      *cqShard
 	vqp      *ibv.QP
@@ -38,7 +37,7 @@ type packetSys struct {
 	stopRes  context.CancelFunc
 	resCtx   context.Context
 	mcEv     chan rdmacm.Event // a multicast join's outcome
-	mcID     *rdmacm.ID        // the id that joins groups (a listening id may not)
+	mcID     udID              // the id that joins groups (a listening id may not)
 	mcHandle uintptr
 	joined   []joinedGroup
 	// released makes release run once: from Close, or at once when the
@@ -257,17 +256,18 @@ const peerFailTTL = time.Second
 func (c *PacketConn) cmEvent(ev rdmacm.Event) {
 	switch ev.Type {
 	case rdmacm.EventConnectRequest:
+		id := c.cm.ch.requestID(ev)
 		if c.vqp != nil {
-			ev.ID.AcceptUD(c.vqp.Num)
+			id.AcceptUD(c.vqp.Num)
 		} else {
-			ev.ID.Reject(nil)
+			id.Reject(nil)
 		}
 		// The request's id has no further use, but must not be
 		// destroyed on this goroutine (see cmHandler).
 		c.wg.Add(1)
 		go func() {
 			defer c.wg.Done()
-			retryDestroy(ev.ID.Destroy)
+			retryDestroy(id.Destroy)
 		}()
 	case rdmacm.EventMulticastJoin, rdmacm.EventMulticastError:
 		select {
@@ -316,103 +316,19 @@ func (c *PacketConn) startResolve(ap netip.AddrPort, ref *peerRef[udDest], refre
 	}()
 }
 
-// resolver receives the CM events of one resolution's id.
-type resolver struct{ ev chan rdmacm.Event }
-
-func (r *resolver) cmEvent(ev rdmacm.Event) {
-	select {
-	case r.ev <- ev:
-	default: // a resolution gets one event per step; more is not its
-	}
-}
-
-func (r *resolver) cmLost(err error) {
-	select {
-	case r.ev <- rdmacm.Event{Type: eventLost}:
-	default:
-	}
-}
-
 // resolveDest finds the address handle, QP number and Q_Key of the
-// PacketConn at ap: address and route resolution, then rdma_cm's service
-// ID resolution of ap's port.
+// PacketConn at ap (resolveUD), and makes the address handle.
 func (c *PacketConn) resolveDest(ap netip.AddrPort) (udDest, error) {
-	ctx, cancel := context.WithTimeout(c.resCtx, c.opts.ResolveTimeout)
-	defer cancel()
-	r := &resolver{ev: make(chan rdmacm.Event, 4)}
-	h := c.cm.register(r)
-	defer c.cm.unregister(h)
-	id, err := c.cm.ch.newUDPID(h)
+	ud, err := resolveUD(c.resCtx, c.cm, c.src, ap, c.opts.ResolveTimeout, c.dev.ctx.Ptr(), c.goneErr)
 	if err != nil {
 		return udDest{}, err
 	}
-	defer retryDestroy(id.Destroy)
-	wait := func(want rdmacm.EventType, call string) (rdmacm.Event, error) {
-		select {
-		case ev := <-r.ev:
-			switch {
-			case ev.Type == eventLost:
-				return ev, c.cm.lostErr()
-			case ev.Type == want:
-				return ev, nil
-			case ev.Type == rdmacm.EventRejected:
-				return ev, os.NewSyscallError(call, syscall.ECONNREFUSED)
-			case ev.Type == rdmacm.EventDeviceRemoval:
-				// The resolution's id is on the device too, and may
-				// hear of the removal before the PacketConn's own id.
-				return ev, &deviceError{os.NewSyscallError(call, syscall.ENODEV)}
-			}
-			return ev, os.NewSyscallError(call, eventErrno(ev, syscall.EHOSTUNREACH))
-		case <-ctx.Done():
-			if c.resCtx.Err() != nil {
-				// Cut short by the release: Close's, or the device
-				// removal's (whose error the writer gets).
-				return rdmacm.Event{}, c.goneErr()
-			}
-			return rdmacm.Event{}, os.NewSyscallError(call, syscall.ETIMEDOUT)
-		}
-	}
-	ms := int(c.opts.ResolveTimeout / time.Millisecond)
-	if err := id.ResolveAddr(c.src, ap, ms); err != nil {
-		return udDest{}, noDeviceAddr(err)
-	}
-	if _, err := wait(rdmacm.EventAddrResolved, "rdma_resolve_addr"); err != nil {
-		return udDest{}, noDeviceAddr(err)
-	}
-	if id.Verbs() != c.dev.ctx.Ptr() {
-		return udDest{}, errOtherDevice
-	}
-	if err := id.ResolveRoute(ms); err != nil {
-		return udDest{}, err
-	}
-	if _, err := wait(rdmacm.EventRouteResolved, "rdma_resolve_route"); err != nil {
-		return udDest{}, err
-	}
-	if err := id.ConnectUD(); err != nil {
-		return udDest{}, err
-	}
-	ev, err := wait(rdmacm.EventEstablished, "rdma_connect")
-	if err != nil {
-		if sidrNoListener(ev.Type == rdmacm.EventUnreachable, ev.Status) {
-			// The address and the route resolved: the host is there,
-			// its port is not. UDP sends that datagram and loses it.
-			return udDest{}, errNoListener
-		}
-		return udDest{}, err
-	}
-	if ev.UD == nil {
-		return udDest{}, os.NewSyscallError("rdma_connect", syscall.EPROTO)
-	}
-	ah, err := c.pd.CreateAH(ev.UD.AHAttr[:])
+	ah, err := c.pd.CreateAH(ud.AHAttr[:])
 	if err != nil {
 		return udDest{}, err
 	}
-	return udDest{ah: ah.Handle(), qpn: ev.UD.QPNum, qkey: ev.UD.QKey, free: func() { retryDestroy(ah.Destroy) }}, nil
+	return udDest{ah: ah.Handle(), qpn: ud.QPNum, qkey: ud.QKey, free: func() { retryDestroy(ah.Destroy) }}, nil
 }
-
-// errOtherDevice is the resolution's error for a destination that the
-// routing table reaches through another device than the PacketConn's.
-var errOtherDevice = errors.New("rdma: the destination is reached through another RDMA device than the PacketConn's")
 
 // release tears down whatever the PacketConn has set up, in the reverse
 // order: the listening id (no more resolutions answered), the
