@@ -26,14 +26,21 @@ func credits(wrs []ibv.SendWR) int {
 	return n
 }
 
-// On iWARP the dialing side sends a credit message once connected, and
-// repeats it while its peer says nothing, nudgeFirstRepeats times.
-func TestDialSendsFirst(t *testing.T) {
+// dialHeaders dials over the fake on a transport without immediate data.
+func dialHeaders(t *testing.T) (*fakeCM, *Conn) {
+	t.Helper()
 	f := useFakeCM(t)
 	f.headers = true
 	f.peerHello.Flags = wire.HelloHeaders
 	c, err := fakeDial(t, 5*time.Second)
 	require.NoError(t, err)
+	return f, c
+}
+
+// On iWARP the dialing side sends a credit message once connected, and
+// repeats it while its peer says nothing, nudgeFirstRepeats times.
+func TestDialSendsFirst(t *testing.T) {
+	f, c := dialHeaders(t)
 	q := f.qps[0]
 	require.GreaterOrEqual(t, credits(q.sent()), 1, "the first message goes at once")
 	require.Eventually(t, func() bool { return credits(q.sent()) == 1+nudgeFirstRepeats }, 5*time.Second, time.Millisecond)
@@ -45,11 +52,7 @@ func TestDialSendsFirst(t *testing.T) {
 
 // The dialing side's repeats end once its peer is heard.
 func TestDialSendsFirstUntilHeard(t *testing.T) {
-	f := useFakeCM(t)
-	f.headers = true
-	f.peerHello.Flags = wire.HelloHeaders
-	c, err := fakeDial(t, 5*time.Second)
-	require.NoError(t, err)
+	f, c := dialHeaders(t)
 	q := f.qps[0]
 	q.arrive(c, wire.Header{Type: wire.MsgCredit})
 	require.Eventually(t, func() bool {
