@@ -55,8 +55,13 @@ func useFakeCM(t *testing.T) *fakeCM {
 	f := &fakeCM{events: make(chan rdmacm.Event, 256), stop: make(chan struct{}), reqs: map[uintptr]*fakeID{},
 		answers:   map[string]func(*fakeID, []byte) error{},
 		peerHello: wire.Hello{RecvDepth: 8, CtrlDepth: wire.CtrlDepth, BufSize: 1024, RingSize: 1 << 16, RingAddr: testRAddr, RKey: testRKey}}
-	oldOpen, oldPath, oldDrain := openEventChannel, fakeDataPath, drainTimeout
+	oldOpen, oldPath := openEventChannel, fakeDataPath
 	openEventChannel = func() (eventChannel, error) {
+		// A new loop's handles start again at 1: what an earlier loop
+		// left unread must not reach the new loop's handlers.
+		for len(f.events) > 0 {
+			<-f.events
+		}
 		f.mu.Lock()
 		f.stopped, f.destroyed = false, false
 		f.stop = make(chan struct{})
@@ -66,7 +71,19 @@ func useFakeCM(t *testing.T) *fakeCM {
 	fakeDataPath = f.dataPath
 	t.Cleanup(func() {
 		releasing.Wait()
-		openEventChannel, fakeDataPath, drainTimeout = oldOpen, oldPath, oldDrain
+		openEventChannel, fakeDataPath = oldOpen, oldPath
+		// A test that failed midway may have left a connection or a
+		// listener on the fake's loop: the next test, and the device
+		// tests, must not find it as the process's loop.
+		cmMu.Lock()
+		left := theCM != nil && theCM.ch == eventChannel(f)
+		if left {
+			theCM = nil
+		}
+		cmMu.Unlock()
+		if left && !t.Failed() {
+			t.Error("the test left the fake connection manager's loop running")
+		}
 	})
 	return f
 }
@@ -125,7 +142,10 @@ func (f *fakeCM) newID(handle uintptr) (cmID, error) {
 func (f *fakeCM) requestID(ev rdmacm.Event) cmID {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.reqs[ev.Handle]
+	if id := f.reqs[ev.Handle]; id != nil {
+		return id
+	}
+	return nil
 }
 
 func (f *fakeCM) newUDPID(handle uintptr) (udID, error) {

@@ -1,6 +1,7 @@
 package rdma
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -134,13 +135,33 @@ func TestEstablishedIgnoresOtherEvents(t *testing.T) {
 	require.NoError(t, err)
 	f.ids[0].answer(rdmacm.EventTimewaitExit, 0, nil)
 	f.ids[0].answer(rdmacm.EventAddrChange, 0, nil)
-	done := make(chan struct{})
-	c.inbox.post(rdmacm.Event{Type: rdmacm.EventTimewaitExit}, func(rdmacm.Event) { close(done) })
-	<-done
+	// The loop delivers in order: once a marker behind them reached its
+	// handler, both are in the connection's inbox; then the inbox is
+	// waited out.
+	m := &markHandler{seen: make(chan struct{})}
+	h := c.cm.register(m)
+	f.post(rdmacm.Event{Type: rdmacm.EventAddrChange, Handle: h})
+	<-m.seen
+	c.cm.unregister(h)
+	require.Eventually(t, func() bool {
+		c.inbox.mu.Lock()
+		defer c.inbox.mu.Unlock()
+		return !c.inbox.running && len(c.inbox.evs) == 0
+	}, 5*time.Second, time.Millisecond)
 	c.mu.Lock()
 	require.Equal(t, phaseEstablished, c.life.phase)
 	require.NoError(t, c.life.werr)
+	require.NoError(t, c.life.rerr)
 	c.mu.Unlock()
 	require.NoError(t, c.Close())
 	f.waitReleased(t)
 }
+
+// markHandler is a CM handler that says when its first event came.
+type markHandler struct {
+	once sync.Once
+	seen chan struct{}
+}
+
+func (m *markHandler) cmEvent(rdmacm.Event) { m.once.Do(func() { close(m.seen) }) }
+func (m *markHandler) cmLost(error)         {}

@@ -113,6 +113,7 @@ func TestDialSequence(t *testing.T) {
 	h, err := wire.ParseHello(id.private[0])
 	require.NoError(t, err)
 	require.Equal(t, uint32(0x77), h.RKey, "the receive ring's key")
+	require.Equal(t, testBase+uint64(c.lay.recvOff()), h.RingAddr, "the receive ring's address")
 	require.Equal(t, "127.0.0.1:7471", c.RemoteAddr().String())
 	require.Equal(t, "127.0.0.1:40001", c.LocalAddr().String())
 	c.mu.Lock()

@@ -9,10 +9,11 @@ import (
 // connSys is the floor below a Conn: its rdma_cm id and what the
 // connection manager's steps need, and (verbsSys, conn_verbs.go) the verbs
 // objects the handshake sets up and the release gives back. Its methods
-// are the steps; the sequences over them (this file's dial and setup,
+// are the steps; the sequences over them (conn_dial.go's dial and setup,
 // conn_cm.go's reactions to events, conn_close.go's release) are the
-// Conn's. A Conn built on fakes for the data path's host tests has no id,
-// and every step is then a no-op.
+// Conn's. A Conn built on fakes for the data path's host tests has no id:
+// disconnect and errorQP do nothing then, and the release stops before
+// the other steps (see releaseAll).
 type connSys struct {
 	verbsSys
 

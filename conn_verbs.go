@@ -218,15 +218,6 @@ const portBackWait = time.Minute
 // Soft-RoCE the device then answered no connection request after the
 // outage, and the destroy could hang. It runs on the release's goroutine,
 // not in Close.
-// waitPortBack waits, while the device's port is down, until it is back
-// (or the device goes away, or portBackWait passes), when the connection
-// manager still holds the connection as established: the id's destroy
-// then sends the peer a disconnect request, which must not go while the
-// port is down (see connSys.disconnect). A Close after an outage's
-// ENETDOWN, as an application would do at once, otherwise sent it: on
-// Soft-RoCE the device then answered no connection request after the
-// outage, and the destroy could hang. It runs on the release's goroutine,
-// not in Close.
 func (s *connSys) waitPortBack(established bool) {
 	if s.dev == nil || !established {
 		return

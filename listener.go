@@ -11,14 +11,14 @@ import (
 // on those it refuses (no handshake of this package's, a full backlog)
 // and hands the refusal to the listener's handoff goroutine; each of the
 // others is given its resources and accepted on a setup goroutine of its
-// own, and queued for Accept once established (listener_verbs.go).
+// own, and queued for Accept once established (listener_cm.go).
 
 // Listener is an RDMA network listener; it implements net.Listener. Listen
 // and ListenConfig.Listen return one. It refuses dialers that do not speak
 // this package's protocol, and those it has no room for, with a reason the
 // dialer's error carries (see RefusedError).
 type Listener struct {
-	listenerSys // the platform's part (listener_verbs.go)
+	listenerSys // the rdma_cm side (listener_cm.go)
 
 	addr      *Addr
 	queue     chan *Conn // established, waiting for Accept

@@ -74,6 +74,7 @@ func TestListenerAcceptSequence(t *testing.T) {
 	h, err := wire.ParseHello(id.private[0])
 	require.NoError(t, err)
 	require.Equal(t, uint32(0x77), h.RKey)
+	require.Equal(t, testBase+uint64(c.lay.recvOff()), h.RingAddr, "the receive ring's address")
 	require.Equal(t, "127.0.0.2:40000", c.RemoteAddr().String())
 	require.Equal(t, uint64(1), l.Stats().Accepted)
 	require.Equal(t, 0, l.Stats().HalfOpen)
