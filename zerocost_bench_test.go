@@ -18,6 +18,7 @@ package rdma
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"sync"
 	"syscall"
@@ -69,9 +70,22 @@ func (e *zcEnd) freeRing(m *ringMem) {
 // zcPair is two established Conns over a zero-cost wire.
 type zcPair struct {
 	w    *zerocost.Wire
-	p    *poller // the CQ's, which only spinning waits poll (PollBusy)
+	p    *poller // the CQ's, which only spinning waits poll unless runPoller started it
 	e    [2]*zcEnd
 	free [][]byte
+	stop func() // stops the poller goroutine, if it runs
+}
+
+// runPoller starts the CQ's poller goroutine over the provider's
+// completion events, as a device's runs over its completion channel.
+func (z *zcPair) runPoller(tb testing.TB) {
+	ev, err := z.w.Events(0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	z.p.ch = ev
+	go z.p.run()
+	z.stop = func() { z.p.shutdown(func() { ev.Close() }) }
 }
 
 // needZeroCost skips a benchmark in a build without the provider.
@@ -183,6 +197,9 @@ func (z *zcPair) close(tb testing.TB) {
 		runtime.Gosched()
 	}
 	releasing.Wait()
+	if z.stop != nil {
+		z.stop()
+	}
 	err := z.w.Err()
 	z.w.Close()
 	for _, m := range z.free {
@@ -298,6 +315,14 @@ func BenchmarkZeroCost(b *testing.B) {
 	b.Run("RoundTrip64Default", func(b *testing.B) {
 		zcRow(b, func(b *testing.B) float64 { return zcRoundTrip(b, PollAdaptive) }, zcC(zerocost.PingPong, 64))
 	})
+	// A client goroutine and a server goroutine, the default Options and
+	// the CQ's poller goroutine running, as a service's connection runs;
+	// Chan is a ping-pong of two goroutines over channels in the same
+	// run: what the Go runtime itself needs for the two handoffs.
+	b.Run("RoundTrip64Goroutines", func(b *testing.B) {
+		zcRow(b, zcRoundTripGoroutines, zcC(zerocost.PingPong, 64))
+		b.Run("Chan", zcChanPingPong)
+	})
 	b.Run("Rate64Messages", func(b *testing.B) {
 		zcRow(b, func(b *testing.B) float64 { return zcRate(b, Options{}, Options{Messages: true}, false) }, zcC(zerocost.Rate, 64))
 	})
@@ -346,6 +371,66 @@ func zcRoundTrip(b *testing.B, mode PollMode) float64 {
 		rt()
 	}
 	return m.stop(b.N)
+}
+
+// zcRoundTripGoroutines is zcRoundTrip's message and answer with a
+// client goroutine (Write, Read) and a server goroutine (Read, Write), the
+// default Options, and the poller goroutine running.
+func zcRoundTripGoroutines(b *testing.B) float64 {
+	z := newZCPairMode(b, Options{}, Options{}, PollAdaptive)
+	z.runPoller(b)
+	a, p := z.e[0].c, z.e[1].c
+	cbuf, sbuf := make([]byte, 64), make([]byte, 64)
+	run := func(n int) {
+		errc := make(chan error, 1)
+		go func() {
+			for range n {
+				if k, err := p.Read(sbuf); k != 64 || err != nil {
+					errc <- fmt.Errorf("server read: %d, %v", k, err)
+					return
+				}
+				if _, err := p.Write(sbuf); err != nil {
+					errc <- err
+					return
+				}
+			}
+			errc <- nil
+		}()
+		for range n {
+			if _, err := a.Write(cbuf); err != nil {
+				b.Fatal(err)
+			}
+			if k, err := a.Read(cbuf); k != 64 || err != nil {
+				b.Fatal(k, err)
+			}
+		}
+		if err := <-errc; err != nil {
+			b.Fatal(err)
+		}
+	}
+	run(1000)
+	b.ReportAllocs()
+	m := startMeter(b, z.calls)
+	run(b.N)
+	return m.stop(b.N)
+}
+
+// zcChanPingPong is a round trip between two goroutines over unbuffered
+// channels.
+func zcChanPingPong(b *testing.B) {
+	ping, pong := make(chan struct{}), make(chan struct{})
+	go func() {
+		for range ping {
+			pong <- struct{}{}
+		}
+	}()
+	b.ResetTimer()
+	for range b.N {
+		ping <- struct{}{}
+		<-pong
+	}
+	b.StopTimer()
+	close(ping)
 }
 
 // zcRate is one 64 B message per Write, read by the peer, one goroutine

@@ -40,3 +40,15 @@ func (w *Wire) Close() {}
 
 // RunC fails in this build.
 func (w *Wire) RunC(p Pattern, n, size int) error { return ErrUnavailable }
+
+// Events is an end's completion events; in this build there are none.
+type Events struct{}
+
+// Events fails in this build.
+func (w *Wire) Events(end int) (*Events, error) { return nil, ErrUnavailable }
+
+// Wait fails in this build.
+func (e *Events) Wait() error { return ErrUnavailable }
+
+// Close does nothing in this build.
+func (e *Events) Close() error { return nil }

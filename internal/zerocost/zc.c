@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #define ZC_MRS 64
 // As much inline data as the library asks a QP for.
@@ -33,6 +35,10 @@ struct zc_cq {
 	int end;
 	struct zc_cqe *q;
 	int cap, head, n;
+	// efd is the CQ's completion events (an eventfd, as a completion
+	// channel's fd is the kernel's): armed by ibv_req_notify_cq, the next
+	// completion writes it once.
+	int efd, armed;
 };
 
 struct zc_recv {
@@ -91,6 +97,12 @@ static int push(struct zc_cq *cq, const struct ibv_wc *wc, int end, int retire) 
 	e->retire = retire;
 	e->end = end;
 	cq->n++;
+	if (cq->armed && cq->efd >= 0) {
+		uint64_t one = 1;
+		cq->armed = 0;
+		if (write(cq->efd, &one, sizeof one) != sizeof one)
+			fail(cq->w, "end %d: completion event lost%s", cq->end, "");
+	}
 	return 0;
 }
 
@@ -334,11 +346,12 @@ static int zc_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc) {
 	return k;
 }
 
-// No completion channel: an armed CQ raises no event, and its owner polls.
+// Arms the CQ: its next completion writes its event fd (zc_event_fd).
 static int zc_req_notify_cq(struct ibv_cq *ibcq, int solicited) {
 	struct zc_cq *cq = (struct zc_cq *)ibcq;
 	(void)solicited;
 	pthread_spin_lock(&cq->w->lock);
+	cq->armed = 1;
 	cq->w->qp[cq->end].st.arms++;
 	pthread_spin_unlock(&cq->w->lock);
 	return 0;
@@ -362,6 +375,7 @@ struct zc_wire *zc_open(int sq, int rq, int cqe, int shared) {
 		cq->w = w;
 		cq->end = e;
 		cq->cap = cqe;
+		cq->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 		struct zc_qp *q = &w->qp[e];
 		q->qp.context = &w->ctx;
 		if (shared)
@@ -389,6 +403,8 @@ struct zc_wire *zc_open(int sq, int rq, int cqe, int shared) {
 
 void zc_close(struct zc_wire *w) {
 	for (int e = 0; e < 2; e++) {
+		if (w->cq[e].efd > 0)
+			close(w->cq[e].efd);
 		free(w->cq[e].q);
 		free(w->qp[e].rq);
 	}
@@ -398,6 +414,7 @@ void zc_close(struct zc_wire *w) {
 
 struct ibv_qp *zc_qp(struct zc_wire *w, int end) { return &w->qp[end].qp; }
 struct ibv_cq *zc_cq(struct zc_wire *w, int end) { return &w->qp[end].cq->cq; }
+int zc_event_fd(struct zc_wire *w, int end) { return w->qp[end].cq->efd; }
 
 uint32_t zc_reg(struct zc_wire *w, int end, void *addr, size_t len, int access) {
 	uint32_t key = 0;

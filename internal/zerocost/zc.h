@@ -27,6 +27,9 @@ struct zc_wire *zc_open(int sq, int rq, int cqe, int shared);
 void zc_close(struct zc_wire *w);
 struct ibv_qp *zc_qp(struct zc_wire *w, int end);
 struct ibv_cq *zc_cq(struct zc_wire *w, int end);
+// zc_event_fd is the eventfd an end's CQ writes once armed and completed
+// (a completion channel's fd, in effect), -1 if none could be made.
+int zc_event_fd(struct zc_wire *w, int end);
 // zc_reg registers len bytes at addr for an end with the ibv_access_flags
 // access; the key it returns is both the lkey and the rkey. 0 when the
 // table is full.

@@ -16,10 +16,12 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"os"
 	"syscall"
 	"unsafe"
 
 	"github.com/goverbs/rdma/internal/ibv"
+	"github.com/goverbs/rdma/internal/pollfd"
 )
 
 // Available reports whether this build has the provider.
@@ -112,6 +114,64 @@ func (w *Wire) Err() error {
 	}
 	return nil
 }
+
+// Events is an end's CQ's completion events, as the library's poller
+// parks on a completion channel: ibv_req_notify_cq arms the CQ, and its
+// next completion makes Wait return. The provider writes an eventfd, so a
+// wakeup costs the two system calls and the netpoller's handoff that a
+// device's completion event costs, without the device's interrupt.
+type Events struct {
+	fd    *pollfd.FD
+	drain func(uintptr) bool
+	err   error
+}
+
+// Events returns end's completion events; Close them before the wire.
+func (w *Wire) Events(end int) (*Events, error) {
+	efd := int(C.zc_event_fd(w.w, C.int(end)))
+	if efd < 0 {
+		return nil, errors.New("zerocost: no event fd")
+	}
+	fd, err := pollfd.New(efd, "zerocost")
+	if err != nil {
+		return nil, err
+	}
+	e := &Events{fd: fd}
+	e.drain = func(fd uintptr) bool {
+		var buf [8]byte
+		got := false
+		for {
+			_, err := syscall.Read(int(fd), buf[:])
+			switch err {
+			case nil:
+				got = true
+				continue
+			case syscall.EINTR:
+				continue
+			case syscall.EAGAIN:
+				return got
+			}
+			e.err = err
+			return true
+		}
+	}
+	return e, nil
+}
+
+// Wait parks until a completion of the armed CQ.
+func (e *Events) Wait() error {
+	if err := e.fd.Wait(e.drain); err != nil {
+		return err
+	}
+	if err := e.err; err != nil {
+		e.err = nil
+		return os.NewSyscallError("read", err)
+	}
+	return nil
+}
+
+// Close makes a parked Wait return an error.
+func (e *Events) Close() error { return e.fd.Close() }
 
 // Close frees the wire; nothing may use its ends any more.
 func (w *Wire) Close() { C.zc_close(w.w) }
