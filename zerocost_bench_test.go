@@ -4,7 +4,8 @@ package rdma
 // (internal/zerocost): two Conns joined in one process by two QPs whose
 // posts are memory copies and whose completions are polled from memory,
 // through the library's real cgo data path (internal/ibv's shims, the
-// poller, the waits in PollBusy). Nothing is left to the kernel or a
+// poller, the waits in PollBusy, and in the default PollAdaptive for the
+// rows named Default and Goroutines). Nothing is left to the kernel or a
 // device, so what a message costs here is the library's own CPU, cgo
 // crossings included, and what carries over to a NIC whose post is a few
 // stores. Each row has a Go and a C sub-benchmark on the same provider in
@@ -14,7 +15,10 @@ package rdma
 // Where one goroutine plays both ends (the round trip, the rates, the
 // READ), ns/op is the CPU of both sides' work for one message, and so is
 // C's. The streams run a writer and a reader at once, in Go and in C, both
-// busy-polling: ns/op is the time per message, CPU the process's.
+// busy-polling: ns/op is the time per message, CPU the process's. The
+// Goroutines row runs a client and a server goroutine and the poller
+// goroutine, parked on the provider's completion events when nobody
+// spins: ns/op is the time of a round trip.
 
 import (
 	"context"

@@ -37,8 +37,11 @@
 //     (receiver not ready: the library's credits exist so that this never
 //     happens), an access outside a region. The benchmarks check Err, so
 //     a bug of the library's shows instead of a figure.
-//   - ibv_req_notify_cq is counted and raises nothing: there is no
-//     completion channel, and whoever waits polls.
+//   - ibv_req_notify_cq arms the CQ, and its next completion writes an
+//     eventfd (Wire.Events), which stands in for a completion channel:
+//     the library's poller goroutine parks on it through the netpoller as
+//     on a device's channel. Nothing else waits on it; a waiter that does
+//     not run the poller polls.
 //
 // Built without cgo (or off Linux) the package has the same API and New
 // fails with ErrUnavailable.
