@@ -158,10 +158,14 @@ func (l *Listener) startTCP(tl net.Listener) {
 				close(l.tcpFailed)
 				return
 			}
+			// Counted first, as an RDMA connection is (see established):
+			// once handed over, the connection may be accepted and used,
+			// and its dialer may look at the listener's Stats.
+			l.count(func(s *ListenerStats) { s.AcceptedTCP++ })
 			select {
 			case l.tcpQueue <- c:
-				l.count(func(s *ListenerStats) { s.AcceptedTCP++ })
 			case <-l.closing:
+				l.count(func(s *ListenerStats) { s.AcceptedTCP-- })
 				c.Close()
 				return
 			}
