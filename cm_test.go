@@ -202,7 +202,7 @@ func (f *fakeCM) dataPath(opts Options, comp completer) (layout, dataPath, error
 	f.qps = append(f.qps, q)
 	f.mu.Unlock()
 	return lay, dataPath{qp: q, mem: make([]byte, lay.size()), sendBase: testBase + uint64(lay.sendOff()), sendLKey: testLKey,
-		recvRKey: 0x77, recvLKey: 0x78, sp: nopSpinner{}, ringAddr: testBase + uint64(lay.recvOff())}, nil
+		recvRKey: 0x77, recvLKey: 0x78, sp: nopSpinner{}}, nil
 }
 
 // fakeID is an id of the fake connection manager; it records the calls

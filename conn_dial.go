@@ -48,7 +48,6 @@ func (c *Conn) setup(opts Options) error {
 	c.w.postAside = p.postAside
 	c.postHeld = !p.kernelPosts || forcePostHeld
 	c.rs.alloc = p.rings
-	c.ringAddr, c.ringRKey = p.ringAddr, p.recvRKey
 	return nil
 }
 
@@ -62,7 +61,9 @@ func (c *Conn) start(peer wire.Hello) {
 	signal(c.txReady)
 }
 
-// hello is what the connection announces in its connect request or reply.
+// hello is what the connection announces in its connect request or reply:
+// its geometry, and where (and under which key) the peer writes into its
+// receive ring, the arena's as the data path was set up over it.
 func (c *Conn) hello() wire.Hello {
 	var flags uint8
 	if c.msgRead {
@@ -72,7 +73,7 @@ func (c *Conn) hello() wire.Hello {
 		flags |= wire.HelloHeaders
 	}
 	return wire.Hello{Flags: flags, RecvDepth: uint16(c.lay.recvSlots - wire.CtrlDepth - wire.FinSlots), CtrlDepth: wire.CtrlDepth, BufSize: uint32(c.lay.bufSize),
-		RingSize: uint32(c.lay.ring), RingAddr: c.ringAddr, RKey: c.ringRKey}
+		RingSize: uint32(c.lay.ring), RingAddr: c.rs.arenaRx.base, RKey: c.rs.arenaRx.rkey}
 }
 
 // dial runs the active side of the handshake.

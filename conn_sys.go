@@ -43,10 +43,6 @@ type connSys struct {
 	// free it under such a call.
 	qpMu   sync.Mutex
 	qpGone bool // under qpMu: the release has destroyed the QP; the id goes next
-	// ringAddr and ringRKey are where the peer writes into the receive
-	// ring, as the hello announces it.
-	ringAddr uint64
-	ringRKey uint32
 }
 
 // dataPath is what setting up the verbs side gives the data path: the
@@ -63,7 +59,6 @@ type dataPath struct {
 	postAside   bool // see waiter.postAside
 	kernelPosts bool // see device.kernelPosts
 	rings       ringAllocator
-	ringAddr    uint64 // the receive ring's NIC address, for the hello
 }
 
 // wasDialed reports whether the connection is the active side.
