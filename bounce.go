@@ -50,7 +50,7 @@ func (c *Conn) bounceIO(op uint8, p []byte, key RemoteKey, off uint64) (int, err
 				if op == opWrite {
 					copy(c.os.bounce.mem[at:at+k], p[pos:pos+k])
 				}
-				slot, err := c.startOneSided(bg, op, c.os.bounce, at, k, key, off+uint64(pos))
+				slot, err := c.startOneSided(bg, op, c.os.bounce, at, k, key, off+uint64(pos), 0, 0)
 				if err != nil {
 					c.putChunk(chunk)
 					firstErr = err
@@ -68,7 +68,7 @@ func (c *Conn) bounceIO(op uint8, p []byte, key RemoteKey, off uint64) (int, err
 		e := q[head]
 		head = (head + 1) % bounceChunks
 		cnt--
-		err := c.waitOneSided(bg, e.slot)
+		_, err := c.waitOneSided(bg, e.slot)
 		if err == nil && firstErr == nil {
 			if op == opRead {
 				at := e.chunk * bounceChunk
@@ -82,33 +82,45 @@ func (c *Conn) bounceIO(op uint8, p []byte, key RemoteKey, off uint64) (int, err
 	}
 }
 
+// bounceSize is the bounce memory's size: the chunks, and behind them 8
+// bytes per one-sided slot for the old values of atomics (see atomicAt).
+const bounceSize = bounceChunks*bounceChunk + oneSidedDepth*AtomicSize
+
+// ensureBounce registers the bounce memory on first use.
+func (c *Conn) ensureBounce() error {
+	c.regMu.Lock()
+	defer c.regMu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.os.init()
+	if err := c.oneSidedEnded(); err != nil {
+		return err
+	}
+	if c.os.bounce != nil {
+		return nil
+	}
+	c.mu.Unlock()
+	b, err := c.registerMem(bounceSize, 0)
+	c.mu.Lock()
+	if err != nil {
+		return err
+	}
+	c.os.bounce = b
+	c.os.chunksFree = make([]int, 0, bounceChunks)
+	for i := bounceChunks - 1; i >= 0; i-- {
+		c.os.chunksFree = append(c.os.chunksFree, i)
+	}
+	return nil
+}
+
 // getChunk takes a free bounce chunk, registering the bounce memory on
 // first use; with wait unset it returns -1 when none is free instead of
 // waiting.
 func (c *Conn) getChunk(wait bool) (int, error) {
-	c.regMu.Lock()
-	c.mu.Lock()
-	c.os.init()
-	if err := c.oneSidedEnded(); err != nil {
-		c.mu.Unlock()
-		c.regMu.Unlock()
+	if err := c.ensureBounce(); err != nil {
 		return -1, err
 	}
-	if c.os.bounce == nil {
-		c.mu.Unlock()
-		b, err := c.registerMem(bounceChunks*bounceChunk, 0)
-		if err != nil {
-			c.regMu.Unlock()
-			return -1, err
-		}
-		c.mu.Lock()
-		c.os.bounce = b
-		c.os.chunksFree = make([]int, 0, bounceChunks)
-		for i := bounceChunks - 1; i >= 0; i-- {
-			c.os.chunksFree = append(c.os.chunksFree, i)
-		}
-	}
-	c.regMu.Unlock()
+	c.mu.Lock()
 	defer c.mu.Unlock()
 	for {
 		if err := c.oneSidedEnded(); err != nil {

@@ -86,10 +86,11 @@ type Conn struct {
 	cr            ledger
 	tx            sendRing
 	rx            recvRing
-	rs            resizer // rings that follow the traffic (resize.go)
-	heard         uint64  // successful completions: the peer or its NIC answered
-	qpBroken      bool    // a failed completion disconnected the QP
-	postHeld      bool    // small sends are posted with mu held: the device's post is no system call (device.kernelPosts, heldPostBytes)
+	rs            resizer    // rings that follow the traffic (resize.go)
+	heard         uint64     // successful completions: the peer or its NIC answered
+	qpBroken      bool       // a failed completion disconnected the QP
+	atomics       atomicCaps // what the device offers of remote atomics
+	postHeld      bool       // small sends are posted with mu held: the device's post is no system call (device.kernelPosts, heldPostBytes)
 	// qpDrained: the release saw every work request complete, so the QP
 	// holds none and may serve another connection (see keepQP).
 	qpDrained bool

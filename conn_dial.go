@@ -47,6 +47,7 @@ func (c *Conn) setup(opts Options) error {
 	c.rs.arenaRx.rkey, c.rs.arenaRx.lkey = p.recvRKey, p.recvLKey
 	c.w.postAside = p.postAside
 	c.postHeld = !p.kernelPosts || forcePostHeld
+	c.atomics = p.atomics
 	c.rs.alloc = p.rings
 	return nil
 }

@@ -58,6 +58,7 @@ type dataPath struct {
 	sp          spinner
 	postAside   bool // see waiter.postAside
 	kernelPosts bool // see device.kernelPosts
+	atomics     atomicCaps
 	rings       ringAllocator
 }
 

@@ -85,7 +85,7 @@ func (s *connSys) openPath(opts Options, comp completer) (dataPath, error) {
 	cqs.add(s.vqp.Num, comp)
 	return dataPath{qp: s.vqp, mem: s.ar.mem, sendBase: s.ar.base + uint64(s.lay.sendOff()), sendLKey: s.ar.sendMR.LKey,
 		recvRKey: s.ar.recvMR.RKey, recvLKey: s.ar.recvMR.LKey, inline: ar.inline, sp: cqs,
-		postAside: dev.postAside, kernelPosts: dev.kernelPosts, rings: verbsRings{ar: s.ar, dev: dev}}, nil
+		postAside: dev.postAside, kernelPosts: dev.kernelPosts, atomics: dev.atomics, rings: verbsRings{ar: s.ar, dev: dev}}, nil
 }
 
 // adoptPooledQP gives the id the QP the arena came from the pool with,

@@ -46,6 +46,8 @@ type device struct {
 	// initDepth and respDepth are the RDMA READs a QP issues and serves
 	// at once (see readDepth).
 	initDepth, respDepth uint8
+	// atomics: what it offers of remote atomics.
+	atomics atomicCaps
 	// iwarp: the transport has no immediate data (headers go as SEND
 	// payloads, see layout.withHeaders), and an RDMA READ's response is a
 	// tagged write into the reader's memory, which must allow remote
@@ -327,6 +329,7 @@ func newDevice(ctx *ibv.Context) (*device, error) {
 	}
 	d.maxCQE = a.MaxCQE
 	d.initDepth, d.respDepth = readDepth(a.MaxQPInitRdAtom), readDepth(a.MaxQPRdAtom)
+	d.atomics = atomicCaps{device: ctx.Name(), level: a.AtomicCap, replyBE: replyBigEndian(a.VendorID, a.VendorPartID)}
 	go d.readAsync()
 	return d, nil
 }

@@ -19,16 +19,30 @@ import (
 
 // One-sided operations.
 const (
-	opRead  = 1
-	opWrite = 2
+	opRead        = 1
+	opWrite       = 2
+	opCompareSwap = 3 // remote atomics: see atomic.go
+	opFetchAdd    = 4
 )
 
+// opName is the operation's name in errors (net.OpError.Op).
 func opName(op uint8) string {
-	if op == opRead {
+	switch op {
+	case opRead:
 		return "read"
+	case opWrite:
+		return "write"
+	case opCompareSwap:
+		return "compare-and-swap"
 	}
-	return "write"
+	return "fetch-add"
 }
+
+func isAtomic(op uint8) bool { return op == opCompareSwap || op == opFetchAdd }
+
+// atomicAt is where, in the bounce memory, the old value of slot i's
+// atomic lands: 8 bytes per slot behind the chunks.
+func atomicAt(i int) int { return bounceChunks*bounceChunk + i*AtomicSize }
 
 // wrOneSided tags the work request id of a one-sided operation (wrSend
 // clear): the slot's index in the low byte, its generation above.
@@ -41,6 +55,7 @@ type osSlot struct {
 	finished  bool // completed; the caller has yet to look
 	abandoned bool // the caller gave up (its context): the completion frees the slot
 	status    uint32
+	old       uint64        // an atomic's result: the word's value before
 	reg       *Region       // pinned until the completion
 	done      chan struct{} // capacity 1: the completion arrived
 	wr        [1]ibv.SendWR // posted from here, so that posting does not allocate
@@ -171,8 +186,11 @@ func (c *Conn) oneSidedEnded() error {
 
 // startOneSided posts one RDMA READ (op opRead: the peer's bytes at off
 // of key into local at lo) or WRITE of n bytes, the caller having checked
-// the bounds, once a slot is free, and returns the slot.
-func (c *Conn) startOneSided(ctx context.Context, op uint8, local *Region, lo, n int, key RemoteKey, off uint64) (int, error) {
+// the bounds, once a slot is free, and returns the slot. An atomic (op
+// opCompareSwap of a for b, or opFetchAdd of a) of the word at off takes
+// no local region: its result lands in the slot's bytes of the bounce
+// memory, which the caller has registered.
+func (c *Conn) startOneSided(ctx context.Context, op uint8, local *Region, lo, n int, key RemoteKey, off uint64, a, b uint64) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t := &c.os
@@ -181,6 +199,9 @@ func (c *Conn) startOneSided(ctx context.Context, op uint8, local *Region, lo, n
 	for {
 		if err := c.oneSidedEnded(); err != nil {
 			return 0, err
+		}
+		if isAtomic(op) {
+			local, lo = t.bounce, -1
 		}
 		if local.closed {
 			return 0, net.ErrClosed
@@ -205,9 +226,17 @@ func (c *Conn) startOneSided(ctx context.Context, op uint8, local *Region, lo, n
 	s := &t.slots[i]
 	s.reg = local
 	local.pins++
+	if lo < 0 {
+		lo = atomicAt(i)
+	}
 	flags := ibv.SendSignaled | ibv.SendWrite
-	if op == opRead {
+	switch op {
+	case opRead:
 		flags = ibv.SendSignaled | ibv.SendRead
+	case opCompareSwap:
+		flags = ibv.SendSignaled | ibv.SendCompareSwap
+	case opFetchAdd:
+		flags = ibv.SendSignaled | ibv.SendFetchAdd
 	}
 	s.wr[0] = ibv.SendWR{
 		ID:         t.wrid(i),
@@ -217,6 +246,8 @@ func (c *Conn) startOneSided(ctx context.Context, op uint8, local *Region, lo, n
 		Flags:      int32(flags),
 		RemoteAddr: key.Addr + off,
 		RKey:       key.RKey,
+		Compare:    a,
+		Swap:       b,
 	}
 	t.inFlight++
 	held := c.postHeld && n <= heldPostBytes
@@ -272,6 +303,14 @@ func (c *Conn) oneSidedDone(wc ibv.WC) bool {
 		}
 	}
 	s.status = wc.Status
+	if wc.Status == ibv.WCSuccess && s.wr[0].Flags&(ibv.SendCompareSwap|ibv.SendFetchAdd) != 0 {
+		// The bounce memory is mapped: it goes only once the QP is
+		// gone, after the last completion (see releaseRegions).
+		if b := t.bounce; b != nil && b.mem != nil {
+			at := atomicAt(i)
+			s.old = c.atomics.value(b.mem[at : at+AtomicSize])
+		}
+	}
 	if s.abandoned {
 		t.put(i)
 		return true
@@ -324,7 +363,9 @@ func (e *oneSidedError) Unwrap() []error {
 // waits as the connection's Reads and Writes do (Options.Poll): an
 // operation takes about a round trip, which spinning catches without a
 // wakeup.
-func (c *Conn) waitOneSided(ctx context.Context, i int) error {
+//
+// It returns an atomic's result: the word's value before.
+func (c *Conn) waitOneSided(ctx context.Context, i int) (uint64, error) {
 	s := &c.os.slots[i]
 	start := c.w.clock()
 	c.w.waitDone(ctx, s.done, c.closing, time.Duration(c.os.avgWait.Load()), start)
@@ -332,7 +373,7 @@ func (c *Conn) waitOneSided(ctx context.Context, i int) error {
 	defer c.mu.Unlock()
 	if !s.finished {
 		s.abandoned = true
-		return ctx.Err()
+		return 0, ctx.Err()
 	}
 	select {
 	case <-s.done: // when ctx won the race with a completion
@@ -343,7 +384,7 @@ func (c *Conn) waitOneSided(ctx context.Context, i int) error {
 	if !start.IsZero() {
 		c.os.avgWait.Store(int64(nextAvgWait(time.Duration(c.os.avgWait.Load()), time.Since(start))))
 	}
-	status := s.status
+	status, old := s.status, s.old
 	c.os.put(i)
-	return c.oneSidedErr(status)
+	return old, c.oneSidedErr(status)
 }

@@ -28,28 +28,41 @@ import (
 // Access says what the peer may do to a Region through its RemoteKey.
 type Access uint8
 
-// Access rights a region may grant; a Region with neither is local: it is
+// Access rights a region may grant; a Region with none is local: it is
 // the target or source of ReadAtContext and WriteAtContext only.
 const (
 	RemoteRead  Access = 1 << iota // the peer may read it (RDMA READ)
 	RemoteWrite                    // the peer may write it (RDMA WRITE)
+	// RemoteAtomic lets the peer apply remote atomics to its 8-byte
+	// words (RemoteRegion.CompareAndSwap and FetchAdd). Devices without
+	// them (soft-iWARP) refuse it.
+	RemoteAtomic
 )
 
-const accessMask = RemoteRead | RemoteWrite
+const accessMask = RemoteRead | RemoteWrite | RemoteAtomic
 
-// String returns "local", "read", "write" or "read|write".
+// String returns "local", or the rights joined by "|": "read", "write",
+// "atomic", as in "read|write".
 func (a Access) String() string {
-	switch a {
-	case 0:
+	if a == 0 {
 		return "local"
-	case RemoteRead:
-		return "read"
-	case RemoteWrite:
-		return "write"
-	case RemoteRead | RemoteWrite:
-		return "read|write"
 	}
-	return fmt.Sprintf("Access(%#x)", uint8(a))
+	if a&^accessMask != 0 {
+		return fmt.Sprintf("Access(%#x)", uint8(a))
+	}
+	var b []byte
+	for _, r := range [...]struct {
+		a    Access
+		name string
+	}{{RemoteRead, "read"}, {RemoteWrite, "write"}, {RemoteAtomic, "atomic"}} {
+		if a&r.a != 0 {
+			if len(b) > 0 {
+				b = append(b, '|')
+			}
+			b = append(b, r.name...)
+		}
+	}
+	return string(b)
 }
 
 // Limits of regions and operations.
@@ -235,8 +248,10 @@ func (c *Conn) releaseRegions() {
 
 // RegisterRegion allocates size bytes (zeroed, outside the Go heap) and
 // registers them on the connection with exactly the access given: the peer
-// may read (RemoteRead) or write (RemoteWrite) them through the region's
-// Key, and nothing else. A region with access 0 is for this side's
+// may read (RemoteRead), write (RemoteWrite) or apply atomics to
+// (RemoteAtomic) them through the region's Key, and nothing else; a
+// device without remote atomics refuses RemoteAtomic with an error
+// wrapping ErrUnsupported. A region with access 0 is for this side's
 // ReadAtContext and WriteAtContext only. The memory counts as the
 // connection's registered memory (and against RLIMIT_MEMLOCK) while it is
 // registered. Only the region's Close gives the memory back: the end of
@@ -250,6 +265,11 @@ func (c *Conn) RegisterRegion(size int, access Access) (*Region, error) {
 	}
 	if access&^accessMask != 0 {
 		return nil, c.opErr("register", fmt.Errorf("rdma: unknown access %v: %w", access, syscall.EINVAL))
+	}
+	if access&RemoteAtomic != 0 {
+		if err := c.atomics.supported(); err != nil {
+			return nil, c.opErr("register", err)
+		}
 	}
 	c.regMu.Lock()
 	defer c.regMu.Unlock()
@@ -399,9 +419,9 @@ func (r *RemoteRegion) oneSided(ctx context.Context, op uint8, local *Region, lo
 	if n == 0 {
 		return nil
 	}
-	slot, err := c.startOneSided(ctx, op, local, int(localOff), n, r.key, uint64(off))
+	slot, err := c.startOneSided(ctx, op, local, int(localOff), n, r.key, uint64(off), 0, 0)
 	if err == nil {
-		err = c.waitOneSided(ctx, slot)
+		_, err = c.waitOneSided(ctx, slot)
 	}
 	return c.opErr(name, mapCtxErr(err))
 }

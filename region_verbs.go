@@ -40,10 +40,10 @@ func (c *Conn) registerMem(size int, access Access) (*Region, error) {
 	// remote writes gets a second registration for its READs to land in,
 	// so that the key the peer is given allows no more than access says.
 	iw := c.dev.iwarp && access&RemoteWrite == 0
-	mr, err := c.ar.pd.RegMRAccess(mem[:size], access&RemoteRead != 0, access&RemoteWrite != 0 || iw && access == 0)
+	mr, err := c.ar.pd.RegMRAccess(mem[:size], access&RemoteRead != 0, access&RemoteWrite != 0 || iw && access == 0, access&RemoteAtomic != 0)
 	var sink *ibv.MR
 	if err == nil && iw && access != 0 {
-		if sink, err = c.ar.pd.RegMRAccess(mem[:size], false, true); err != nil && retryDestroy(mr.Dereg) != nil {
+		if sink, err = c.ar.pd.RegMRAccess(mem[:size], false, true, false); err != nil && retryDestroy(mr.Dereg) != nil {
 			// Left registered, and so mapped (see arena.stuck).
 			c.ar.stuck.Add(1)
 			mem = nil

@@ -32,7 +32,7 @@ func TestRemoteKeyEncoding(t *testing.T) {
 		"magic":          mut(func(b []byte) { b[0] ^= 1 }),
 		"version":        mut(func(b []byte) { b[4] = 2 }),
 		"no access":      mut(func(b []byte) { b[5] = 0 }),
-		"unknown access": mut(func(b []byte) { b[5] = 4 }),
+		"unknown access": mut(func(b []byte) { b[5] = 8 }),
 		"reserved":       mut(func(b []byte) { b[7] = 1 }),
 		"zero size":      mut(func(b []byte) { clear(b[16:24]) }),
 		"huge size":      mut(func(b []byte) { b[16] = 1 }),

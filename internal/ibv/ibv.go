@@ -45,6 +45,11 @@ package ibv
 #define GV_SEND_PLAIN (1 << 25)
 // With GV_SEND_HEADER: the length bytes at addr follow the header inline.
 #define GV_HEADER_DATA (1 << 24)
+// And remote atomics on the 8 bytes at remote_addr, whose old value lands
+// in the 8 bytes at addr: a compare-and-swap (of compare for swap) and a
+// fetch-and-add (of compare).
+#define GV_ATOMIC_CAS (1 << 23)
+#define GV_ATOMIC_FAA (1 << 22)
 #define GV_HEADER_LEN 8
 #define GV_HEADER_SLOT 80
 
@@ -125,12 +130,16 @@ struct gv_send {
 	uint32_t imm; // host order
 	uint64_t remote_addr; // GV_WRITE_IMM: where in the peer's region of rkey
 	uint32_t rkey;
+	uint64_t compare; // GV_ATOMIC_CAS, GV_ATOMIC_FAA: the compared value, or the addend
+	uint64_t swap;    // GV_ATOMIC_CAS: the value swapped in
 };
 
 // gv_post_sends posts n SENDs with immediate data as one chain (one
 // doorbell, one system call on providers that need one); a zero length
 // sends no payload. GV_RDMA_READ and GV_RDMA_WRITE make a send a plain
-// RDMA READ or WRITE between addr and remote_addr under rkey. A send flagged GV_EMPTY_WRITE is a zero-length RDMA
+// RDMA READ or WRITE between addr and remote_addr under rkey, and
+// GV_ATOMIC_CAS and GV_ATOMIC_FAA an atomic on the 8 bytes at remote_addr
+// whose old value lands at addr. A send flagged GV_EMPTY_WRITE is a zero-length RDMA
 // WRITE instead: no memory is read or written at either end, so it needs
 // no rkey. One flagged GV_WRITE_IMM is an RDMA WRITE with immediate data
 // to remote_addr under rkey: the payload lands there and the immediate
@@ -181,6 +190,13 @@ static int gv_post_sends(uintptr_t qpp, int n, const struct gv_send *in) {
 			wr[i].send_flags = in[i].flags & ~(GV_RDMA_READ | GV_RDMA_WRITE);
 			wr[i].wr.rdma.remote_addr = in[i].remote_addr;
 			wr[i].wr.rdma.rkey = in[i].rkey;
+		} else if (in[i].flags & (GV_ATOMIC_CAS | GV_ATOMIC_FAA)) {
+			wr[i].opcode = (in[i].flags & GV_ATOMIC_CAS) ? IBV_WR_ATOMIC_CMP_AND_SWP : IBV_WR_ATOMIC_FETCH_AND_ADD;
+			wr[i].send_flags = in[i].flags & ~(GV_ATOMIC_CAS | GV_ATOMIC_FAA);
+			wr[i].wr.atomic.remote_addr = in[i].remote_addr;
+			wr[i].wr.atomic.rkey = in[i].rkey;
+			wr[i].wr.atomic.compare_add = in[i].compare;
+			wr[i].wr.atomic.swap = in[i].swap;
 		} else if (in[i].flags & GV_WRITE_IMM) {
 			wr[i].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
 			wr[i].imm_data = htonl(in[i].imm);
@@ -343,6 +359,16 @@ var (
 	_ [C.GV_HEADER_LEN - HeaderLen]struct{}
 	_ [HeaderSlot - C.GV_HEADER_SLOT]struct{}
 	_ [C.GV_HEADER_SLOT - HeaderSlot]struct{}
+	_ [SendCompareSwap - C.GV_ATOMIC_CAS]struct{}
+	_ [C.GV_ATOMIC_CAS - SendCompareSwap]struct{}
+	_ [SendFetchAdd - C.GV_ATOMIC_FAA]struct{}
+	_ [C.GV_ATOMIC_FAA - SendFetchAdd]struct{}
+	_ [AtomicNone - C.IBV_ATOMIC_NONE]struct{}
+	_ [C.IBV_ATOMIC_NONE - AtomicNone]struct{}
+	_ [AtomicHCA - C.IBV_ATOMIC_HCA]struct{}
+	_ [C.IBV_ATOMIC_HCA - AtomicHCA]struct{}
+	_ [AtomicGlob - C.IBV_ATOMIC_GLOB]struct{}
+	_ [C.IBV_ATOMIC_GLOB - AtomicGlob]struct{}
 	_ [SendHeaderData - C.GV_HEADER_DATA]struct{}
 	_ [C.GV_HEADER_DATA - SendHeaderData]struct{}
 	_ [WCRemAccessErr - C.IBV_WC_REM_ACCESS_ERR]struct{}
@@ -424,6 +450,10 @@ type DeviceAttr struct {
 	// for its peer at once; MaxQPInitRdAtom the most it may have
 	// outstanding itself.
 	MaxQPRdAtom, MaxQPInitRdAtom int
+	// AtomicCap says how atomic the device's remote atomics are
+	// (AtomicNone: it has none).
+	AtomicCap    int
+	VendorPartID uint32 // the vendor's part number of the device
 }
 
 // Query returns the device's attributes (ibv_query_device).
@@ -433,7 +463,8 @@ func (c *Context) Query() (DeviceAttr, error) {
 		return DeviceAttr{}, os.NewSyscallError("ibv_query_device", syscall.Errno(r))
 	}
 	return DeviceAttr{VendorID: uint32(a.vendor_id), MaxCQE: int(a.max_cqe),
-		MaxQPRdAtom: int(a.max_qp_rd_atom), MaxQPInitRdAtom: int(a.max_qp_init_rd_atom)}, nil
+		MaxQPRdAtom: int(a.max_qp_rd_atom), MaxQPInitRdAtom: int(a.max_qp_init_rd_atom),
+		AtomicCap: int(a.atomic_cap), VendorPartID: uint32(a.vendor_part_id)}, nil
 }
 
 // AsyncChannel reads a context's asynchronous events (QP and CQ errors,
@@ -537,14 +568,17 @@ func (pd *PD) RegMRRemoteWrite(mem []byte) (*MR, error) {
 
 // RegMRAccess registers mem like RegMR, and lets the peers of QPs in this
 // PD read it (remoteRead) and write it (remoteWrite) with RDMA READ and
-// WRITE; never atomics.
-func (pd *PD) RegMRAccess(mem []byte, remoteRead, remoteWrite bool) (*MR, error) {
+// WRITE, and apply atomics to it (remoteAtomic).
+func (pd *PD) RegMRAccess(mem []byte, remoteRead, remoteWrite, remoteAtomic bool) (*MR, error) {
 	access := C.int(C.IBV_ACCESS_LOCAL_WRITE)
 	if remoteRead {
 		access |= C.IBV_ACCESS_REMOTE_READ
 	}
 	if remoteWrite {
 		access |= C.IBV_ACCESS_REMOTE_WRITE
+	}
+	if remoteAtomic {
+		access |= C.IBV_ACCESS_REMOTE_ATOMIC
 	}
 	return pd.regMR(mem, access)
 }
@@ -758,8 +792,8 @@ func (qp *QP) PostRead(wr WriteWR) error { return qp.postRDMA(C.IBV_WR_RDMA_READ
 
 // PostFetchAdd posts one atomic fetch-and-add of add to the 8 bytes at
 // RemoteAddr (8-byte aligned), their old value landing at Addr (Len 8).
-// The peer's region must allow remote atomics; this package registers
-// none that do.
+// The peer's region must allow remote atomics. For tests: the library
+// posts its atomics with PostSends.
 func (qp *QP) PostFetchAdd(wr WriteWR, add uint64) error {
 	return qp.postRDMA(C.IBV_WR_ATOMIC_FETCH_AND_ADD, wr, add)
 }

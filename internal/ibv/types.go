@@ -35,6 +35,20 @@ const (
 	// SendPlain posts a SEND without immediate data of the payload at
 	// Addr: what a peer on a transport without immediate data sends.
 	SendPlain = 1 << 25
+	// SendCompareSwap and SendFetchAdd are this package's own flags too:
+	// post a remote atomic on the 8 bytes at RemoteAddr under RKey
+	// instead of the SEND, whose old value lands in the 8 bytes at Addr
+	// (Len 8, under LKey): a compare-and-swap of Compare for Swap, or a
+	// fetch-and-add of Compare.
+	SendCompareSwap = 1 << 23
+	SendFetchAdd    = 1 << 22
+)
+
+// A device's atomicity of remote atomics (enum ibv_atomic_cap).
+const (
+	AtomicNone = 0 // no remote atomics
+	AtomicHCA  = 1 // atomic against the device's other operations on the word only
+	AtomicGlob = 2 // atomic against the host's CPUs too
 )
 
 // HeaderLen is the header a SendHeader SEND starts with. With
@@ -94,7 +108,8 @@ type RecvWR struct {
 // SendWR is one SEND with immediate data to post (or, with
 // SendEmptyWrite, a zero-length RDMA WRITE; with SendWriteImm, an RDMA
 // WRITE with immediate data to RemoteAddr under RKey; with SendRead or
-// SendWrite, a plain RDMA READ or WRITE); its layout mirrors struct
+// SendWrite, a plain RDMA READ or WRITE; with SendCompareSwap or
+// SendFetchAdd, a remote atomic); its layout mirrors struct
 // gv_send. Len 0 sends no payload.
 type SendWR struct {
 	ID         uint64
@@ -103,8 +118,10 @@ type SendWR struct {
 	LKey       uint32
 	Flags      int32
 	Imm        uint32 // host order
-	RemoteAddr uint64 // SendWriteImm, SendRead, SendWrite only
-	RKey       uint32 // SendWriteImm, SendRead, SendWrite only
+	RemoteAddr uint64 // SendWriteImm, SendRead, SendWrite, the atomics only
+	RKey       uint32 // SendWriteImm, SendRead, SendWrite, the atomics only
+	Compare    uint64 // SendCompareSwap: the value compared; SendFetchAdd: the addend
+	Swap       uint64 // SendCompareSwap: the value swapped in
 }
 
 // WriteWR is one RDMA WRITE to post (QP.PostWrite): Len bytes from Addr,
