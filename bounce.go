@@ -100,7 +100,7 @@ func (c *Conn) ensureBounce() error {
 		return nil
 	}
 	c.mu.Unlock()
-	b, err := c.registerMem(bounceSize, 0)
+	b, err := c.registerMem(bounceSize, 0, nil)
 	c.mu.Lock()
 	if err != nil {
 		return err

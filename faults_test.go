@@ -27,7 +27,7 @@ import (
 )
 
 // The fault sweep: a scenario that uses every part of the library (Listen,
-// Dial, a stream both ways that grows the rings, one-sided READ and WRITE,
+// Dial, a stream both ways that grows the rings, one-sided READ, WRITE and atomics,
 // Close, a second Dial, Listener.Close) runs once per call that
 // libibverbs and librdmacm make into the kernel's RDMA interface, with
 // that call failing (see internal/faults). Whatever fails, the scenario
@@ -159,6 +159,18 @@ func faultClient(addr string, data []byte, full bool, fail func(string, error) b
 			fail("one-sided read", errors.New("read back other bytes than written"))
 			return false
 		}
+		// The region's first word is the scenario's counter.
+		prev, err := remote.FetchAdd(context.Background(), 0, 5)
+		if fail("fetch-add", err) {
+			return false
+		}
+		if prev, err = remote.CompareAndSwap(context.Background(), 0, prev+5, 9); fail("compare-and-swap", err) {
+			return false
+		}
+		if prev != 5 {
+			fail("compare-and-swap", fmt.Errorf("the counter held %d, want 5", prev))
+			return false
+		}
 		_, err = c.Write([]byte{'q'})
 		if fail("write", err) {
 			return false
@@ -204,7 +216,7 @@ func faultServer(ln net.Listener, n int) []stepErr {
 				return
 			}
 			if first {
-				r, err := c.RegisterRegion(16<<10, rdma.RemoteRead|rdma.RemoteWrite)
+				r, err := c.RegisterRegion(16<<10, rdma.RemoteRead|rdma.RemoteWrite|rdma.RemoteAtomic)
 				if fail("register", err) {
 					return
 				}

@@ -409,6 +409,42 @@ func TestHostileRemoteAccess(t *testing.T) {
 	b.checkServing(t)
 }
 
+// TestHostileAtomics: a raw peer aiming remote atomics at a region the
+// server registered for READ and WRITE only, or just past the end of an
+// atomic region, is refused by the server's NIC and fails its own
+// connection only; the region is unchanged. (A misaligned atomic does not
+// get that far: the raw peer's own provider refuses to post it.)
+func TestHostileAtomics(t *testing.T) {
+	needNotSiw(t, "siw has no atomics: its provider refuses the work request when it is posted")
+	b := newHostileBed(t)
+	for _, tc := range []struct {
+		name   string
+		access rdma.Access
+		off    uint64
+	}{
+		{"a region without the right", rdma.RemoteRead | rdma.RemoteWrite, 0},
+		{"past the region's end", rdma.RemoteAtomic | rdma.RemoteRead, 4096},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, sc := b.hostile(t)
+			r, err := sc.(*rdma.Conn).RegisterRegion(4096, tc.access)
+			require.NoError(t, err)
+			defer r.Close()
+			copy(r.Bytes(), "untouched")
+			k := r.Key()
+			wc := p.waitSend(p.rdma(opFetchAdd, k.Addr+tc.off, k.RKey, 8), 5*time.Second)
+			t.Logf("the raw peer's atomic on %#x completed with %q", k.Addr+tc.off, ibv.StatusString(wc.Status))
+			requireRefused(t, wc, "the server's NIC must refuse the atomic")
+			got, err := readAll(sc)
+			require.Empty(t, got)
+			requireFailed(t, err, "read", syscall.ECONNRESET, "")
+			p.requireDisconnected(t)
+			require.Equal(t, "untouched", string(r.Bytes()[:9]))
+		})
+	}
+	b.checkServing(t)
+}
+
 // TestHostileRingIsolation: a peer may write into its own connection's
 // receive ring (the protocol grants it) but into no other: each
 // connection's memory is in a protection domain of its own, so another

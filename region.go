@@ -112,6 +112,7 @@ type Region struct {
 	revokeErr  error         // the deregistration's failure
 	unpinned   chan struct{} // capacity 1: pins reached zero
 	revokeOnce sync.Once
+	share      *regionShare // set once its mapping is shared (ShareRegion); under c.mu
 }
 
 // Bytes returns the region's memory: the peer's RDMA WRITEs land there
@@ -198,7 +199,9 @@ func (r *Region) Close() error {
 	mem := r.mem
 	r.mem = nil
 	c.mu.Unlock()
-	unmapMem(mem)
+	if r.share.drop() {
+		unmapMem(mem)
+	}
 	return nil
 }
 
@@ -263,12 +266,53 @@ func (c *Conn) RegisterRegion(size int, access Access) (*Region, error) {
 	if size <= 0 || size > MaxRegionSize {
 		return nil, c.opErr("register", fmt.Errorf("rdma: region size %d outside [1, %d]: %w", size, MaxRegionSize, syscall.EINVAL))
 	}
+	r, err := c.register(size, access, nil)
+	if err != nil {
+		return nil, c.opErr("register", err)
+	}
+	return r, nil
+}
+
+// ShareRegion registers the memory of r, a region of another connection
+// (or of this one), on this connection as well, with access, and returns
+// the region that names it here: the same bytes, a key of this
+// connection's, its own rights. That is how several peers reach one
+// counter, lock or table: each through its own connection, and the word
+// changes for all of them (atomics on it are atomic across connections of
+// the same device). Each region revokes only its own registration when
+// closed; the memory is unmapped when the last region sharing it is
+// closed. r must not be closed; access is checked as RegisterRegion's.
+func (c *Conn) ShareRegion(r *Region, access Access) (*Region, error) {
+	if !c.ok() {
+		return nil, errInvalid("register")
+	}
+	if r == nil || r.c == nil {
+		return nil, c.opErr("register", fmt.Errorf("rdma: no region to share: %w", syscall.EINVAL))
+	}
+	mem, err := r.shareMapping()
+	if err != nil {
+		return nil, c.opErr("register", err)
+	}
+	nr, err := c.register(r.size, access, mem)
+	if err != nil {
+		if r.share.drop() {
+			unmapMem(mem)
+		}
+		return nil, c.opErr("register", err)
+	}
+	nr.share = r.share
+	return nr, nil
+}
+
+// register checks access and registers size bytes with it: new memory,
+// or the mapping shared.
+func (c *Conn) register(size int, access Access, shared []byte) (*Region, error) {
 	if access&^accessMask != 0 {
-		return nil, c.opErr("register", fmt.Errorf("rdma: unknown access %v: %w", access, syscall.EINVAL))
+		return nil, fmt.Errorf("rdma: unknown access %v: %w", access, syscall.EINVAL)
 	}
 	if access&RemoteAtomic != 0 {
 		if err := c.atomics.supported(); err != nil {
-			return nil, c.opErr("register", err)
+			return nil, err
 		}
 	}
 	c.regMu.Lock()
@@ -277,16 +321,52 @@ func (c *Conn) RegisterRegion(size int, access Access) (*Region, error) {
 	err := c.oneSidedEnded()
 	c.mu.Unlock()
 	if err != nil {
-		return nil, c.opErr("register", err)
+		return nil, err
 	}
-	r, err := c.registerMem(size, access)
+	r, err := c.registerMem(size, access, shared)
 	if err != nil {
-		return nil, c.opErr("register", err)
+		return nil, err
 	}
 	c.mu.Lock()
 	c.os.regions = append(c.os.regions, r)
 	c.mu.Unlock()
 	return r, nil
+}
+
+// regionShare counts the regions that share a mapping (ShareRegion): the
+// last one closed unmaps it.
+type regionShare struct {
+	mu   sync.Mutex
+	refs int
+}
+
+// shareMapping takes a reference to r's mapping for another region, as
+// long as r is not closed.
+func (r *Region) shareMapping() ([]byte, error) {
+	r.c.mu.Lock()
+	defer r.c.mu.Unlock()
+	if r.closing || r.mem == nil {
+		return nil, fmt.Errorf("rdma: the region to share is closed: %w", net.ErrClosed)
+	}
+	if r.share == nil {
+		r.share = &regionShare{refs: 1}
+	}
+	r.share.mu.Lock()
+	r.share.refs++
+	r.share.mu.Unlock()
+	return r.mem, nil
+}
+
+// drop gives a reference back and reports whether it was the last (or
+// the mapping was never shared): then the caller unmaps the memory.
+func (s *regionShare) drop() bool {
+	if s == nil {
+		return true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refs--
+	return s.refs == 0
 }
 
 // RemoteRegion is a peer's region as this side reads and writes it: an

@@ -20,17 +20,22 @@ type regionSys struct{ mr, sink *ibv.MR }
 // registerMem maps size bytes (whole pages, faulted in) and registers the
 // first size of them in the connection's protection domain with access:
 // local write always, and the remote rights asked for (on iWARP, see
-// below, remote write for RDMA READs into it), never atomics.
+// below, remote write for RDMA READs into it). Given shared, a mapping
+// another region holds, it registers that instead of mapping memory.
 // regMu is held, so that the release cannot hand the arena (and its PD) to
 // another connection meanwhile.
-func (c *Conn) registerMem(size int, access Access) (*Region, error) {
+func (c *Conn) registerMem(size int, access Access, shared []byte) (*Region, error) {
 	if c.ar == nil || c.dev == nil {
 		return nil, net.ErrClosed
 	}
-	mapped := (size + page - 1) &^ (page - 1)
-	mem, err := unix.Mmap(-1, 0, mapped, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
-	if err != nil {
-		return nil, &mmapError{need: mapped, err: os.NewSyscallError("mmap", err)}
+	mem := shared
+	if mem == nil {
+		mapped := (size + page - 1) &^ (page - 1)
+		var err error
+		mem, err = unix.Mmap(-1, 0, mapped, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
+		if err != nil {
+			return nil, &mmapError{need: mapped, err: os.NewSyscallError("mmap", err)}
+		}
 	}
 	// On iWARP the response to our RDMA READ is a tagged write into the
 	// memory it lands in, under the key the READ names, which the NIC
@@ -50,7 +55,7 @@ func (c *Conn) registerMem(size int, access Access) (*Region, error) {
 		}
 	}
 	if err != nil {
-		if mem != nil {
+		if mem != nil && shared == nil {
 			unix.Munmap(mem)
 		}
 		var lim unix.Rlimit

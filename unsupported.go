@@ -91,6 +91,6 @@ func (c *PacketConn) release() {
 
 type regionSys struct{}
 
-func (c *Conn) registerMem(int, Access) (*Region, error) { return nil, ErrUnsupported }
-func (c *Conn) deregRegion(*Region) error                { return nil }
-func unmapMem([]byte)                                    {}
+func (c *Conn) registerMem(int, Access, []byte) (*Region, error) { return nil, ErrUnsupported }
+func (c *Conn) deregRegion(*Region) error                        { return nil }
+func unmapMem([]byte)                                            {}

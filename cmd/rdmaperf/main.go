@@ -173,7 +173,7 @@ func parseArgs(args []string, out io.Writer) (*config, error) {
 	fs.StringVar(&cfg.render, "render", "", "print the bench results `file` (JSON) as a markdown table and exit")
 	fs.StringVar(&cfg.addr, "addr", "", "listen `address` (default :"+defaultPort+" for -s; $RDMA_TEST_ADDR:0 for -local)")
 	fs.StringVar(&cfg.netw, "net", "rdma", "transport: rdma (this library) or tcp (Go's net, for comparison); udp: the datagram tests over Go's UDP (a server of tcp or udp serves them)")
-	fs.StringVar(&cfg.test, "test", "lat", "client test: lat (ping-pong latency), bw (one-way throughput), rate (message rate), copy (io.Copy of a file to the connection, and to io.Discard at the server), dial (Dial, first round trip, Close), clients (-P connections, one request outstanding on each, with the spread of requests per connection), http (HTTP/1.1 GETs of -size bytes), or one-sided RDMA between registered regions: write-lat (WRITE ping-pong), read-lat, write-bw, read-bw; or datagrams: dgram-lat (ping-pong), dgram-rate, dgram-bw (one-way, counted at the server)")
+	fs.StringVar(&cfg.test, "test", "lat", "client test: lat (ping-pong latency), bw (one-way throughput), rate (message rate), copy (io.Copy of a file to the connection, and to io.Discard at the server), dial (Dial, first round trip, Close), clients (-P connections, one request outstanding on each, with the spread of requests per connection), http (HTTP/1.1 GETs of -size bytes), or one-sided RDMA between registered regions: write-lat (WRITE ping-pong), read-lat, write-bw, read-bw, atomic-lat (fetch-and-add), atomic-rate; or datagrams: dgram-lat (ping-pong), dgram-rate, dgram-bw (one-way, counted at the server)")
 	fs.Int64Var(&cfg.copyLen, "bytes", 1<<30, "copy: the file's size in bytes")
 	fs.BoolVar(&cfg.plain, "plain", false, "copy: hide the connection's ReadFrom and WriteTo, so io.Copy goes through its own buffers")
 	fs.IntVar(&cfg.size, "size", 0, "message (write) size in bytes (default 64 for lat and rate, 65536 for bw)")
@@ -463,7 +463,7 @@ func main() {
 		res.Metrics, err = r.httpLoad()
 	case "clients":
 		res.Metrics, err = r.clients()
-	case "write-lat", "read-lat", "write-bw", "read-bw":
+	case "write-lat", "read-lat", "write-bw", "read-bw", "atomic-lat", "atomic-rate":
 		res.Conns = 1
 		res.Metrics, err = r.oneSided(workload)
 	case "dgram-lat":
@@ -474,7 +474,7 @@ func main() {
 			res.Metrics["batch"] = float64(cfg.batch)
 		}
 	default:
-		log.Fatalf("unknown -test %q (lat, bw, rate, copy, dial, http, clients, write-lat, read-lat, write-bw, read-bw, dgram-lat, dgram-rate or dgram-bw)", workload)
+		log.Fatalf("unknown -test %q (lat, bw, rate, copy, dial, http, clients, write-lat, read-lat, write-bw, read-bw, atomic-lat, atomic-rate, dgram-lat, dgram-rate or dgram-bw)", workload)
 	}
 	stopProfile()
 	if err != nil {
@@ -641,9 +641,15 @@ func describe(r Result) string {
 	case r.Workload == "dgram-rate" || r.Workload == "dgram-bw":
 		fmt.Fprintf(&b, ": sent %.2f MB/s, %.0f msg/s; received %.2f MB/s, %.0f msg/s (%.0f of %.0f datagrams, %.2f%% lost; %.2f s, %.2f CPU s)",
 			m["mb_s"], m["msg_s"], m["recv_mb_s"], m["recv_msg_s"], m["recv_count"], m["count"], m["loss_pct"], m["seconds"], m["cpu_s"])
-	case r.Workload == "read-lat":
-		fmt.Fprintf(&b, ": p50 %.2f µs, p99 %.2f µs, avg %.2f µs per READ (%.0f in %.2f s)",
-			m["p50_us"], m["p99_us"], m["avg_us"], m["count"], m["seconds"])
+	case r.Workload == "read-lat" || r.Workload == "atomic-lat":
+		what := "READ"
+		if r.Workload == "atomic-lat" {
+			what = "fetch-and-add"
+		}
+		fmt.Fprintf(&b, ": p50 %.2f µs, p99 %.2f µs, avg %.2f µs per %s (%.0f in %.2f s)",
+			m["p50_us"], m["p99_us"], m["avg_us"], what, m["count"], m["seconds"])
+	case r.Workload == "atomic-rate":
+		fmt.Fprintf(&b, ": %.0f fetch-and-adds/s (%.0f in %.2f s, %.2f CPU s)", m["msg_s"], m["count"], m["seconds"], m["cpu_s"])
 	case r.Workload == "copy":
 		fmt.Fprintf(&b, ": %.2f MB/s (%.2f s, %.2f CPU s)", m["mb_s"], m["seconds"], m["cpu_s"])
 	case r.Workload == "idle":

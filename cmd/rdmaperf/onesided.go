@@ -28,14 +28,18 @@ import (
 //     does (no halving: a READ is a round trip);
 //   - write-bw and read-bw keep oneSidedInFlight operations of -size bytes
 //     in flight on one connection, all on the same bytes of both regions,
-//     as perftest's bandwidth tests do, and report MB/s.
+//     as perftest's bandwidth tests do, and report MB/s;
+//   - atomic-lat times each fetch-and-add on the server's word from posting
+//     to completion, as ib_atomic_lat does; atomic-rate keeps
+//     oneSidedInFlight of them in flight, as ib_atomic_bw does, and reports
+//     operations per second (-size does not apply: the word is 8 bytes).
 
 // oneSidedInFlight is how many operations a bandwidth test keeps in flight:
 // as many as a connection has slots for.
 const oneSidedInFlight = 16
 
 // oneSidedTests are the -test values of the one-sided tests.
-var oneSidedTests = []string{"write-lat", "read-lat", "write-bw", "read-bw"}
+var oneSidedTests = []string{"write-lat", "read-lat", "write-bw", "read-bw", "atomic-lat", "atomic-rate"}
 
 func isOneSided(test string) bool { return slices.Contains(oneSidedTests, test) }
 
@@ -62,7 +66,11 @@ func serveRegion(c net.Conn, size int, pong bool) error {
 	if pong {
 		n = 2 * size
 	}
-	reg, err := rc.RegisterRegion(n, rdma.RemoteRead|rdma.RemoteWrite)
+	// With the atomics' right where the device has them (not siw).
+	reg, err := rc.RegisterRegion(n, rdma.RemoteRead|rdma.RemoteWrite|rdma.RemoteAtomic)
+	if errors.Is(err, rdma.ErrUnsupported) {
+		reg, err = rc.RegisterRegion(n, rdma.RemoteRead|rdma.RemoteWrite)
+	}
 	if err != nil {
 		return err
 	}
@@ -145,8 +153,14 @@ func (r *run) oneSided(test string) (map[string]float64, error) {
 		return r.writePingPong(rc, peer)
 	case "read-lat":
 		return r.readLatency(rc, peer)
+	case "atomic-lat":
+		ctx := context.Background()
+		return r.timeOps(func() error {
+			_, err := peer.FetchAdd(ctx, 0, 1)
+			return err
+		}, false, "operation")
 	}
-	return r.oneSidedBandwidth(rc, peer, test == "write-bw")
+	return r.oneSidedBandwidth(rc, peer, test)
 }
 
 // writePingPong is write-lat: see the top of the file.
@@ -197,20 +211,28 @@ func (r *run) readLatency(c *rdma.Conn, peer *rdma.RemoteRegion) (map[string]flo
 	return r.timeOps(func() error { return peer.ReadAtContext(ctx, local, 0, r.size, 0) }, false, "operation")
 }
 
-// oneSidedBandwidth is write-bw and read-bw: oneSidedInFlight goroutines,
-// each with one operation in flight at a time.
-func (r *run) oneSidedBandwidth(c *rdma.Conn, peer *rdma.RemoteRegion, write bool) (map[string]float64, error) {
+// oneSidedBandwidth is write-bw, read-bw and atomic-rate:
+// oneSidedInFlight goroutines, each with one operation in flight at a time.
+func (r *run) oneSidedBandwidth(c *rdma.Conn, peer *rdma.RemoteRegion, test string) (map[string]float64, error) {
 	local, err := c.RegisterRegion(r.size, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer local.Close()
 	ctx := context.Background()
+	size := r.size
 	op := func() error {
-		if write {
+		switch test {
+		case "write-bw":
 			return peer.WriteAtContext(ctx, local, 0, r.size, 0)
+		case "atomic-rate":
+			_, err := peer.FetchAdd(ctx, 0, 1)
+			return err
 		}
 		return peer.ReadAtContext(ctx, local, 0, r.size, 0)
+	}
+	if test == "atomic-rate" {
+		size = rdma.AtomicSize
 	}
 	for range min(r.warmup, 10) {
 		if err := op(); err != nil {
@@ -252,7 +274,7 @@ func (r *run) oneSidedBandwidth(c *rdma.Conn, peer *rdma.RemoteRegion, write boo
 	}
 	n := ops.Load()
 	return map[string]float64{
-		"mb_s":    float64(n) * float64(r.size) / elapsed.Seconds() / 1e6,
+		"mb_s":    float64(n) * float64(size) / elapsed.Seconds() / 1e6,
 		"msg_s":   float64(n) / elapsed.Seconds(),
 		"count":   float64(n),
 		"seconds": elapsed.Seconds(),

@@ -91,6 +91,9 @@ var metricsOf = map[string][]metric{
 	"read-lat":  {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"avg_us", "avg µs"}},
 	"write-bw":  {{"mb_s", "MB/s"}},
 	"read-bw":   {{"mb_s", "MB/s"}},
+	// Remote atomics, against ib_atomic_lat and ib_atomic_bw (-R).
+	"atomic-lat":  {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"avg_us", "avg µs"}},
+	"atomic-rate": {{"msg_s", "msg/s"}},
 	// Datagrams: what the sender sent, and what arrived at the receiver.
 	"dgram-lat":  {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"avg_us", "avg µs"}, {"lost", "round trips lost"}},
 	"dgram-rate": {{"recv_msg_s", "msg/s received"}, {"msg_s", "msg/s sent"}, {"loss_pct", "% lost"}},
@@ -113,6 +116,8 @@ var workloadNames = map[string]string{
 	"read-lat":         "one-sided READ latency",
 	"write-bw":         "one-sided WRITE throughput",
 	"read-bw":          "one-sided READ throughput",
+	"atomic-lat":       "remote atomic (fetch-and-add) latency",
+	"atomic-rate":      "remote atomic (fetch-and-add) rate, 16 in flight",
 	"dgram-lat":        "datagram latency (one-way)",
 	"dgram-rate":       "datagram rate",
 	"dgram-bw":         "datagram throughput",
