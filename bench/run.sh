@@ -365,12 +365,16 @@ postrate_lat() {
 	fi
 }
 
-# perftest_onesided WORKLOAD TOOL SIZE ITERS: ib_write_lat, ib_read_lat, ib_write_bw or
-# ib_read_bw over rdma_cm (-R), the row's workload being rdmaperf's name for the same test.
+# perftest_onesided WORKLOAD TOOL SIZE ITERS [ARGS...]: ib_write_lat, ib_read_lat, ib_write_bw,
+# ib_read_bw, ib_atomic_lat or ib_atomic_bw over rdma_cm (-R), the row's workload being
+# rdmaperf's name for the same test; ARGS go to both ends.
 perftest_onesided() {
 	local workload=$1 tool=$2 size=$3 n=$4 rc mbs
+	shift 4
+	local sz=(-s "$size")
+	[[ $tool == ib_atomic_* ]] && sz=() # the word is 8 bytes whatever -s says
 	next_port
-	pair "$tool" -R -p "$port" -s "$size" -n "$n" -- "$tool" -R -p "$port" -s "$size" -n "$n" "$addr"
+	pair "$tool" -R -p "$port" "${sz[@]}" -n "$n" "$@" -- "$tool" -R -p "$port" "${sz[@]}" -n "$n" "$@" "$addr"
 	rc=$?
 	if ((rc)); then
 		fail perftest "$workload" "$size" 1 "$tool exit $rc: $(tail_of "$work/client.log")"
@@ -384,6 +388,10 @@ perftest_onesided() {
 	*-lat)
 		emit perftest "$workload" "$size" 1 \
 			"p50_us=${pf[t_typical]:-}" "p99_us=${pf[p99]:-}" "avg_us=${pf[t_avg]:-}" "count=${pf[iterations]:-}"
+		;;
+	atomic-rate)
+		# MsgRate is in millions of operations per second.
+		emit perftest "$workload" "$size" 1 "msg_s=$(awk -v m="${pf[MsgRate]:-0}" 'BEGIN { printf "%.1f", m * 1e6 }')" "count=${pf[iterations]:-0}"
 		;;
 	*)
 		mbs=$(awk -v m="${pf[bw_avg]:-}" 'BEGIN { printf "%.4f", m * 1.048576 }')
@@ -587,6 +595,13 @@ onesided_round() {
 		run_rdmaperf rdma read-bw "$size" 1 -test read-bw -size "$size" -duration "${secs}s"
 		perftest_onesided read-bw ib_read_bw "$size" $((size == 65536 ? 300 : 20))
 	done
+	# Remote atomics (fetch-and-add on one 8-byte word); soft-iWARP has none.
+	if [[ $provider != *siw* ]]; then
+		run_rdmaperf rdma atomic-lat 8 1 -test atomic-lat -size 8 -duration "${secs}s"
+		perftest_onesided atomic-lat ib_atomic_lat 8 2000 -A FETCH_AND_ADD
+		run_rdmaperf rdma atomic-rate 8 1 -test atomic-rate -size 8 -duration "${secs}s"
+		perftest_onesided atomic-rate ib_atomic_bw 8 2000 -A FETCH_AND_ADD
+	fi
 }
 
 # siw_round: what the soft-iWARP test bed measures (BENCH_ONLY=siw): latency 64 B, streaming
@@ -716,7 +731,8 @@ echo "rdma bench: $(uname -r), $(nproc) CPUs, rdmaperf $rdmaperf, rounds: $round
 date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 # Bring every binary and its libraries in once: the first exec over 9p is slow.
 for t in "$rdmaperf" "$(command -v ib_send_lat)" "$(command -v ib_send_bw)" "$(command -v rstream)" "$(command -v cmtime)" \
-	"$(command -v ib_write_lat)" "$(command -v ib_read_lat)" "$(command -v ib_write_bw)" "$(command -v ib_read_bw)"; do
+	"$(command -v ib_write_lat)" "$(command -v ib_read_lat)" "$(command -v ib_write_bw)" "$(command -v ib_read_bw)" \
+	"$(command -v ib_atomic_lat)" "$(command -v ib_atomic_bw)"; do
 	[[ -n $t ]] && cat "$t" >/dev/null
 done
 start=$SECONDS
@@ -745,7 +761,7 @@ notes=(
 	"this library and Go TCP: rdmaperf, mode $go_mode (local: both ends in one Go process, unpinned; pinned: -s and -c as two processes on CPUs 0 and 1 like the C peers; pair: -s on one VM, serving the whole run, and -c on the other); latency is half the round trip, as perftest's; MB = 10^6 bytes; ${secs} s per test, after 100 unmeasured round trips for latency; default poll mode (adaptive: spin, then park) except the busy column (-poll busy, spinning like busy perftest); registered KiB per connection with the default options"
 	"perftest: ib_send_lat / ib_send_bw -R (rdma_cm), server pinned to CPU 0 and client to CPU 1 (unpinned, two busy-polling processes on 2 vCPUs often wait for 4 ms scheduler ticks); p50 is t_typical; MB/s converted from perftest's MiB/s; msg/s from MsgRate; 8 conns is -q 8 (8 QPs)"
 	"io.Copy: rdmaperf -test copy writes a file (in the VM's RAM-backed /tmp), then times io.Copy(conn, file) and, at the server, io.Copy(io.Discard, conn) until the server has counted every byte; this library goes through Conn.ReadFrom and Conn.WriteTo (the file is read straight into registered send buffers, received messages go to io.Discard straight from the receive buffers: one user-space copy per byte); plain hides them (io.Copy's 32 KiB buffer at the sender, io.Discard's 8 KiB buffer at the receiver: three copies per byte); Go TCP uses its own ReadFrom (sendfile)"
-	"one-sided: rdmaperf -test write-lat is a ping-pong of RDMA WRITEs between registered regions, each side polling the last 8 bytes of its block (as ib_write_lat), reported as half the round trip; read-lat times each RDMA READ to its completion (as ib_read_lat, not halved); write-bw and read-bw keep 16 operations in flight on one connection, all on the same bytes (perftest keeps 128); perftest's tools run with -R, pinned like the other peers, their MiB/s converted to MB/s"
+	"one-sided: rdmaperf -test write-lat is a ping-pong of RDMA WRITEs between registered regions, each side polling the last 8 bytes of its block (as ib_write_lat), reported as half the round trip; read-lat times each RDMA READ to its completion (as ib_read_lat, not halved); write-bw and read-bw keep 16 operations in flight on one connection, all on the same bytes (perftest keeps 128); atomic-lat times each fetch-and-add on one word to its completion (as ib_atomic_lat -A FETCH_AND_ADD), atomic-rate keeps 16 in flight (ib_atomic_bw keeps as many as the device allows outstanding); perftest's tools run with -R, pinned like the other peers, their MiB/s converted to MB/s"
 	"its post pattern in C: bench/postrate.c sends 100,000 64 B messages as this library does toward a message-oriented reader (an inline RDMA WRITE with immediate per message into a 16 KiB ring, every 8th signaled, credits back in a SEND of their own every 16 messages), both sides busy-polling and pinned like perftest; 8 messages per ibv_post_send for the corked row (this library's corked chains are shorter), 1 for the SetNoDelay row: what the pattern costs the provider without Go; on soft-iWARP, whose latency row it has instead, postrate -L: 10,000 round trips of this library's 64 B message there (a 72 B inline SEND, its header and the payload, into 128-byte receive slots, every 32nd signaled), both sides busy-polling and pinned like perftest, half the round trip"
 	"rsockets: rstream in its default non-blocking (busy-polling) mode, pinned like perftest; latency is -C 1 -I 2000, average only (usec/xfer, half the round trip); throughput and rate are -C N (N transfers one way, then N back), MB/s = size / usec-per-xfer"
 	"connection setup: rdmaperf -test dial repeats, for ${secs} s, a sample of Dial, the first round trip (the test header out, the server's ready byte back) and Close; with 20 conns a sample is a burst of 20 goroutines doing that at once, timed until the last has closed; p50/p99 are of the samples (one dial, or one burst), conn/s is connections completed per second, setup is the p50 of the time until the sample's last Dial returned; one unmeasured burst first. HTTP/1.1: rdmaperf -test http, 20 goroutines sending GETs of 64 B bodies for ${secs} s on one http.Client with http.DefaultTransport's settings (2 idle connections per host kept, so requests often dial) dialing through the transport; p50/p99 are of a request, including any dial it waited for; http-kept (-keep) is the README's Transport, which keeps an idle connection per client (MaxIdleConnsPerHost 20), so requests reuse connections"
