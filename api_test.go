@@ -77,13 +77,19 @@ func useEveryExport(c *rdma.Conn, l *rdma.Listener) []error {
 	add(err)
 	add(rr.ReadAtContext(context.Background(), r, 0, 0, 0))
 	add(rr.WriteAtContext(context.Background(), r, 0, 0, 0))
+	_, err = rr.CompareAndSwap(context.Background(), 0, 0, 1)
+	add(err)
+	_, err = rr.FetchAdd(context.Background(), 0, 1)
+	add(err)
+	_, err = c.ShareRegion(r, rdma.RemoteAtomic)
+	add(err)
 	var k rdma.RemoteKey
 	b, _ := k.MarshalBinary()
 	_, _ = k.AppendBinary(b)
 	_ = k.UnmarshalBinary(b)
 	_ = rdma.Access(0).String()
 	_ = []error{rdma.ErrRemoteAccess, rdma.ErrOutOfBounds}
-	_ = []int{rdma.MaxRegionSize, rdma.MaxTransfer, rdma.RemoteKeyLen}
+	_ = []int{rdma.MaxRegionSize, rdma.MaxTransfer, rdma.RemoteKeyLen, rdma.AtomicSize}
 
 	_, err = l.Accept()
 	add(err)

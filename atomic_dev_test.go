@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -308,4 +309,52 @@ func TestAtomicUnsupported(t *testing.T) {
 	_, err = client.Remote(key).CompareAndSwap(context.Background(), 0, 0, 1)
 	require.ErrorIs(t, err, rdma.ErrUnsupported)
 	transfer(t, client, server, "still connected")
+}
+
+// TestAtomicLockService runs the lock service of
+// ExampleRemoteRegion_CompareAndSwap: three clients take the lock in turn
+// many times, and no two ever hold it at once.
+func TestAtomicLockService(t *testing.T) {
+	needDevice(t)
+	needNotSiw(t, noAtomicsOnSiw)
+	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	served := make(chan error, 1)
+	go func() { served <- serveLock(ln) }()
+	defer func() {
+		ln.Close()
+		require.ErrorIs(t, <-served, net.ErrClosed)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var holders, turns atomic.Int32
+	errs := make(chan error, 3)
+	for id := range uint64(3) {
+		lc, err := dialLock(ln.Addr().String(), id+1)
+		require.NoError(t, err)
+		defer lc.Close()
+		go func() {
+			for range 50 {
+				if err := lc.lock(ctx); err != nil {
+					errs <- err
+					return
+				}
+				if holders.Add(1) != 1 {
+					errs <- errors.New("two clients hold the lock")
+					return
+				}
+				turns.Add(1)
+				holders.Add(-1)
+				if err := lc.unlock(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 3 {
+		require.NoError(t, <-errs)
+	}
+	require.Equal(t, int32(150), turns.Load())
 }
