@@ -88,6 +88,9 @@ const bounceSize = bounceChunks*bounceChunk + oneSidedDepth*AtomicSize
 
 // ensureBounce registers the bounce memory on first use.
 func (c *Conn) ensureBounce() error {
+	if c.os.bounceUp.Load() {
+		return nil // whether the connection still works, posting tells
+	}
 	c.regMu.Lock()
 	defer c.regMu.Unlock()
 	c.mu.Lock()
@@ -106,6 +109,7 @@ func (c *Conn) ensureBounce() error {
 		return err
 	}
 	c.os.bounce = b
+	c.os.bounceUp.Store(true)
 	c.os.chunksFree = make([]int, 0, bounceChunks)
 	for i := bounceChunks - 1; i >= 0; i-- {
 		c.os.chunksFree = append(c.os.chunksFree, i)

@@ -76,9 +76,10 @@ type oneSided struct {
 
 	regions    []*Region
 	bounce     *Region
-	chunksFree []int // free bounce chunks
-	chunksOut  int   // bounce chunks held by callers
-	bounceGone bool  // the release revoked the bounce memory: it is unmapped once no chunk is held
+	bounceUp   atomic.Bool // bounce is set: no need to take the locks to look
+	chunksFree []int       // free bounce chunks
+	chunksOut  int         // bounce chunks held by callers
+	bounceGone bool        // the release revoked the bounce memory: it is unmapped once no chunk is held
 }
 
 func (t *oneSided) init() {
