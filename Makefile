@@ -83,7 +83,7 @@ FUZZ_EXECS      ?= 150000x
 FUZZ_SLOW_EXECS ?= 50000x
 FUZZ_TARGETS     = ./internal/wire:FuzzParseHello ./internal/wire:FuzzParseReject ./internal/wire:FuzzParseRingDesc \
                    ./internal/wire:FuzzParseDatagram \
-                   .:FuzzConnCompletions .:FuzzConnHeaders .:FuzzRemoteKey .:FuzzPacketCompletions
+                   .:FuzzConnCompletions .:FuzzConnHeaders .:FuzzRemoteKey .:FuzzRemoteKeyText .:FuzzPacketCompletions
 fuzz:
 	@for pf in $(FUZZ_TARGETS); do \
 		p=$${pf%%:*}; f=$${pf#*:}; \

@@ -81,9 +81,12 @@ func useEveryExport(c *rdma.Conn, l *rdma.Listener) []error {
 	b, _ := k.MarshalBinary()
 	_, _ = k.AppendBinary(b)
 	_ = k.UnmarshalBinary(b)
+	txt, _ := k.MarshalText()
+	_, _ = k.AppendText(txt)
+	_ = k.UnmarshalText(txt)
 	_ = rdma.Access(0).String()
 	_ = []error{rdma.ErrRemoteAccess, rdma.ErrOutOfBounds}
-	_ = []int{rdma.MaxRegionSize, rdma.MaxTransfer, rdma.RemoteKeyLen}
+	_ = []int{rdma.MaxRegionSize, rdma.MaxTransfer, rdma.RemoteKeyLen, rdma.RemoteKeyTextLen}
 
 	_, err = l.Accept()
 	add(err)
