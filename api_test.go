@@ -85,6 +85,7 @@ func useEveryExport(c *rdma.Conn, l *rdma.Listener) []error {
 	_, _ = k.AppendText(txt)
 	_ = k.UnmarshalText(txt)
 	_ = rdma.Access(0).String()
+	_, _ = rdma.ConnFromContext(rdma.ContextWithConn(context.Background(), c))
 	_ = []error{rdma.ErrRemoteAccess, rdma.ErrOutOfBounds}
 	_ = []int{rdma.MaxRegionSize, rdma.MaxTransfer, rdma.RemoteKeyLen, rdma.RemoteKeyTextLen}
 
