@@ -45,10 +45,11 @@ type store struct {
 	live   sync.WaitGroup // one per connection not yet closed
 }
 
-// connState is what the store keeps for one RDMA connection: the staging
-// region its transfers go through, and the tokens it has been shown.
+// connState is what the store keeps for one connection: for an RDMA one,
+// the staging region its transfers go through, and the tokens it has been
+// shown.
 type connState struct {
-	c *rdma.Conn
+	c *rdma.Conn // nil for TCP
 
 	mu      sync.Mutex // held through a request's transfer
 	staging *rdma.Region
@@ -61,7 +62,7 @@ func newStore(maxObject int) *store {
 }
 
 // server returns an http.Server for the store: its handler, and the hooks
-// that give each RDMA connection its state and free it at the end.
+// that give each connection its state and free it at the end.
 func (s *store) server() *http.Server {
 	mux := http.NewServeMux()
 	mux.HandleFunc("PUT /objects/{name}", s.put)
@@ -81,14 +82,14 @@ type stateKey struct{}
 func (s *store) connContext(ctx context.Context, nc net.Conn) context.Context {
 	ctx = rdma.ContextWithConn(ctx, nc)
 	c, ok := rdma.ConnFromContext(ctx)
-	if !ok {
-		return ctx // TCP: bodies only
-	}
 	st := &connState{c: c, seen: map[rdma.RemoteKey]bool{}}
 	s.connMu.Lock()
 	s.conns[nc] = st
 	s.live.Add(1)
 	s.connMu.Unlock()
+	if !ok {
+		return ctx // TCP: bodies only
+	}
 	return context.WithValue(ctx, stateKey{}, st)
 }
 
@@ -115,8 +116,8 @@ func (s *store) connState(nc net.Conn, cs http.ConnState) {
 	s.live.Done()
 }
 
-// wait returns once every RDMA connection the server accepted is closed
-// and its state freed (after the server's Close).
+// wait returns once every connection the store's servers accepted is
+// closed and its state freed (after the servers' Close).
 func (s *store) wait() { s.live.Wait() }
 
 func (s *store) put(w http.ResponseWriter, r *http.Request) {
