@@ -81,13 +81,9 @@ func useEveryExport(c *rdma.Conn, l *rdma.Listener) []error {
 	b, _ := k.MarshalBinary()
 	_, _ = k.AppendBinary(b)
 	_ = k.UnmarshalBinary(b)
-	txt, _ := k.MarshalText()
-	_, _ = k.AppendText(txt)
-	_ = k.UnmarshalText(txt)
 	_ = rdma.Access(0).String()
-	_, _ = rdma.ConnFromContext(rdma.ContextWithConn(context.Background(), c))
 	_ = []error{rdma.ErrRemoteAccess, rdma.ErrOutOfBounds}
-	_ = []int{rdma.MaxRegionSize, rdma.MaxTransfer, rdma.RemoteKeyLen, rdma.RemoteKeyTextLen}
+	_ = []int{rdma.MaxRegionSize, rdma.MaxTransfer, rdma.RemoteKeyLen}
 
 	_, err = l.Accept()
 	add(err)
@@ -101,6 +97,13 @@ func useEveryExport(c *rdma.Conn, l *rdma.Listener) []error {
 	_ = []error{rdma.ErrNoDevice, rdma.ErrProtocol, rdma.ErrUnsupported, &rdma.RefusedError{Reason: rdma.RefusedShutdown}}
 	_ = []rdma.RefuseReason{rdma.RefusedUnknown, rdma.RefusedLockedMemory, rdma.RefusedResources, rdma.RefusedProtocol, rdma.RefusedNoListener}
 	_ = rdma.IsRDMA(c)
+	// The token pattern's: a key as text, and the connection in a context.
+	var tk rdma.RemoteKey
+	txt, _ := tk.MarshalText()
+	_, _ = tk.AppendText(txt)
+	_ = tk.UnmarshalText(txt)
+	_ = rdma.RemoteKeyTextLen
+	_, _ = rdma.ConnFromContext(rdma.ContextWithConn(context.Background(), c))
 	_ = rdma.Dialer{FallbackTCP: true}
 	_ = rdma.ListenConfig{FallbackTCP: true}
 	_ = l.Stats().AcceptedTCP
