@@ -27,6 +27,10 @@ func ExampleContextWithConn() {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
+		if key.Size > 64<<20 {
+			http.Error(w, "too large", http.StatusRequestEntityTooLarge)
+			return
+		}
 		buf, err := c.RegisterRegion(int(key.Size), 0) // local only
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInsufficientStorage)
