@@ -86,8 +86,10 @@ func (k *RemoteKey) UnmarshalBinary(b []byte) error {
 // RemoteKeyLen bytes in URL-safe base64 without padding.
 const RemoteKeyTextLen = (RemoteKeyLen*8 + 5) / 6
 
-// keyText is the text form's alphabet: it goes into HTTP headers, URLs and
-// file names as it is, with no quoting or escaping.
+// keyText is the text form's encoding. Its alphabet goes into HTTP
+// headers, URLs and file names as it is, with no quoting or escaping;
+// Strict refuses a last character with its unused bits set (another text
+// of the same bytes).
 var keyText = base64.RawURLEncoding.Strict()
 
 // AppendText appends the key's text form to b: its binary encoding
