@@ -42,7 +42,10 @@
 // connection, on both sides. (A key is refused if it is the same as one
 // seen before: same address, size, access and NIC key. A NIC that reuses
 // a freed region's key for a region at the same address would have its
-// new token refused too, with 409; the client registers another.)
+// new token refused too, with 409; the client registers another. The set
+// lives as long as the connection: a store for long-lived clients would
+// bound it, say by answering with "Connection: close" after so many
+// requests.)
 //
 // The answers: 204 for a stored or delivered object, 200 with the body for
 // a GET without a token; 400 for a malformed token, one that lacks the
