@@ -2,7 +2,8 @@
 # the device tests inside a Soft-RoCE VM (testbed/vm.sh) with the interop
 # module's (interop/: quic-go and miekg/dns over PacketConn) and its
 # application benchmarks (gRPC, HTTP/2, TLS, a relay: RDMA beside Go TCP)
-# for a few iterations each, the fault sweep there (a test binary built
+# for a few iterations each, the object store example's tests and
+# benchmarks (examples/objectstore: the token pattern), the fault sweep there (a test binary built
 # with -tags faultinject that makes each call into the kernel's RDMA
 # interface fail in turn: faults_test.go), the device tests again on
 # soft-iWARP (testbed/vm.sh --provider siw), the scale test in a VM with
@@ -83,7 +84,7 @@ FUZZ_EXECS      ?= 150000x
 FUZZ_SLOW_EXECS ?= 50000x
 FUZZ_TARGETS     = ./internal/wire:FuzzParseHello ./internal/wire:FuzzParseReject ./internal/wire:FuzzParseRingDesc \
                    ./internal/wire:FuzzParseDatagram \
-                   .:FuzzConnCompletions .:FuzzConnHeaders .:FuzzRemoteKey .:FuzzPacketCompletions
+                   .:FuzzConnCompletions .:FuzzConnHeaders .:FuzzRemoteKey .:FuzzRemoteKeyText .:FuzzPacketCompletions
 fuzz:
 	@for pf in $(FUZZ_TARGETS); do \
 		p=$${pf%%:*}; f=$${pf#*:}; \
@@ -110,11 +111,15 @@ vmtest: deps
 	$(GO) test -c -o $(OUT)/rdmainfo.test ./cmd/rdmainfo
 	$(GO) test -tags faultinject -c -o $(OUT)/rdma.faults.test .
 	cd interop && $(GO) test -c -o $(abspath $(OUT))/interop.test .
+	$(GO) test -c -o $(OUT)/objstore.test ./examples/objectstore
 	$(VM) --timeout $(VMTIMEOUT) -- sh -c '$(OUT)/rdma.test -test.v -test.count=1 -test.timeout 20m && $(OUT)/rdmaperf.test -test.v -test.count=1 && $(OUT)/rdmainfo.test -test.v -test.count=1 && \
 		echo "=== quic-go and miekg/dns over PacketConn (interop/)" && \
 		$(OUT)/interop.test -test.v -test.count=1 -test.timeout 5m && \
 		echo "=== the applications as benchmarks, RDMA beside Go TCP, a small fixed count (interop/apps_test.go)" && \
 		$(OUT)/interop.test -test.count=1 -test.run "^$$" -test.bench . -test.benchtime 5x -test.timeout 5m && \
+		echo "=== the token pattern: an object store over HTTP with its bodies by one-sided RDMA, beside HTTP bodies (examples/objectstore)" && \
+		$(OUT)/objstore.test -test.v -test.count=1 -test.timeout 10m && \
+		$(OUT)/objstore.test -test.count=1 -test.run "^$$" -test.bench . -test.benchtime 3x -test.timeout 10m && \
 		echo "=== the random test again, sends posted with the lock held as on a NIC (RDMA_TEST_POST_HELD)" && \
 		env RDMA_TEST_POST_HELD=1 $(OUT)/rdma.test -test.v -test.count=1 -test.run "^TestRandomConcurrentOps$$" -test.timeout 5m && \
 		echo "=== every benchmark, a small fixed count" && \

@@ -103,6 +103,13 @@ func useEveryExport(c *rdma.Conn, l *rdma.Listener) []error {
 	_ = []error{rdma.ErrNoDevice, rdma.ErrProtocol, rdma.ErrUnsupported, &rdma.RefusedError{Reason: rdma.RefusedShutdown}}
 	_ = []rdma.RefuseReason{rdma.RefusedUnknown, rdma.RefusedLockedMemory, rdma.RefusedResources, rdma.RefusedProtocol, rdma.RefusedNoListener}
 	_ = rdma.IsRDMA(c)
+	// The token pattern's: a key as text, and the connection in a context.
+	var tk rdma.RemoteKey
+	txt, _ := tk.MarshalText()
+	_, _ = tk.AppendText(txt)
+	_ = tk.UnmarshalText(txt)
+	_ = rdma.RemoteKeyTextLen
+	_, _ = rdma.ConnFromContext(rdma.ContextWithConn(context.Background(), c))
 	_ = rdma.Dialer{FallbackTCP: true}
 	_ = rdma.ListenConfig{FallbackTCP: true}
 	_ = l.Stats().AcceptedTCP
@@ -186,7 +193,7 @@ func TestZeroValuesFail(t *testing.T) {
 					n++
 				}
 			}
-			require.Equal(t, 20, n, "each Conn and Listener method that returns an error: %v", errs)
+			require.Equal(t, 23, n, "each Conn and Listener method that returns an error: %v", errs)
 		}
 	}
 }

@@ -15,7 +15,7 @@ import (
 // Fuzz targets for the message header with the completion it arrives in,
 // through a connection; the parsers of the peer's other bytes (the hello,
 // the ring offer, the reject) are fuzzed in internal/wire, the region key
-// in remotekey_test.go. make test runs each for a bounded time (make
+// (its bytes and its text) in remotekey_test.go. make test runs each for a bounded time (make
 // fuzz for longer).
 
 // FuzzConnCompletions feeds a connection (over a fake QP, the fuzzer

@@ -39,3 +39,51 @@ func TestHTTP(t *testing.T) {
 		require.Equal(t, body, got)
 	}
 }
+
+// TestHTTPConnFromContext: with ContextWithConn as the server's
+// ConnContext, a handler finds the *rdma.Conn its request came on (the
+// one whose peer is the request's remote address) and registers a region
+// on it.
+func TestHTTPConnFromContext(t *testing.T) {
+	needDevice(t)
+	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	require.NoError(t, err)
+	srv := &http.Server{ConnContext: rdma.ContextWithConn, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, ok := rdma.ConnFromContext(r.Context())
+		if !ok {
+			http.Error(w, "no connection", http.StatusInternalServerError)
+			return
+		}
+		if c.RemoteAddr().String() != r.RemoteAddr {
+			http.Error(w, "another connection: "+c.RemoteAddr().String(), http.StatusInternalServerError)
+			return
+		}
+		reg, err := c.RegisterRegion(4096, rdma.RemoteRead)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		text, err := reg.Key().MarshalText()
+		reg.Close()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Write(text)
+	})}
+	go srv.Serve(ln)
+	defer srv.Close()
+	d := &rdma.Dialer{Timeout: 10 * time.Second}
+	tr := &http.Transport{DialContext: d.DialContext}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	resp, err := client.Get("http://" + ln.Addr().String() + "/")
+	require.NoError(t, err)
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", got)
+	var k rdma.RemoteKey
+	require.NoError(t, k.UnmarshalText(got))
+	require.Equal(t, uint64(4096), k.Size)
+}

@@ -1,6 +1,7 @@
 package rdma
 
 import (
+	"encoding/base64"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -8,12 +9,15 @@ import (
 )
 
 // The key of a region (RemoteKey): how a region's owner tells its peer
-// where it is, and how the peer checks what it was told.
+// where it is, in bytes or in text, and how the peer checks what it was
+// told.
 
 // RemoteKey names a peer's region: what the peer needs to read or write
 // it. The owner sends it to the peer over the connection itself
-// (MarshalBinary); the peer passes it to Conn.Remote. It is good on that
-// connection only, and only until the owner closes the region.
+// (MarshalBinary), or as text in a protocol carried on the connection,
+// such as an HTTP header (MarshalText); the peer passes it to Conn.Remote.
+// It is good on that connection only, and only until the owner closes the
+// region.
 type RemoteKey struct {
 	Addr   uint64 // the region's first byte, as the owner's NIC knows it
 	Size   uint64 // its length
@@ -76,6 +80,65 @@ func (k *RemoteKey) UnmarshalBinary(b []byte) error {
 	}
 	*k = nk
 	return nil
+}
+
+// RemoteKeyTextLen is the length of a RemoteKey's text form (MarshalText):
+// RemoteKeyLen bytes in URL-safe base64 without padding.
+const RemoteKeyTextLen = (RemoteKeyLen*8 + 5) / 6
+
+// keyText is the text form's encoding. Its alphabet goes into HTTP
+// headers, URLs and file names as it is, with no quoting or escaping;
+// Strict refuses a last character with its unused bits set (another text
+// of the same bytes).
+var keyText = base64.RawURLEncoding.Strict()
+
+// AppendText appends the key's text form to b: its binary encoding
+// (AppendBinary) in URL-safe base64 without padding, RemoteKeyTextLen
+// bytes, for a peer that gets the key through a text protocol (an HTTP
+// header, say) rather than over the connection's bytes.
+func (k RemoteKey) AppendText(b []byte) ([]byte, error) {
+	var raw [RemoteKeyLen]byte
+	if _, err := k.AppendBinary(raw[:0]); err != nil {
+		return b, err
+	}
+	return keyText.AppendEncode(b, raw[:]), nil
+}
+
+// MarshalText encodes the key as text (see AppendText).
+func (k RemoteKey) MarshalText() ([]byte, error) {
+	return k.AppendText(make([]byte, 0, RemoteKeyTextLen))
+}
+
+// UnmarshalText decodes a key's text form, strictly: exactly
+// RemoteKeyTextLen bytes, each of the URL-safe base64 alphabet (no padding,
+// spaces or line breaks), in the one encoding MarshalText gives (the last
+// character's unused bits zero), then checked as UnmarshalBinary checks the
+// bytes. A key that arrived as text decodes only if it is what the owner
+// sent, byte for byte. It leaves k unchanged on error.
+func (k *RemoteKey) UnmarshalText(text []byte) error {
+	if len(text) != RemoteKeyTextLen {
+		return fmt.Errorf("rdma: remote key text of %d bytes, want %d", len(text), RemoteKeyTextLen)
+	}
+	// The decoder skips line breaks: checking the alphabet first keeps a
+	// key of the right length with one in it from reading as a shorter
+	// one.
+	for i, c := range text {
+		if !keyTextByte(c) {
+			return fmt.Errorf("rdma: remote key text with %q at %d, outside URL-safe base64", c, i)
+		}
+	}
+	var raw [RemoteKeyLen]byte
+	n, err := keyText.Decode(raw[:], text)
+	if err != nil {
+		// The only error left: unused bits set in the last character.
+		return errors.New("rdma: remote key text not in its canonical encoding")
+	}
+	return k.UnmarshalBinary(raw[:n])
+}
+
+// keyTextByte reports whether c is of the text form's alphabet.
+func keyTextByte(c byte) bool {
+	return 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-' || c == '_'
 }
 
 // validate checks what a key must be to name a region at all.

@@ -21,6 +21,7 @@ trap 'rm -f bench/$name.json.tmp bench/$name.md.tmp' EXIT
 out=.testbed-out
 mkdir -p "$out"
 "$go" build -o "$out/rdmaperf" ./cmd/rdmaperf
+"$go" test -c -o "$out/objstore.test" ./examples/objectstore
 "${CC:-cc}" -O2 -Wall -o "$out/postrate" bench/postrate.c -lrdmacm -libverbs
 
 # vm.sh gives the job a clean environment: settings go in through env(1).

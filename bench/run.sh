@@ -12,7 +12,8 @@
 # over 1 and 8 connections, io.Copy of a file, connection setup (one dial, and bursts of 20; HTTP/1.1
 # with 20 clients), and the CPU an idle connection costs; and one-sided RDMA between registered
 # regions (rdmaperf -test write-lat, read-lat, write-bw, read-bw) beside perftest's ib_write_lat,
-# ib_read_lat, ib_write_bw and ib_read_bw (-R).
+# ib_read_lat, ib_write_bw and ib_read_bw (-R), with examples/objectstore's PUT and GET by token
+# (an HTTP request naming the client's region, the store reading or writing it) at 1 MiB.
 #
 #   bench/run.sh [RESULTS.json [RDMAPERF]]
 #
@@ -40,6 +41,8 @@ if [[ -z $rdmaperf ]]; then
 fi
 # The library's post pattern in C (bench/postrate.c, built by bench.sh beside rdmaperf).
 postrate=$(dirname "$rdmaperf")/postrate
+# The object store example's test binary (examples/objectstore, built by bench.sh beside rdmaperf).
+objstore=$(dirname "$rdmaperf")/objstore.test
 addr=${RDMA_TEST_ADDR:-10.77.0.1}
 rounds=${BENCH_ROUNDS:-5}
 # io.Copy's file size: 256 MiB keeps a round of the emulated VM within minutes (rdmaperf's own
@@ -578,8 +581,28 @@ ud_round() {
 	done
 }
 
+# objstore_token WORKLOAD OP SIZE: examples/objectstore's PUT (the store RDMA-READs the client's
+# region: read-bw) or GET (it RDMA-WRITEs into it: write-bw) by token, one request at a time over
+# HTTP on one connection, the client registering and closing a region per request
+# (BenchmarkObjectStore, 10 requests); 1 MiB only.
+objstore_token() {
+	local workload=$1 op=$2 size=$3 rc mbs
+	[[ -x $objstore ]] || { fail "objectstore token" "$workload" "$size" 1 "no objstore.test binary"; return; }
+	RDMA_TEST_ADDR=$addr timeout -k 5 "$tool_timeout" "$objstore" -test.run '^$' \
+		-test.bench "^BenchmarkObjectStore\$/^$op\$/^1MiB\$/^token\$" -test.benchtime 10x >"$work/objstore.log" 2>&1
+	rc=$?
+	# The figure before "MB/s" on the benchmark's line (1 MB = 10^6 bytes, as rdmaperf's).
+	mbs=$(awk '$1 ~ /^BenchmarkObjectStore\// { for (i = 2; i < NF; i++) if ($(i + 1) == "MB/s") print $i }' "$work/objstore.log")
+	if ((rc)) || [[ -z $mbs ]]; then
+		fail "objectstore token" "$workload" "$size" 1 "objstore.test exit $rc: $(tail_of "$work/objstore.log")"
+		return
+	fi
+	emit "objectstore token" "$workload" "$size" 1 "mb_s=$mbs" "count=10"
+}
+
 # The one-sided section: this library's RemoteRegion between registered regions and perftest's
-# one-sided tools, on the same sizes, interleaved.
+# one-sided tools, on the same sizes, interleaved; at 1 MiB, the object store example's requests
+# by token beside them.
 onesided_round() {
 	local size
 	echo "== one-sided RDMA (round $round)"
@@ -595,6 +618,8 @@ onesided_round() {
 		run_rdmaperf rdma read-bw "$size" 1 -test read-bw -size "$size" -duration "${secs}s"
 		perftest_onesided read-bw ib_read_bw "$size" $((size == 65536 ? 300 : 20))
 	done
+	objstore_token write-bw GET 1048576
+	objstore_token read-bw PUT 1048576
 	# Remote atomics (fetch-and-add on one 8-byte word); soft-iWARP has none.
 	if [[ $provider != *siw* ]]; then
 		run_rdmaperf rdma atomic-lat 8 1 -test atomic-lat -size 8 -duration "${secs}s"

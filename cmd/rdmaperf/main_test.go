@@ -205,6 +205,37 @@ func TestRender(t *testing.T) {
 	if strings.Contains(out, "| throughput 4 KiB |") {
 		t.Errorf("a row with only failed measurements was rendered:\n%s", out)
 	}
+	if strings.Contains(out, "object store") {
+		t.Errorf("the object store's columns are in a run that did not measure it:\n%s", out)
+	}
+}
+
+// TestRenderObjectStore: the object store's rows get their column and
+// their ratio to perftest's row of the same workload and size.
+func TestRenderObjectStore(t *testing.T) {
+	br := &benchRun{
+		Date: "2026-01-01T00:00:00Z", Kernel: "6.1", Environment: "test bed",
+		Results: []Result{
+			{Round: 1, Impl: "rdmaperf/rdma", Workload: "read-bw", Size: 1 << 20, Conns: 1, Metrics: map[string]float64{"mb_s": 40}},
+			{Round: 1, Impl: "perftest", Workload: "read-bw", Size: 1 << 20, Conns: 1, Metrics: map[string]float64{"mb_s": 50}},
+			{Round: 1, Impl: objToken, Workload: "read-bw", Size: 1 << 20, Conns: 1, Metrics: map[string]float64{"mb_s": 20}},
+		},
+	}
+	var b strings.Builder
+	renderMarkdown(&b, br)
+	out := b.String()
+	for _, want := range []string{
+		"| object store by token (examples/objectstore) |",
+		"| object store ÷ perftest |",
+		"| one-sided READ throughput 1 MiB | MB/s | 40.0 | — | — | — | 50.0 | — | — | — | — | — | 20.0 | 0.80 |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("rendered table lacks %q:\n%s", want, out)
+		}
+	}
+	if !strings.HasSuffix(strings.SplitN(strings.SplitN(out, "one-sided READ throughput 1 MiB", 2)[1], "\n", 2)[0], "| 0.40 |") {
+		t.Errorf("the object store's ratio to perftest is not 20 / 50:\n%s", out)
+	}
 }
 
 func TestWithDefaultPort(t *testing.T) {

@@ -28,6 +28,9 @@ const (
 	// oneProc is this library with both ends in one process (bench/run.sh
 	// run_rdmaperf_oneproc), as a Go user's own test would run it.
 	oneProc = "rdmaperf/rdma one process"
+	// objToken is bench/run.sh's row of the object store example's PUT
+	// (read-bw: the server READs) or GET (write-bw) by token.
+	objToken = "objectstore token"
 )
 
 // Columns of the table, in order. The ratio columns compare this library
@@ -45,6 +48,7 @@ var (
 		{"cmtime", "cmtime"},
 		{"postrate", "its post pattern in C"},
 		{self + " plain", "this library, plain io.Copy"},
+		{objToken, "object store by token (examples/objectstore)"},
 	}
 	ratios = []struct{ mine, peer, title string }{
 		{self, "perftest", "÷ perftest"},
@@ -56,6 +60,7 @@ var (
 		{oneProc, "perftest", "one process ÷ perftest"},
 		{oneProc, "rsockets", "one process ÷ rsockets"},
 		{self, self + " plain", "÷ plain io.Copy"},
+		{objToken, "perftest", "object store ÷ perftest"},
 	}
 )
 
@@ -270,7 +275,14 @@ func renderMarkdown(w io.Writer, br *benchRun) {
 		}
 	}
 	if len(streams) > 0 || len(dgrams) == 0 {
-		table(streams, columns, ratios)
+		cols, rats := columns, ratios
+		if !hasImpl(runs, objToken) {
+			// Only the one-sided section measures the object store: the
+			// other tables go without its columns.
+			cols = slices.DeleteFunc(slices.Clone(cols), func(c struct{ impl, title string }) bool { return c.impl == objToken })
+			rats = slices.DeleteFunc(slices.Clone(rats), func(r struct{ mine, peer, title string }) bool { return r.mine == objToken })
+		}
+		table(streams, cols, rats)
 	}
 	if len(dgrams) > 0 {
 		if len(streams) > 0 {
@@ -453,4 +465,14 @@ func unique(ss []string) []string {
 		}
 	}
 	return out
+}
+
+// hasImpl reports whether any row has a figure of impl.
+func hasImpl(runs map[rowKey]map[string][]map[string]float64, impl string) bool {
+	for _, byImpl := range runs {
+		if len(byImpl[impl]) > 0 {
+			return true
+		}
+	}
+	return false
 }
