@@ -195,3 +195,34 @@ func TestAtomicArguments(t *testing.T) {
 	_, err = nilConn.Remote(key).FetchAdd(ctx, 0, 1)
 	require.ErrorIs(t, err, syscall.EINVAL)
 }
+
+// An atomic whose caller gave up (its context) still owns its slot until
+// the completion comes, which frees it; the old value goes nowhere.
+func TestAtomicCancel(t *testing.T) {
+	p := newFakeConn(t, 8, 1024)
+	b := withFakeBounce(p.c, false)
+	remote := p.c.Remote(RemoteKey{Addr: 0x900000, Size: 4096, RKey: 5, Access: RemoteAtomic})
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := remote.CompareAndSwap(ctx, 8, 0, 1)
+		errc <- err
+	}()
+	require.Eventually(t, func() bool { return len(oneSidedPosted(p)) == 1 }, 5*time.Second, time.Millisecond)
+	cancel()
+	err := <-errc
+	require.ErrorIs(t, err, context.Canceled)
+	var oe *net.OpError
+	require.ErrorAs(t, err, &oe)
+	require.Equal(t, "compare-and-swap", oe.Op)
+	p.c.mu.Lock()
+	require.Equal(t, 1, p.c.os.inFlight)
+	require.Equal(t, 1, b.pins, "the bounce memory stays pinned for the NIC's answer")
+	p.c.mu.Unlock()
+	p.complete(ibv.WC{WRID: oneSidedPosted(p)[0].ID})
+	p.c.mu.Lock()
+	require.True(t, p.c.os.idle())
+	require.Zero(t, b.pins)
+	require.Len(t, p.c.os.free, oneSidedDepth)
+	p.c.mu.Unlock()
+}

@@ -210,31 +210,33 @@ func TestRender(t *testing.T) {
 	}
 }
 
-// TestRenderObjectStore: the object store's rows get their column and
-// their ratio to perftest's row of the same workload and size.
+// TestRenderObjectStore: the object store's rows get their columns and
+// their ratios to perftest's figure and to HTTP bodies over TCP.
 func TestRenderObjectStore(t *testing.T) {
 	br := &benchRun{
 		Date: "2026-01-01T00:00:00Z", Kernel: "6.1", Environment: "test bed",
 		Results: []Result{
-			{Round: 1, Impl: "rdmaperf/rdma", Workload: "read-bw", Size: 1 << 20, Conns: 1, Metrics: map[string]float64{"mb_s": 40}},
-			{Round: 1, Impl: "perftest", Workload: "read-bw", Size: 1 << 20, Conns: 1, Metrics: map[string]float64{"mb_s": 50}},
-			{Round: 1, Impl: objToken, Workload: "read-bw", Size: 1 << 20, Conns: 1, Metrics: map[string]float64{"mb_s": 20}},
+			{Round: 1, Impl: "perftest", Workload: "objstore-put", Size: 1 << 20, Conns: 1, Metrics: map[string]float64{"mb_s": 50}},
+			{Round: 1, Impl: objToken, Workload: "objstore-put", Size: 1 << 20, Conns: 1, Metrics: map[string]float64{"mb_s": 40}},
+			{Round: 1, Impl: objBody, Workload: "objstore-put", Size: 1 << 20, Conns: 1, Metrics: map[string]float64{"mb_s": 30}},
+			{Round: 1, Impl: objTCP, Workload: "objstore-put", Size: 1 << 20, Conns: 1, Metrics: map[string]float64{"mb_s": 80}},
 		},
 	}
 	var b strings.Builder
 	renderMarkdown(&b, br)
 	out := b.String()
 	for _, want := range []string{
-		"| object store by token (examples/objectstore) |",
-		"| object store ÷ perftest |",
-		"| one-sided READ throughput 1 MiB | MB/s | 40.0 | — | — | — | 50.0 | — | — | — | — | — | 20.0 | 0.80 |",
+		"| object store by token | object store, HTTP bodies | object store, HTTP bodies over Go TCP |",
+		"| token ÷ perftest | token ÷ bodies over TCP |",
+		"| object store PUT (examples/objectstore; perftest: ib_read_bw) 1 MiB | MB/s | — | — | — | — | 50.0 | — | — | — | — | — | 40.0 | 30.0 | 80.0 |",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("rendered table lacks %q:\n%s", want, out)
 		}
 	}
-	if !strings.HasSuffix(strings.SplitN(strings.SplitN(out, "one-sided READ throughput 1 MiB", 2)[1], "\n", 2)[0], "| 0.40 |") {
-		t.Errorf("the object store's ratio to perftest is not 20 / 50:\n%s", out)
+	row := strings.SplitN(strings.SplitN(out, "ib_read_bw) 1 MiB", 2)[1], "\n", 2)[0]
+	if !strings.HasSuffix(row, "| 0.80 | 0.50 |") {
+		t.Errorf("the ratios are not 40 / 50 and 40 / 80: %s", row)
 	}
 }
 

@@ -28,9 +28,12 @@ const (
 	// oneProc is this library with both ends in one process (bench/run.sh
 	// run_rdmaperf_oneproc), as a Go user's own test would run it.
 	oneProc = "rdmaperf/rdma one process"
-	// objToken is bench/run.sh's row of the object store example's PUT
-	// (read-bw: the server READs) or GET (write-bw) by token.
+	// The object store example's PUT and GET (bench/run.sh's
+	// objstore-put and objstore-get rows): by token, with HTTP bodies
+	// over the same RDMA connection, and with HTTP bodies over Go TCP.
 	objToken = "objectstore token"
+	objBody  = "objectstore body"
+	objTCP   = "objectstore body tcp"
 )
 
 // Columns of the table, in order. The ratio columns compare this library
@@ -48,7 +51,9 @@ var (
 		{"cmtime", "cmtime"},
 		{"postrate", "its post pattern in C"},
 		{self + " plain", "this library, plain io.Copy"},
-		{objToken, "object store by token (examples/objectstore)"},
+		{objToken, "object store by token"},
+		{objBody, "object store, HTTP bodies"},
+		{objTCP, "object store, HTTP bodies over Go TCP"},
 	}
 	ratios = []struct{ mine, peer, title string }{
 		{self, "perftest", "÷ perftest"},
@@ -60,7 +65,8 @@ var (
 		{oneProc, "perftest", "one process ÷ perftest"},
 		{oneProc, "rsockets", "one process ÷ rsockets"},
 		{self, self + " plain", "÷ plain io.Copy"},
-		{objToken, "perftest", "object store ÷ perftest"},
+		{objToken, "perftest", "token ÷ perftest"},
+		{objToken, objTCP, "token ÷ bodies over TCP"},
 	}
 )
 
@@ -96,6 +102,10 @@ var metricsOf = map[string][]metric{
 	"read-lat":  {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"avg_us", "avg µs"}},
 	"write-bw":  {{"mb_s", "MB/s"}},
 	"read-bw":   {{"mb_s", "MB/s"}},
+	// The object store example, against ib_read_bw (PUT: the server
+	// READs) and ib_write_bw (GET) of the object's size.
+	"objstore-put": {{"mb_s", "MB/s"}},
+	"objstore-get": {{"mb_s", "MB/s"}},
 	// Remote atomics, against ib_atomic_lat and ib_atomic_bw (-R).
 	"atomic-lat":  {{"p50_us", "p50 µs"}, {"p99_us", "p99 µs"}, {"avg_us", "avg µs"}},
 	"atomic-rate": {{"msg_s", "msg/s"}},
@@ -121,6 +131,8 @@ var workloadNames = map[string]string{
 	"read-lat":         "one-sided READ latency",
 	"write-bw":         "one-sided WRITE throughput",
 	"read-bw":          "one-sided READ throughput",
+	"objstore-put":     "object store PUT (examples/objectstore; perftest: ib_read_bw)",
+	"objstore-get":     "object store GET (examples/objectstore; perftest: ib_write_bw)",
 	"atomic-lat":       "remote atomic (fetch-and-add) latency",
 	"atomic-rate":      "remote atomic (fetch-and-add) rate, 16 in flight",
 	"dgram-lat":        "datagram latency (one-way)",
@@ -275,13 +287,11 @@ func renderMarkdown(w io.Writer, br *benchRun) {
 		}
 	}
 	if len(streams) > 0 || len(dgrams) == 0 {
-		cols, rats := columns, ratios
-		if !hasImpl(runs, objToken) {
-			// Only the one-sided section measures the object store: the
-			// other tables go without its columns.
-			cols = slices.DeleteFunc(slices.Clone(cols), func(c struct{ impl, title string }) bool { return c.impl == objToken })
-			rats = slices.DeleteFunc(slices.Clone(rats), func(r struct{ mine, peer, title string }) bool { return r.mine == objToken })
-		}
+		// Only the one-sided section measures the object store: the
+		// other tables go without its columns.
+		absent := func(impl string) bool { return strings.HasPrefix(impl, "objectstore") && !hasImpl(runs, impl) }
+		cols := slices.DeleteFunc(slices.Clone(columns), func(c struct{ impl, title string }) bool { return absent(c.impl) })
+		rats := slices.DeleteFunc(slices.Clone(ratios), func(r struct{ mine, peer, title string }) bool { return absent(r.mine) || absent(r.peer) })
 		table(streams, cols, rats)
 	}
 	if len(dgrams) > 0 {
