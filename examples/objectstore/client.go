@@ -127,6 +127,8 @@ func (cl *client) do(ctx context.Context, method, name string, body []byte, toke
 // PutToken stores data as name: it registers a region the store may read,
 // copies data there and names it in the request; the store RDMA-READs it.
 // The region is closed once the answer is in, which revokes the token.
+// The simple way, and the costly one: the registration and the copy cost
+// more than the READ on a software device (see PutRegion).
 func (cl *client) PutToken(ctx context.Context, name string, data []byte) error {
 	if cl.conn == nil {
 		return errors.New("objectstore: tokens need an RDMA connection")
@@ -140,12 +142,7 @@ func (cl *client) PutToken(ctx context.Context, name string, data []byte) error 
 	}
 	defer r.Close()
 	copy(r.Bytes(), data)
-	token, err := r.Key().MarshalText()
-	if err != nil {
-		return err
-	}
-	_, _, err = cl.do(ctx, http.MethodPut, name, nil, string(token))
-	return err
+	return cl.PutRegion(ctx, name, r, 0, len(data))
 }
 
 // GetToken fetches name, of up to capacity bytes: it registers a region of
@@ -161,19 +158,70 @@ func (cl *client) GetToken(ctx context.Context, name string, capacity int) ([]by
 		return nil, err
 	}
 	defer r.Close()
-	token, err := r.Key().MarshalText()
+	n, err := cl.GetRegion(ctx, name, r, 0, capacity)
 	if err != nil {
 		return nil, err
-	}
-	resp, _, err := cl.do(ctx, http.MethodGet, name, nil, string(token))
-	if err != nil {
-		return nil, err
-	}
-	n, err := strconv.Atoi(resp.Header.Get(lengthHeader))
-	if err != nil || n < 0 || n > capacity {
-		return nil, fmt.Errorf("objectstore: the store wrote %q bytes into a region of %d", resp.Header.Get(lengthHeader), capacity)
 	}
 	return bytes.Clone(r.Bytes()[:n]), nil
+}
+
+// PutRegion stores the n bytes at off of r as name, with no registration
+// or copy of its own: r is a region of the client's connection that
+// grants RemoteRead, registered by the caller and kept across requests.
+//
+// The token names exactly those bytes (r's key, narrowed to them), and the
+// store takes each token once per connection: a second request naming the
+// same off and n of r is refused with 409. A caller that reuses r moves
+// off (or n, for a GET) from one request to the next, so a region a few
+// bytes longer than its objects has a token for each spare byte; once
+// they are used, it registers another. r's Close revokes them all. The
+// store reads the bytes before it answers: r may change once PutRegion
+// returns.
+func (cl *client) PutRegion(ctx context.Context, name string, r *rdma.Region, off, n int) error {
+	token, err := cl.subToken(r, rdma.RemoteRead, off, n)
+	if err != nil {
+		return err
+	}
+	_, _, err = cl.do(ctx, http.MethodPut, name, nil, token)
+	return err
+}
+
+// GetRegion fetches name into the n bytes at off of r, a region of the
+// client's connection that grants RemoteWrite, and returns the object's
+// length: its bytes are r's at off, in place when GetRegion returns. The
+// tokens are PutRegion's: each off and n of r once per connection.
+func (cl *client) GetRegion(ctx context.Context, name string, r *rdma.Region, off, n int) (int, error) {
+	token, err := cl.subToken(r, rdma.RemoteWrite, off, n)
+	if err != nil {
+		return 0, err
+	}
+	resp, _, err := cl.do(ctx, http.MethodGet, name, nil, token)
+	if err != nil {
+		return 0, err
+	}
+	got, err := strconv.Atoi(resp.Header.Get(lengthHeader))
+	if err != nil || got < 0 || got > n {
+		return 0, fmt.Errorf("objectstore: the store wrote %q bytes into a region of %d", resp.Header.Get(lengthHeader), n)
+	}
+	return got, nil
+}
+
+// subToken returns the token of the n bytes at off of r (n > 0).
+func (cl *client) subToken(r *rdma.Region, need rdma.Access, off, n int) (string, error) {
+	if cl.conn == nil {
+		return "", errors.New("objectstore: tokens need an RDMA connection")
+	}
+	if r.Access()&need == 0 {
+		return "", fmt.Errorf("objectstore: the region grants %v access, the request needs %v", r.Access(), need)
+	}
+	if off < 0 || n <= 0 || n > r.Len()-off {
+		return "", fmt.Errorf("objectstore: %d bytes at %d of a region of %d", n, off, r.Len())
+	}
+	key := r.Key()
+	key.Addr += uint64(off)
+	key.Size = uint64(n)
+	token, err := key.MarshalText()
+	return string(token), err
 }
 
 // PutBody stores data as name, in the request's body.

@@ -85,6 +85,7 @@ func run(addr string, size int) error {
 	st := newStore(64 << 20)
 	srv := st.server()
 	go srv.Serve(ln)
+	defer st.close()
 	defer st.wait()
 	defer srv.Close()
 

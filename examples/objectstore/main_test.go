@@ -96,7 +96,8 @@ func startStore(t testing.TB) *testbed {
 	t.Cleanup(func() {
 		srv.Close()
 		tsrv.Close()
-		st.wait() // every connection's staging region closed
+		st.wait()  // every connection's regions closed
+		st.close() // and the objects' memory given back
 	})
 	tb := &testbed{st: st, rdmaAddr: ln.Addr().String(), tcpAddr: tln.Addr().String()}
 	tb.rdma = tb.dial(t, "rdma")
@@ -302,4 +303,105 @@ func TestObjectStoreRevokedToken(t *testing.T) {
 	got, err := tb.rdma.GetToken(ctx, "x", 4096)
 	require.NoError(t, err, "another connection")
 	require.Equal(t, "the object", string(got))
+}
+
+// TestObjectStoreRegions: PUT and GET through a region the client
+// registered once, each request naming other bytes of it; its tokens
+// taken once like any.
+func TestObjectStoreRegions(t *testing.T) {
+	needDevice(t)
+	noLeaks(t)
+	tb := startStore(t)
+	ctx := testCtx(t)
+	cl := tb.rdma
+
+	const n = 64 << 10
+	up, err := cl.conn.RegisterRegion(n+1, rdma.RemoteRead)
+	require.NoError(t, err)
+	defer up.Close()
+	copy(up.Bytes(), random(n+1))
+	require.NoError(t, cl.PutRegion(ctx, "at0", up, 0, n))
+	require.NoError(t, cl.PutRegion(ctx, "at1", up, 1, n), "another token of the same region")
+	err = cl.PutRegion(ctx, "again", up, 0, n)
+	require.Equal(t, http.StatusConflict, status(err), "the same bytes again: %v", err)
+	require.NoError(t, cl.PutRegion(ctx, "short", up, 0, n-1), "other bytes: another token")
+	require.Error(t, cl.PutRegion(ctx, "past", up, 2, n), "past the region's end")
+
+	down, err := cl.conn.RegisterRegion(n+8, rdma.RemoteWrite)
+	require.NoError(t, err)
+	defer down.Close()
+	for i, name := range []string{"at0", "at1", "short"} {
+		want := up.Bytes()[min(i, 1):][:n]
+		if name == "short" {
+			want = up.Bytes()[:n-1]
+		}
+		got, err := cl.GetRegion(ctx, name, down, i, n)
+		require.NoError(t, err, "GET %s", name)
+		require.Equal(t, len(want), got)
+		require.True(t, bytes.Equal(want, down.Bytes()[i:i+got]), "GET %s: the bytes differ", name)
+	}
+	_, err = cl.GetRegion(ctx, "at0", down, 0, n)
+	require.Equal(t, http.StatusConflict, status(err), "the same bytes again: %v", err)
+	_, err = cl.GetRegion(ctx, "at0", up, 0, n)
+	require.Error(t, err, "a region the store may not write")
+}
+
+// TestObjectStoreLifetime: an object outlives the connection that brought
+// it, GETs on other connections write from its memory registered there,
+// and replacing it frees those registrations; GETs and PUTs of one name
+// on two connections at once.
+func TestObjectStoreLifetime(t *testing.T) {
+	needDevice(t)
+	noLeaks(t)
+	tb := startStore(t)
+	ctx := testCtx(t)
+
+	obj := random(1 << 20)
+	other := tb.dial(t, "rdma")
+	require.NoError(t, other.PutToken(ctx, "x", obj))
+	require.NoError(t, other.Close())
+	for range 2 { // the second from the registration the first made
+		got, err := tb.rdma.GetToken(ctx, "x", len(obj))
+		require.NoError(t, err, "GET of an object whose connection is over")
+		require.True(t, bytes.Equal(obj, got), "the bytes differ")
+	}
+	old, ok := tb.st.lookup("x")
+	require.True(t, ok)
+	tb.st.release(old)
+	old.mu.Lock()
+	require.Len(t, old.shares, 1, "its memory registered on the GETs' connection")
+	old.mu.Unlock()
+
+	require.NoError(t, tb.rdma.PutBody(ctx, "x", []byte("replaced")))
+	old.mu.Lock()
+	require.Empty(t, old.shares, "the replaced object's registrations are closed")
+	old.mu.Unlock()
+	got, err := tb.rdma.GetToken(ctx, "x", 4096)
+	require.NoError(t, err)
+	require.Equal(t, "replaced", string(got))
+
+	// One connection replaces the object while another GETs it.
+	a, b := random(4096), random(4096)
+	writer := tb.dial(t, "rdma")
+	errs := make(chan error, 1)
+	go func() {
+		for i := range 20 {
+			data := a
+			if i%2 == 1 {
+				data = b
+			}
+			if err := writer.PutToken(ctx, "y", data); err != nil {
+				errs <- err
+				return
+			}
+		}
+		errs <- nil
+	}()
+	require.NoError(t, tb.rdma.PutToken(ctx, "y", a))
+	for range 20 {
+		got, err := tb.rdma.GetToken(ctx, "y", 4096)
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(a, got) || bytes.Equal(b, got), "a GET sees one object or the other, whole")
+	}
+	require.NoError(t, <-errs)
 }

@@ -23,6 +23,7 @@ func TestStoreOverTCP(t *testing.T) {
 	require.NoError(t, err)
 	srv := st.server()
 	go srv.Serve(ln)
+	defer st.close()
 	defer st.wait()
 	defer srv.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -74,6 +75,8 @@ func TestStoreOverTCP(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
 	require.NoError(t, cl.PutBody(ctx, "big", make([]byte, 1<<20)), "at the limit")
-	_, ok := st.lookup("big")
+	big, ok := st.lookup("big")
 	require.True(t, ok)
+	require.Len(t, big.data, 1<<20)
+	st.release(big)
 }
