@@ -581,28 +581,51 @@ ud_round() {
 	done
 }
 
-# objstore_token WORKLOAD OP SIZE: examples/objectstore's PUT (the store RDMA-READs the client's
-# region: read-bw) or GET (it RDMA-WRITEs into it: write-bw) by token, one request at a time over
-# HTTP on one connection, the client registering and closing a region per request
-# (BenchmarkObjectStore, 10 requests); 1 MiB only.
-objstore_token() {
-	local workload=$1 op=$2 size=$3 rc mbs
-	[[ -x $objstore ]] || { fail "objectstore token" "$workload" "$size" 1 "no objstore.test binary"; return; }
+# objstore_run OP SIZE MODE: examples/objectstore's PUT (the store RDMA-READs the client's region)
+# or GET (it RDMA-WRITEs into it) of SIZE bytes, one request at a time over HTTP on one
+# connection (BenchmarkObjectStore): MODE token (the client registers and closes a region per
+# request), body-rdma (HTTP bodies over the same RDMA connection) or body-tcp (over Go TCP).
+objstore_run() {
+	local op=$1 size=$2 mode=$3 rc mbs name n impl workload
+	workload=objstore-$(tr '[:upper:]' '[:lower:]' <<<"$op")
+	case $mode in
+	token) impl="objectstore token" ;;
+	body-rdma) impl="objectstore body" ;;
+	body-tcp) impl="objectstore body tcp" ;;
+	esac
+	case $size in
+	4096) name=4KiB n=100 ;;
+	1048576) name=1MiB n=10 ;;
+	*) name=16MiB n=3 ;;
+	esac
+	[[ -x $objstore ]] || { fail "$impl" "$workload" "$size" 1 "no objstore.test binary"; return; }
 	RDMA_TEST_ADDR=$addr timeout -k 5 "$tool_timeout" "$objstore" -test.run '^$' \
-		-test.bench "^BenchmarkObjectStore\$/^$op\$/^1MiB\$/^token\$" -test.benchtime 10x >"$work/objstore.log" 2>&1
+		-test.bench "^BenchmarkObjectStore\$/^$op\$/^$name\$/^$mode\$" -test.benchtime "${n}x" >"$work/objstore.log" 2>&1
 	rc=$?
 	# The figure before "MB/s" on the benchmark's line (1 MB = 10^6 bytes, as rdmaperf's).
 	mbs=$(awk '$1 ~ /^BenchmarkObjectStore\// { for (i = 2; i < NF; i++) if ($(i + 1) == "MB/s") print $i }' "$work/objstore.log")
 	if ((rc)) || [[ -z $mbs ]]; then
-		fail "objectstore token" "$workload" "$size" 1 "objstore.test exit $rc: $(tail_of "$work/objstore.log")"
+		fail "$impl" "$workload" "$size" 1 "objstore.test exit $rc: $(tail_of "$work/objstore.log")"
 		return
 	fi
-	emit "objectstore token" "$workload" "$size" 1 "mb_s=$mbs" "count=10"
+	emit "$impl" "$workload" "$size" 1 "mb_s=$mbs" "count=$n"
+}
+
+# objstore_round: the object store's PUT and GET of 4 KiB, 1 MiB and 16 MiB by token, by HTTP
+# body over RDMA and over Go TCP, beside ib_read_bw (PUT) and ib_write_bw (GET) of the same size.
+objstore_round() {
+	local size mode
+	echo "== the object store example (round $round)"
+	for size in 4096 1048576 16777216; do
+		for mode in token body-rdma body-tcp; do objstore_run PUT "$size" "$mode"; done
+		perftest_onesided objstore-put ib_read_bw "$size" $((size == 4096 ? 2000 : size == 1048576 ? 50 : 10))
+		for mode in token body-rdma body-tcp; do objstore_run GET "$size" "$mode"; done
+		perftest_onesided objstore-get ib_write_bw "$size" $((size == 4096 ? 2000 : size == 1048576 ? 50 : 10))
+	done
 }
 
 # The one-sided section: this library's RemoteRegion between registered regions and perftest's
-# one-sided tools, on the same sizes, interleaved; at 1 MiB, the object store example's requests
-# by token beside them.
+# one-sided tools, on the same sizes, interleaved; then the object store example (objstore_round).
 onesided_round() {
 	local size
 	echo "== one-sided RDMA (round $round)"
@@ -618,8 +641,6 @@ onesided_round() {
 		run_rdmaperf rdma read-bw "$size" 1 -test read-bw -size "$size" -duration "${secs}s"
 		perftest_onesided read-bw ib_read_bw "$size" $((size == 65536 ? 300 : 20))
 	done
-	objstore_token write-bw GET 1048576
-	objstore_token read-bw PUT 1048576
 	# Remote atomics (fetch-and-add on one 8-byte word); soft-iWARP has none.
 	if [[ $provider != *siw* ]]; then
 		run_rdmaperf rdma atomic-lat 8 1 -test atomic-lat -size 8 -duration "${secs}s"
@@ -673,6 +694,7 @@ one_round() {
 	fi
 	if [[ $only == onesided ]]; then
 		onesided_round
+		objstore_round
 		return
 	fi
 	if [[ $only == siw ]]; then
@@ -733,6 +755,7 @@ one_round() {
 	for net in rdma tcp; do run_rdmaperf "$net" http 64 20 -test http -size 64 -conns 20 -duration "${secs}s"; done
 	for net in rdma tcp; do run_rdmaperf "$net" http-kept 64 20 -test http -keep -size 64 -conns 20 -duration "${secs}s"; done
 	onesided_round
+	[[ $go_mode == pair ]] || objstore_round
 	ud_round
 }
 
