@@ -20,20 +20,33 @@
 // the store may read (rdma.RemoteRead), copies the object there, and
 // sends PUT /objects/{name} with no body and the region's key as text in
 // the Rdma-Token header (rdma.RemoteKey.MarshalText). The store checks
-// the token, RDMA-READs the object into a staging region of its own on
-// that connection (registered once per connection, local access only),
-// keeps a copy, and answers 204 No Content. The client then closes its
-// region, which revokes the token.
+// the token, RDMA-READs the object straight into a region of the object's
+// own on that connection (local access only; the region of an object the
+// connection replaced, or a new one), stores it, and answers 204 No
+// Content. The client then closes its region, which revokes the token.
+// The object's region outlives the connection: its memory stays mapped
+// until the object is replaced.
 //
 // A GET by token: the client registers a region it may receive into
 // (rdma.RemoteWrite) and sends GET /objects/{name} with its token; the
-// store copies the object into its staging region, RDMA-WRITEs it into
-// the client's, and answers 204 with the object's length in the
+// store RDMA-WRITEs the object into the client's region straight from
+// the object's memory: its own region on the connection it came by, or on
+// any other a registration of the same memory (rdma.Conn.ShareRegion),
+// made at the first GET there and kept until the object is replaced or
+// the connection ends; then it answers 204 with the object's length in the
 // Rdma-Length header. When the answer arrives the bytes are in place: the
 // WRITE completed before the answer was sent, on the same connection.
 //
+// Registering a region costs more than moving its bytes on a software
+// RDMA device, so the client has a second way: PutRegion and GetRegion
+// name bytes of a region the caller registered once and keeps. Each
+// request names another sub-range of it (another token), since a token
+// is used once.
+//
 // Without the header, the same paths take and give the object in the
-// HTTP body, over RDMA or over TCP alike.
+// HTTP body, over RDMA or over TCP alike (a body that came over RDMA is
+// stored in a region too; one that came over TCP is copied into a
+// staging region for a GET by token).
 //
 // A token is used once. The store remembers every token it has been shown
 // on a connection and refuses one it has seen before without touching the
