@@ -202,7 +202,7 @@ func (c *Conn) startOneSided(ctx context.Context, op uint8, local *Region, lo, n
 			return 0, err
 		}
 		if isAtomic(op) {
-			local, lo = t.bounce, -1
+			local = t.bounce
 		}
 		if local.closed {
 			return 0, net.ErrClosed
@@ -227,7 +227,7 @@ func (c *Conn) startOneSided(ctx context.Context, op uint8, local *Region, lo, n
 	s := &t.slots[i]
 	s.reg = local
 	local.pins++
-	if lo < 0 {
+	if isAtomic(op) {
 		lo = atomicAt(i)
 	}
 	flags := ibv.SendSignaled | ibv.SendWrite

@@ -300,7 +300,9 @@ func (c *Conn) ShareRegion(r *Region, access Access) (*Region, error) {
 		}
 		return nil, c.opErr("register", err)
 	}
+	c.mu.Lock()
 	nr.share = r.share
+	c.mu.Unlock()
 	return nr, nil
 }
 
