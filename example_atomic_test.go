@@ -65,20 +65,11 @@ type lockClient struct {
 }
 
 func dialLock(addr string, id uint64) (*lockClient, error) {
-	c, err := rdma.Dial("rdma", addr)
+	c, word, err := dialRegion(addr) // see example_region_test.go
 	if err != nil {
 		return nil, err
 	}
-	b := make([]byte, rdma.RemoteKeyLen)
-	var key rdma.RemoteKey
-	if _, err = io.ReadFull(c, b); err == nil {
-		err = key.UnmarshalBinary(b)
-	}
-	if err != nil {
-		c.Close()
-		return nil, err
-	}
-	return &lockClient{c: c, word: c.Remote(key), id: id}, nil
+	return &lockClient{c: c, word: word, id: id}, nil
 }
 
 // lock spins until the word goes from 0 (free) to the client's id, or ctx

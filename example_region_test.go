@@ -69,9 +69,19 @@ type blockClient struct {
 }
 
 func dialBlocks(addr string) (*blockClient, error) {
-	c, err := rdma.Dial("rdma", addr)
+	c, blocks, err := dialRegion(addr)
 	if err != nil {
 		return nil, err
+	}
+	return &blockClient{c: c, blocks: blocks}, nil
+}
+
+// dialRegion dials a server that sends a region's key first, and returns
+// the connection and the server's region.
+func dialRegion(addr string) (*rdma.Conn, *rdma.RemoteRegion, error) {
+	c, err := rdma.Dial("rdma", addr)
+	if err != nil {
+		return nil, nil, err
 	}
 	b := make([]byte, rdma.RemoteKeyLen)
 	var key rdma.RemoteKey
@@ -80,9 +90,9 @@ func dialBlocks(addr string) (*blockClient, error) {
 	}
 	if err != nil {
 		c.Close()
-		return nil, err
+		return nil, nil, err
 	}
-	return &blockClient{c: c, blocks: c.Remote(key)}, nil
+	return c, c.Remote(key), nil
 }
 
 func (bc *blockClient) readBlock(i int, p []byte) error {
