@@ -44,6 +44,14 @@ type Conn struct {
 	rdWait  time.Duration // moving average of Read waits, under readMu
 	wrWait  time.Duration // moving average of Write waits, under writeMu
 	rxReady chan struct{} // capacity 1: a message or an error arrived
+	// pl is the poller of the connection's CQ, through which a Read
+	// spins with mu held (spinReadHeld); nil where the spinner is
+	// another (tests' fakes).
+	pl *poller
+	// rxHeld: a Read spins with mu held (it lets go of it only at its
+	// yields), so wakeReader records the wakeup in rxWoke instead of
+	// signaling rxReady, which no one would take. Both under mu.
+	rxHeld, rxWoke bool
 	txReady chan struct{} // capacity 1: credits, ring room or send queue entries came back
 	drained chan struct{} // capacity 1: a completion arrived during teardown
 	closing chan struct{} // closed by Close
@@ -147,6 +155,7 @@ func (c *Conn) initDataPath(qp queuePair, mem []byte, lay layout, sendBase uint6
 	c.qp, c.mem = qp, mem
 	c.msgRead = opts.Messages
 	c.w = waiter{mode: opts.Poll, spinTime: opts.SpinTime, sp: sp}
+	c.pl, _ = sp.(*poller)
 	c.cr = newLedger(opts.RecvDepth)
 	c.rx = newRecvRing(lay.recvSlots, mem[lay.recvOff():lay.recvOff()+lay.ring])
 	if lay.headers() {

@@ -301,7 +301,7 @@ func (c *Conn) brokenQP() {
 func (c *Conn) fail(err error) {
 	c.life.fail(err)
 	c.brokenQP()
-	signal(c.rxReady)
+	c.wakeReader()
 	signal(c.txReady)
 }
 
@@ -324,7 +324,7 @@ func (c *Conn) peerDisconnected(answered bool) {
 	c.life.failWrite(syscall.ECONNRESET)
 	// Reads learn of it from the flushed receives, or, with none posted,
 	// from shutPeerGone itself.
-	signal(c.rxReady)
+	c.wakeReader()
 	signal(c.txReady)
 }
 

@@ -14,6 +14,12 @@ import "github.com/goverbs/rdma/internal/ibv"
 func (c *Conn) complete(wc ibv.WC) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.completeLocked(wc)
+}
+
+// completeLocked is complete with mu held: by complete, or by a Read that
+// polls the CQ with its connection's lock held (see spinReadHeld).
+func (c *Conn) completeLocked(wc ibv.WC) bool {
 	if wc.Status == ibv.WCSuccess {
 		c.heard++ // the peer is alive: the keepalive starts over
 	}

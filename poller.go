@@ -314,6 +314,63 @@ func (p *poller) tryPollN() int {
 	return p.pollUnlock(spinBatch, fl[:0])
 }
 
+// tryPollHeld is tryPoll for a Read that holds its connection's lock
+// (self's mu) while it spins (see Conn.spinReadHeld): self's completions
+// are handled in place, with that lock, so that the Read finds its message
+// queued without a signal through rxReady and without taking mu again.
+// It reports false, having polled nothing, when another goroutine is
+// polling: that one may be dispatching a completion of self and waiting
+// for self's mu, which the caller must then let go of. Other connections'
+// sends are posted after cqMu is released, as tryPoll posts them, but
+// only once the caller has let go of self's mu (flushOthers): a
+// connection's goroutine never waits for another's lock while it holds
+// its own, except in dispatch, which only the holder of cqMu runs. It
+// reports in own whether self has sends to post, which the caller posts
+// with its lock.
+func (p *poller) tryPollHeld(self *Conn, others *[spinBatch]completer) (polled bool, nOthers int, own bool) {
+	if !p.cqMu.TryLock() {
+		return false, 0, false
+	}
+	if p.stop.Load() {
+		p.cqMu.Unlock()
+		return false, 0, false
+	}
+	wcs := p.wcs[:spinBatch]
+	n, err := p.cq.Poll(wcs)
+	if err != nil {
+		n = 0
+	}
+	if n > 0 {
+		nOthers, own = p.dispatchHeld(wcs[:n], others, self)
+	}
+	p.cqMu.Unlock()
+	return true, nOthers, own
+}
+
+// dispatchHeld is dispatch for tryPollHeld: self's completions go to
+// completeLocked (self's mu is held), the others' to complete; the
+// connections other than self with sends to post are collected in
+// others, once each.
+func (p *poller) dispatchHeld(wcs []ibv.WC, others *[spinBatch]completer, self *Conn) (n int, own bool) {
+	p.connsMu.RLock()
+	defer p.connsMu.RUnlock()
+	var me completer = self
+	for _, wc := range wcs {
+		c := p.conns[wc.QPNum]
+		switch {
+		case c == nil:
+		case c == me:
+			if self.completeLocked(wc) {
+				own = true
+			}
+		case c.complete(wc) && !contains(others[:n], c):
+			others[n] = c
+			n++
+		}
+	}
+	return n, own
+}
+
 // help polls up to helpBatch of the device's other CQs, a batch each,
 // unless another goroutine is polling it, and reports how many completions
 // it polled. A poller whose own CQ has come back empty helps before it

@@ -269,6 +269,20 @@ func (w *waiter) wait(ready, closing chan struct{}, dl *deadline, avg *time.Dura
 	return spun
 }
 
+// park blocks without spinning until ready is signaled, closing is
+// closed or the deadline passes, for a wait whose spin is over (see
+// Conn.spinReadHeld); a wait that ends with ready is folded into avg from
+// start, as wait folds it. It reports false: the wait ended parked.
+func (w *waiter) park(ready, closing chan struct{}, dl *deadline, start time.Time, avg *time.Duration) bool {
+	select {
+	case <-ready:
+		w.noteWait(start, avg)
+	case <-closing:
+	case <-dl.wait():
+	}
+	return false
+}
+
 // noteWait folds a wait that started at start and ended with ready into
 // avg, for the modes that keep one (see clock).
 func (w *waiter) noteWait(start time.Time, avg *time.Duration) {
