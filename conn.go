@@ -52,9 +52,9 @@ type Conn struct {
 	// yields), so wakeReader records the wakeup in rxWoke instead of
 	// signaling rxReady, which no one would take. Both under mu.
 	rxHeld, rxWoke bool
-	txReady chan struct{} // capacity 1: credits, ring room or send queue entries came back
-	drained chan struct{} // capacity 1: a completion arrived during teardown
-	closing chan struct{} // closed by Close
+	txReady        chan struct{} // capacity 1: credits, ring room or send queue entries came back
+	drained        chan struct{} // capacity 1: a completion arrived during teardown
+	closing        chan struct{} // closed by Close
 
 	readMu  sync.Mutex // one Read at a time: partial messages stay consistent
 	writeMu sync.Mutex // one Write at a time: Writes do not interleave
