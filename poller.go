@@ -68,8 +68,8 @@ type poller struct {
 	// field so that tests can give a poller a count of its own).
 	idlers *idleSlots
 
-	connsMu sync.RWMutex
-	conns   map[uint32]completer // by QP number
+	connsMu sync.Mutex // serializes changes of conns
+	conns   qpTable    // by QP number; read without a lock
 
 	// siblings, if set, are the pollers of the device's CQs, this one
 	// among them (see help); the device replaces the slice as it adds
@@ -94,7 +94,7 @@ func (e *eventsLostError) Unwrap() error { return e.err }
 
 func newPoller(cq completionQueue, ch eventWaiter) *poller {
 	processIdlers.follow(runtime.GOMAXPROCS(0))
-	return &poller{cq: cq, ch: ch, done: make(chan struct{}), wake: make(chan struct{}, 1), conns: map[uint32]completer{}, idle: newIdlePhase(), now: time.Now, idlers: &processIdlers}
+	return &poller{cq: cq, ch: ch, done: make(chan struct{}), wake: make(chan struct{}, 1), idle: newIdlePhase(), now: time.Now, idlers: &processIdlers}
 }
 
 // idleSlots bounds how many pollers spin in their idle phase at once.
@@ -136,17 +136,14 @@ func (s *idleSlots) take() bool {
 func (s *idleSlots) give() { s.n.Add(-1) }
 
 func (p *poller) add(qpNum uint32, c completer) {
-	p.connsMu.RLock()
-	_, retired := p.conns[qpNum].(retiredQP)
-	p.connsMu.RUnlock()
-	if retired {
+	if _, retired := p.conns.get(qpNum).(retiredQP); retired {
 		// The QP that had this number was destroyed a moment ago (see
 		// retire): its last completions may still be in the CQ, and
 		// they are not c's.
 		p.pollStale()
 	}
 	p.connsMu.Lock()
-	p.conns[qpNum] = c
+	p.conns.set(qpNum, c)
 	p.connsMu.Unlock()
 }
 
@@ -169,15 +166,16 @@ func (retiredQP) failAsync(error, bool) {}
 // is added only after them.
 func (p *poller) retire(qpNum uint32) {
 	p.connsMu.Lock()
-	p.conns[qpNum] = retiredQP{}
+	p.conns.set(qpNum, retiredQP{})
 	p.connsMu.Unlock()
+	p.waitDispatch()
 }
 
 func (p *poller) forget(qpNum uint32) {
 	p.pollStale()
 	p.connsMu.Lock()
-	if _, ok := p.conns[qpNum].(retiredQP); ok {
-		delete(p.conns, qpNum)
+	if _, ok := p.conns.get(qpNum).(retiredQP); ok {
+		p.conns.del(qpNum)
 	}
 	p.connsMu.Unlock()
 }
@@ -212,26 +210,32 @@ const staleBatches = 32768 / ibv.MaxPollBatch
 // connection (harmless: its teardown no longer posts).
 func (p *poller) remove(qpNum uint32) {
 	p.connsMu.Lock()
-	delete(p.conns, qpNum)
+	p.conns.del(qpNum)
 	p.connsMu.Unlock()
+	p.waitDispatch()
+}
+
+// waitDispatch waits for a dispatch in progress, which may have looked up
+// a completer just before it was changed (lookups take no lock), to
+// return. Dispatch runs with cqMu held, and the completer it calls never
+// waits for a connection's release (the caller here), so this cannot
+// wait for itself.
+func (p *poller) waitDispatch() {
+	p.cqMu.Lock()
+	//lint:ignore SA2001 waiting for the holder is the point
+	p.cqMu.Unlock()
 }
 
 // conn returns the completer of a QP, if any.
-func (p *poller) conn(qpNum uint32) completer {
-	p.connsMu.RLock()
-	defer p.connsMu.RUnlock()
-	return p.conns[qpNum]
-}
+func (p *poller) conn(qpNum uint32) completer { return p.conns.get(qpNum) }
 
 // all returns every completer, collected so that none is called with
 // connsMu held (failing one may remove it).
 func (p *poller) all() []completer {
-	p.connsMu.RLock()
-	defer p.connsMu.RUnlock()
-	cs := make([]completer, 0, len(p.conns))
-	for _, c := range p.conns {
-		cs = append(cs, c)
-	}
+	p.connsMu.Lock()
+	defer p.connsMu.Unlock()
+	cs := make([]completer, 0, p.conns.n)
+	p.conns.each(func(c completer) { cs = append(cs, c) })
 	return cs
 }
 
@@ -259,14 +263,12 @@ func (p *poller) pollUnlock(max int, flush []completer) int {
 // each, the connections that have something to post. Completions of a QP
 // no connection owns any more (a teardown finished) are dropped.
 func (p *poller) dispatch(wcs []ibv.WC, flush []completer) []completer {
-	p.connsMu.RLock()
-	defer p.connsMu.RUnlock()
 	var last completer
 	var lastQP uint32
 	for _, wc := range wcs {
 		c := last
 		if c == nil || wc.QPNum != lastQP {
-			c = p.conns[wc.QPNum]
+			c = p.conns.get(wc.QPNum)
 			last, lastQP = c, wc.QPNum
 		}
 		if c != nil && c.complete(wc) && !contains(flush, c) {
@@ -352,11 +354,9 @@ func (p *poller) tryPollHeld(self *Conn, others *[spinBatch]completer) (polled b
 // connections other than self with sends to post are collected in
 // others, once each.
 func (p *poller) dispatchHeld(wcs []ibv.WC, others *[spinBatch]completer, self *Conn) (n int, own bool) {
-	p.connsMu.RLock()
-	defer p.connsMu.RUnlock()
 	var me completer = self
 	for _, wc := range wcs {
-		c := p.conns[wc.QPNum]
+		c := p.conns.get(wc.QPNum)
 		switch {
 		case c == nil:
 		case c == me:

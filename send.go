@@ -157,7 +157,13 @@ func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
 		queued -= m
 	}
 	c.tx.setPending(queued, c.msgWrite && queued > 0 && off < len(b))
-	cork, sigOut := c.cr.cork(before, len(c.tx.sends), c.tx.carries), c.tx.sigOut()
+	// Corking shares one post among back-to-back Writes: it pays where a
+	// post is a system call (rxe, siw), and where it is not (postHeld: a
+	// NIC's doorbell) it only costs a signaled send and its completion
+	// per corked batch (2.04 completions per message against C's 1.22 in
+	// the zero-cost provider's message rate).
+	cork := !c.postHeld && c.cr.cork(before, len(c.tx.sends), c.tx.carries)
+	sigOut := c.tx.sigOut()
 	if off < len(b) || !cork || !sigOut {
 		if cork && !sigOut {
 			// The peer is behind: what goes now is signaled, so that
