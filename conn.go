@@ -34,11 +34,12 @@ type Conn struct {
 	connSys
 
 	laddr, raddr *Addr
-	msgRead      bool      // Options.Messages: a Read returns at most one of the peer's Writes
-	msgWrite     bool      // the peer's Options.Messages: Writes are never merged
-	qp           queuePair // posts sends and receives
-	mem          []byte    // the arena: the small receive ring, then the small send ring (and any header slots)
-	early        []ibv.WC  // messages that arrived before open
+	msgRead      bool           // Options.Messages: a Read returns at most one of the peer's Writes
+	msgWrite     bool           // the peer's Options.Messages: Writes are never merged
+	qp           queuePair      // posts sends and receives
+	rsp          recvSendPoster // qp, if it posts both in one call (repostWithSend)
+	mem          []byte         // the arena: the small receive ring, then the small send ring (and any header slots)
+	early        []ibv.WC       // messages that arrived before open
 
 	w       waiter
 	rdWait  time.Duration // moving average of Read waits, under readMu
@@ -153,6 +154,7 @@ func newConn(ph phase) *Conn {
 // peer's grant and ring come later, with open.
 func (c *Conn) initDataPath(qp queuePair, mem []byte, lay layout, sendBase uint64, sendLKey uint32, maxInline int, opts Options, sp spinner) error {
 	c.qp, c.mem = qp, mem
+	c.rsp, _ = qp.(recvSendPoster)
 	c.msgRead = opts.Messages
 	c.w = waiter{mode: opts.Poll, spinTime: opts.SpinTime, sp: sp}
 	c.pl, _ = sp.(*poller)

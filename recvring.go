@@ -53,8 +53,12 @@ type recvRing struct {
 	n       int
 	off     int // bytes of the head message already read
 	reposts int // consumed receives not yet posted again
-	wrs     [ibv.MaxRecvBatch]ibv.RecvWR
-	posted  int // receives on the QP
+	// withSend: consumed receives already reported to the peer in a
+	// queued header, posted with the send that carries it (see
+	// Conn.repostWithSend).
+	withSend int
+	wrs      [ibv.MaxRecvBatch]ibv.RecvWR
+	posted   int // receives on the QP
 	// Header slots, on a transport without immediate data (hdrs > 0):
 	// each receive takes its message's header into a slot of its own,
 	// the next one round the slots (hdrNext), and its id names the slot.
