@@ -297,6 +297,7 @@ func TestConnWriteWaitsForRingRoom(t *testing.T) {
 
 func TestConnMessagesWritesNeverMerge(t *testing.T) {
 	p := newFakeConnOpts(t, Options{BufferSize: 1024, SendDepth: 8, RecvDepth: 8, Poll: PollEvent}, true)
+	p.c.postHeld = false // a post that is a system call, where Writes cork
 	_, err := p.c.Write(bytes.Repeat([]byte("m"), 2500))
 	require.NoError(t, err)
 	s := p.sent()
@@ -420,8 +421,25 @@ func TestConnMessagesCutByDeadlineEndsWrites(t *testing.T) {
 	require.False(t, p.c.tx.finQueued)
 }
 
+// TestConnMessagesNoCorkWherePostsHeld: where a post is no system call (a
+// NIC's doorbell, postHeld), corking would save nothing and cost a
+// signaled send per batch: every Write is posted at once.
+func TestConnMessagesNoCorkWherePostsHeld(t *testing.T) {
+	p := newFakeConnOpts(t, Options{BufferSize: 64, SendDepth: 8, RecvDepth: 8, Poll: PollEvent}, true)
+	p.c.postHeld = true
+	for _, m := range []string{"a", "b", "c", "d", "e"} {
+		_, err := p.c.Write([]byte(m))
+		require.NoError(t, err)
+		s := p.sent()
+		require.Len(t, s, 1, "Write %q posted at once while the peer is behind", m)
+		require.Equal(t, m, p.payload(s[0]))
+	}
+}
+
 func TestConnMessagesCork(t *testing.T) {
 	p := newFakeConnOpts(t, Options{BufferSize: 64, SendDepth: 8, RecvDepth: 8, Poll: PollEvent}, true)
+	p.c.postHeld = false // a post that is a system call, where Writes cork
+	p.c.postHeld = false // a post that is a system call, where Writes cork
 	write := func(s string) {
 		t.Helper()
 		_, err := p.c.Write([]byte(s))
