@@ -53,6 +53,9 @@ type Conn struct {
 	// yields), so wakeReader records the wakeup in rxWoke instead of
 	// signaling rxReady, which no one would take. Both under mu.
 	rxHeld, rxWoke bool
+	// rxParked: a Read waits without mu (waiter.wait or park): waking it
+	// sets the poller's woke. Under mu.
+	rxParked bool
 	txReady        chan struct{} // capacity 1: credits, ring room or send queue entries came back
 	drained        chan struct{} // capacity 1: a completion arrived during teardown
 	closing        chan struct{} // closed by Close

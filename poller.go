@@ -58,6 +58,12 @@ type poller struct {
 	// one to leave wakes it through wake.
 	spinners atomic.Int32
 	wake     chan struct{}
+	// woke is set when a completion wakes a Read parked on its channel
+	// (Conn.wakeReader). The woken goroutine is put to run next on the P
+	// of the goroutine that polled, which may be a Read spinning with its
+	// lock held: that one then yields at once (spinReadHeld) instead of
+	// after its next spinCheck polls, so the woken Read runs now.
+	woke atomic.Bool
 
 	cqMu sync.Mutex               // serializes polling (and the device's resizing)
 	wcs  [ibv.MaxPollBatch]ibv.WC // the batch being dispatched, under cqMu
