@@ -28,6 +28,7 @@ mv "$out.txt.tmp" "$out.txt"
 		return a[int((n + 1) / 2)]
 	}
 	/^BenchmarkZeroCostCgoCall/ { vals["cgo"] = vals["cgo"] " " val("ns/op") }
+	/^BenchmarkZeroCost\/RoundTrip64Goroutines\/Chan/ { vals["chan"] = vals["chan"] " " val("ns/op") }
 	/^BenchmarkZeroCost\// {
 		split($1, p, "/"); row = p[2]; side = p[3]; sub(/-[0-9]+$/, "", side)
 		if (!(row in seen)) { seen[row] = 1; rows[++nrows] = row }
@@ -51,6 +52,10 @@ mv "$out.txt.tmp" "$out.txt"
 				median(row SUBSEP "Go" SUBSEP "wakeups/msg"), median(row SUBSEP "Go" SUBSEP "allocs/op")
 		}
 		printf "\nWakeups are goroutines made runnable and then run (woken, or put back by Gosched), estimated from the runtime'"'"'s sample of one in eight (/sched/latencies).\n"
+		if (vals["chan"] != "") {
+			chan = median("chan"); rt = median("RoundTrip64" SUBSEP "Go" SUBSEP "cgo/msg") * cgo + median("RoundTrip64" SUBSEP "C" SUBSEP "ns/op")
+			printf "\nA ping-pong of two goroutines over channels, the Go runtime'"'"'s own cost of the two handoffs: %.0f ns (RoundTrip64Goroutines/Chan). RoundTrip64Goroutines is %.1fx RoundTrip64'"'"'s cgo floor plus that.\n", chan, median("RoundTrip64Goroutines" SUBSEP "Go" SUBSEP "ns/op") / (rt + chan)
+		}
 		printf "\nOne cgo call to a C function that does nothing: %.1f ns (BenchmarkZeroCostCgoCall). The cgo floor is a row'"'"'s C time plus the Go side'"'"'s cgo calls at that cost.\n", cgo
 	}' "$out.txt"
 } >"$out.md"
