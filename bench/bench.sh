@@ -31,6 +31,8 @@ vmargs=(--provider rxe)
 [[ ${BENCH_ONLY:-all} == siw ]] && vmargs=(--provider siw)
 # Two hosts: run.sh runs on both VMs, the driver's output is the run's.
 [[ ${BENCH_ONLY:-all} == pair ]] && vmargs=(--pair)
+# Thousands of connections at once, both ends in the VM: the scale test's memory.
+[[ ${BENCH_ONLY:-all} == setup ]] && vmargs=(--provider rxe --mem 8192)
 testbed/vm.sh "${vmargs[@]}" --timeout 1200 -- env BENCH_ROUNDS="${BENCH_ROUNDS:-5}" BENCH_SECONDS="${BENCH_SECONDS:-2}" BENCH_GO_MODE="${BENCH_GO_MODE:-pinned}" BENCH_ONLY="${BENCH_ONLY:-all}" \
 	bench/run.sh "" "$out/rdmaperf" | tee "$log" || rc=$?
 # run.sh reports failed measurements in the JSON and exits 0; anything else is the test bed's

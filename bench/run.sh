@@ -25,7 +25,8 @@
 # hits them alike; BENCH_ONLY (all): onesided runs the one-sided section alone, siw the rows
 # measured on soft-iWARP (bench.sh runs that in the test bed's siw VM), pair the rows measured
 # across two hosts (bench.sh runs run.sh on both VMs of testbed/vm.sh --pair: the agent serves,
-# the driver measures), ud the datagram rows alone;
+# the driver measures), ud the datagram rows alone, setup connection setup and teardown at scale
+# (setup_round);
 # BENCH_SECONDS (2): length of each rdmaperf test; BENCH_BUDGET (780): no new
 # round starts when it might end after this many seconds; BENCH_COPY_BYTES (256 MiB): the file
 # io.Copy sends; BENCH_ENVIRONMENT: the machine's
@@ -686,6 +687,20 @@ pair_round() {
 	for net in rdma tcp; do run_rdmaperf "$net" http-kept 64 20 -test http -keep -size 64 -conns 20 -duration "${secs}s"; done
 }
 
+# setup_round: connection setup and teardown at scale (BENCH_ONLY=setup): bursts of
+# BENCH_SETUP_CONNS (1000 4000) connections dialed, used once and closed at once, beside Go TCP and
+# cmtime (rdma_cm in C, which takes all of them through each step in turn).
+setup_round() {
+	local conns net
+	echo "== connection setup at scale (round $round)"
+	for conns in ${BENCH_SETUP_CONNS:-1000 4000}; do
+		for net in rdma tcp; do
+			run_rdmaperf "$net" dial 0 "$conns" -test dial -conns "$conns" -duration "${secs}s"
+		done
+		cmtime_run "$conns"
+	done
+}
+
 one_round() {
 	local net size
 	if [[ $only == pair ]]; then
@@ -703,6 +718,10 @@ one_round() {
 	fi
 	if [[ $only == ud ]]; then
 		ud_round
+		return
+	fi
+	if [[ $only == setup ]]; then
+		setup_round
 		return
 	fi
 	echo "== latency (round $round)"
