@@ -56,9 +56,9 @@ type Conn struct {
 	// rxParked: a Read waits without mu (waiter.wait or park): waking it
 	// sets the poller's woke. Under mu.
 	rxParked bool
-	txReady        chan struct{} // capacity 1: credits, ring room or send queue entries came back
-	drained        chan struct{} // capacity 1: a completion arrived during teardown
-	closing        chan struct{} // closed by Close
+	txReady  chan struct{} // capacity 1: credits, ring room or send queue entries came back
+	drained  chan struct{} // capacity 1: a completion arrived during teardown
+	closing  chan struct{} // closed by Close
 
 	readMu  sync.Mutex // one Read at a time: partial messages stay consistent
 	writeMu sync.Mutex // one Write at a time: Writes do not interleave

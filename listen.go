@@ -4,6 +4,10 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 )
 
@@ -11,7 +15,10 @@ import (
 type ListenConfig struct {
 	// Backlog is the most connections that may be in their handshake or
 	// established and waiting for Accept (and the rdma_listen backlog);
-	// requests beyond it are refused. Default 128.
+	// requests beyond it are refused. Default: the system's limit for a
+	// TCP listener's backlog (net.core.somaxconn), as net.Listen takes
+	// it, so that a burst of dials a TCP listener would take is not
+	// refused.
 	Backlog int
 	// KeepAlive and KeepAliveConfig configure the keepalive probes of
 	// accepted connections, as the Dialer's fields of those names do.
@@ -80,7 +87,7 @@ func (lc *ListenConfig) listen(ctx context.Context, network, address string) (*L
 	}
 	backlog := lc.Backlog
 	if backlog <= 0 {
-		backlog = 128
+		backlog = defaultBacklog()
 	}
 	ap, err := resolve(ctx, network, address)
 	if err != nil {
@@ -99,4 +106,23 @@ func (lc *ListenConfig) listen(ctx context.Context, network, address string) (*L
 	}
 	l.keepAlive = keepAliveFrom(lc.KeepAlive, lc.KeepAliveConfig)
 	return l, nil
+}
+
+// defaultBacklog is ListenConfig.Backlog's default: net.core.somaxconn, as
+// net reads it for its listeners (at most 65535), or 128, the kernel's old
+// default, where it cannot be read.
+var defaultBacklog = sync.OnceValue(func() int {
+	return parseSomaxconn(os.ReadFile("/proc/sys/net/core/somaxconn"))
+})
+
+// parseSomaxconn is defaultBacklog's reading of the file's content.
+func parseSomaxconn(b []byte, err error) int {
+	if err != nil {
+		return 128
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || n <= 0 {
+		return 128
+	}
+	return min(n, 1<<16-1)
 }

@@ -3,6 +3,7 @@ package rdma
 import (
 	"errors"
 	"net"
+	"os"
 	"syscall"
 	"testing"
 
@@ -55,4 +56,13 @@ func TestListenerAcceptStates(t *testing.T) {
 	var nilListener *Listener
 	_, err = nilListener.Accept()
 	require.ErrorIs(t, err, syscall.EINVAL)
+}
+
+func TestDefaultBacklog(t *testing.T) {
+	require.Equal(t, 4096, parseSomaxconn([]byte("4096\n"), nil))
+	require.Equal(t, 65535, parseSomaxconn([]byte("1000000\n"), nil), "capped as net caps it")
+	require.Equal(t, 128, parseSomaxconn(nil, os.ErrNotExist), "no such file (another system)")
+	require.Equal(t, 128, parseSomaxconn([]byte("lots"), nil))
+	require.Equal(t, 128, parseSomaxconn([]byte("0"), nil))
+	require.Positive(t, defaultBacklog())
 }
