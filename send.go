@@ -186,7 +186,9 @@ func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
 // (Options.Messages) Writes never gather: by default, while it is behind,
 // one is posted signaled and those after it are queued unposted until its
 // completion, then posted together (one ibv_post_send, each Write still a
-// message of its own); with noDelay true each is posted at once.
+// message of its own), where a post is a system call (Soft-RoCE,
+// soft-iWARP); with noDelay true, or where a post is not (a NIC), each is
+// posted at once.
 func (c *Conn) SetNoDelay(noDelay bool) error {
 	if !c.ok() {
 		return errInvalid("set")
@@ -373,16 +375,27 @@ func (c *Conn) flushDroppingLock() {
 		}
 		batch := c.tx.take()
 		held := c.postHeld && sendBytes(batch) <= heldPostBytes
+		k := c.rx.withSend
+		together := k > 0 && held && k <= ibv.MaxRecvBatch && len(batch) <= ibv.MaxSendBatch
+		// The receives the batch's headers report go before it, with mu
+		// held (the receive ring's work requests are mu's): in the same
+		// call, or on their own before mu is let go for the post.
+		if !together && !c.postWithSendAlone() {
+			// Nothing goes that reports receives never posted; the
+			// connection has failed (postFailed).
+			c.tx.sends = c.tx.sends[:0]
+			signal(c.txReady)
+			break
+		}
 		if !held {
 			c.mu.Unlock()
 			c.w.posting(true)
 		}
 		var posts int
 		var err error
-		if k := c.rx.withSend; k > 0 && held && k <= ibv.MaxRecvBatch && len(batch) <= ibv.MaxSendBatch {
+		if together {
 			posts, err = c.postWithReposts(batch)
 		} else {
-			c.postWithSendAlone()
 			posts, err = postChain(c.qp, batch)
 		}
 		if !held {
@@ -430,8 +443,8 @@ func (c *Conn) postWithReposts(batch []ibv.SendWR) (int, error) {
 	c.rx.withSend = 0
 	recvErr, err := c.rsp.PostRecvsSends(c.rx.prepare(k), batch)
 	if recvErr != nil {
-		c.postFailed(recvErr, false)
-		return postChain(c.qp, batch)
+		// No send was posted: the batch reports receives that are not.
+		return 0, recvErr
 	}
 	c.rx.posted += k
 	if err != nil {
@@ -441,19 +454,21 @@ func (c *Conn) postWithReposts(batch []ibv.SendWR) (int, error) {
 }
 
 // postWithSendAlone posts the receives repostWithSend kept, if any, on
-// their own: the batch going out is too large to share the call, or is
-// posted without mu.
-func (c *Conn) postWithSendAlone() {
+// their own (mu held): the batch going out is too large to share the call,
+// or is posted without mu. It reports false, having failed the connection,
+// when the post failed.
+func (c *Conn) postWithSendAlone() bool {
 	for c.rx.withSend > 0 {
 		k := min(c.rx.withSend, ibv.MaxRecvBatch)
 		c.rx.withSend -= k
 		if err := c.qp.PostRecvs(c.rx.prepare(k)); err != nil {
 			c.rx.withSend = 0
 			c.postFailed(err, false)
-			return
+			return false
 		}
 		c.rx.posted += k
 	}
+	return true
 }
 
 // recvSendPoster posts receives and sends in one call (*ibv.QP).

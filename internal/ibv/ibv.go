@@ -831,8 +831,11 @@ func (qp *QP) postRDMA(op C.int, wr WriteWR, add uint64) error {
 // up to MaxSendBatch sends (ibv_post_send), in one call into C. It returns
 // the receives' error, having posted no send, or the sends'.
 func (qp *QP) PostRecvsSends(recvs []RecvWR, sends []SendWR) (recvErr, sendErr error) {
-	if len(recvs) == 0 || len(sends) == 0 {
-		return qp.PostRecvs(recvs), qp.PostSends(sends)
+	if len(recvs) == 0 {
+		return nil, qp.PostSends(sends)
+	}
+	if len(sends) == 0 {
+		return qp.PostRecvs(recvs), nil
 	}
 	if qp.SerialPosts {
 		qp.postMu.Lock()
