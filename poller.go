@@ -250,19 +250,25 @@ func (p *poller) all() []completer {
 // connections that have something to post. flush, a slice with room for
 // max, holds them meanwhile. It returns how many completions it polled.
 func (p *poller) pollUnlock(max int, flush []completer) int {
-	wcs := p.wcs[:max]
-	n, err := p.cq.Poll(wcs)
-	if err != nil {
-		n = 0
-	}
+	wcs := p.pollBatch(max)
+	n := len(wcs)
 	if n > 0 {
-		flush = p.dispatch(wcs[:n], flush)
+		flush = p.dispatch(wcs, flush)
 	}
 	p.cqMu.Unlock()
 	for _, c := range flush {
 		c.lockAndFlush()
 	}
 	return n
+}
+
+// pollBatch polls up to max completions into the batch (cqMu held).
+func (p *poller) pollBatch(max int) []ibv.WC {
+	n, err := p.cq.Poll(p.wcs[:max])
+	if err != nil {
+		n = 0
+	}
+	return p.wcs[:n]
 }
 
 // dispatch hands each completion to its connection and collects, once
@@ -282,6 +288,27 @@ func (p *poller) dispatch(wcs []ibv.WC, flush []completer) []completer {
 		}
 	}
 	return flush
+}
+
+// dispatchHeld is dispatch for tryPollHeld: self's completions go to
+// completeLocked (self's mu is held), and own reports whether it has
+// sends to post; the other connections with sends to post are collected
+// in others, once each. (One dispatch serving both, with a nil self for
+// the poller's, made the poll batch's flush slice escape: an allocation
+// per poll.)
+func (p *poller) dispatchHeld(wcs []ibv.WC, others []completer, self *Conn) (_ []completer, own bool) {
+	var me completer = self
+	for _, wc := range wcs {
+		c := p.conns.get(wc.QPNum)
+		switch {
+		case c == nil:
+		case c == me:
+			own = self.completeLocked(wc) || own
+		case c.complete(wc) && !contains(others, c):
+			others = append(others, c)
+		}
+	}
+	return others, own
 }
 
 func contains(cs []completer, c completer) bool {
@@ -311,15 +338,24 @@ func (p *poller) tryPoll() { p.tryPollN() }
 
 // tryPollN is tryPoll, reporting how many completions it polled.
 func (p *poller) tryPollN() int {
-	if !p.cqMu.TryLock() {
-		return 0
-	}
-	if p.stop.Load() {
-		p.cqMu.Unlock()
+	if !p.tryLock() {
 		return 0
 	}
 	var fl [spinBatch]completer
 	return p.pollUnlock(spinBatch, fl[:0])
+}
+
+// tryLock takes cqMu for a poll unless another goroutine holds it or the
+// poller is stopped (see tryPoll).
+func (p *poller) tryLock() bool {
+	if !p.cqMu.TryLock() {
+		return false
+	}
+	if p.stop.Load() {
+		p.cqMu.Unlock()
+		return false
+	}
+	return true
 }
 
 // tryPollHeld is tryPoll for a Read that holds its connection's lock
@@ -328,53 +364,22 @@ func (p *poller) tryPollN() int {
 // queued without a signal through rxReady and without taking mu again.
 // It reports false, having polled nothing, when another goroutine is
 // polling: that one may be dispatching a completion of self and waiting
-// for self's mu, which the caller must then let go of. Other connections'
-// sends are posted after cqMu is released, as tryPoll posts them, but
-// only once the caller has let go of self's mu (flushOthers): a
-// connection's goroutine never waits for another's lock while it holds
-// its own, except in dispatch, which only the holder of cqMu runs. It
-// reports in own whether self has sends to post, which the caller posts
-// with its lock.
-func (p *poller) tryPollHeld(self *Conn, others *[spinBatch]completer) (polled bool, nOthers int, own bool) {
-	if !p.cqMu.TryLock() {
-		return false, 0, false
+// for self's mu, which the caller must then let go of. The other
+// connections with sends to post are returned in others (appended to the
+// slice given, which has room for spinBatch), for the caller to post
+// once it has let go of self's mu (Conn.pollHeld): a connection's
+// goroutine never waits for another's lock while it holds its own, except
+// in dispatch, which only the holder of cqMu runs. own reports whether
+// self has sends to post, which the caller posts with its lock.
+func (p *poller) tryPollHeld(self *Conn, others []completer) (polled bool, _ []completer, own bool) {
+	if !p.tryLock() {
+		return false, others, false
 	}
-	if p.stop.Load() {
-		p.cqMu.Unlock()
-		return false, 0, false
-	}
-	wcs := p.wcs[:spinBatch]
-	n, err := p.cq.Poll(wcs)
-	if err != nil {
-		n = 0
-	}
-	if n > 0 {
-		nOthers, own = p.dispatchHeld(wcs[:n], others, self)
+	if wcs := p.pollBatch(spinBatch); len(wcs) > 0 {
+		others, own = p.dispatchHeld(wcs, others, self)
 	}
 	p.cqMu.Unlock()
-	return true, nOthers, own
-}
-
-// dispatchHeld is dispatch for tryPollHeld: self's completions go to
-// completeLocked (self's mu is held), the others' to complete; the
-// connections other than self with sends to post are collected in
-// others, once each.
-func (p *poller) dispatchHeld(wcs []ibv.WC, others *[spinBatch]completer, self *Conn) (n int, own bool) {
-	var me completer = self
-	for _, wc := range wcs {
-		c := p.conns.get(wc.QPNum)
-		switch {
-		case c == nil:
-		case c == me:
-			if self.completeLocked(wc) {
-				own = true
-			}
-		case c.complete(wc) && !contains(others[:n], c):
-			others[n] = c
-			n++
-		}
-	}
-	return n, own
+	return true, others, own
 }
 
 // help polls up to helpBatch of the device's other CQs, a batch each,

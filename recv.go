@@ -139,7 +139,7 @@ const (
 // which in a 64 B round trip over the zero-cost provider cost a fifth of
 // its time. It lets go of mu at each yield (every spinCheck polls), so
 // that Close, a Write, a completion polled by another goroutine, and
-// other connections' sends (flushHeld) are not held up longer than that.
+// other connections' sends (pollHeld) are not held up longer than that.
 //
 // On heldPark it returns when the wait started, for the park to fold its
 // length into the moving average of Read waits (PollAdaptive's).
@@ -223,19 +223,19 @@ func (c *Conn) readWaitOver() bool {
 // goroutine is polling (the Read then lets go of mu and waits as a Write
 // does: that goroutine may be waiting for mu to hand it a completion).
 func (c *Conn) pollHeld() heldSpin {
-	var others [spinBatch]completer
-	polled, n, own := c.pl.tryPollHeld(c, &others)
+	var buf [spinBatch]completer
+	polled, others, own := c.pl.tryPollHeld(c, buf[:0])
 	if !polled {
 		return heldNone
 	}
 	if own {
 		c.flushDroppingLock()
 	}
-	if n > 0 {
+	if len(others) > 0 {
 		// Other connections' sends: posted without this one's lock (see
 		// tryPollHeld); this connection's state may change meanwhile.
 		c.mu.Unlock()
-		for _, o := range others[:n] {
+		for _, o := range others {
 			o.lockAndFlush()
 		}
 		c.mu.Lock()

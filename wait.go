@@ -260,19 +260,14 @@ func (w *waiter) wait(ready, closing chan struct{}, dl *deadline, avg *time.Dura
 		return spun
 	default:
 	}
-	select {
-	case <-ready:
-		w.noteWait(start, avg)
-	case <-closing:
-	case <-dl.wait():
-	}
+	w.park(ready, closing, dl, start, avg)
 	return spun
 }
 
 // park blocks without spinning until ready is signaled, closing is
-// closed or the deadline passes, for a wait whose spin is over (see
-// Conn.spinReadHeld); a wait that ends with ready is folded into avg from
-// start, as wait folds it. It reports false: the wait ended parked.
+// closed or the deadline passes, for a wait whose spin is over (wait's
+// own, or Conn.spinReadHeld's); a wait that ends with ready is folded
+// into avg from start. It reports false: the wait ended parked.
 func (w *waiter) park(ready, closing chan struct{}, dl *deadline, start time.Time, avg *time.Duration) bool {
 	select {
 	case <-ready:
