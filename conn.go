@@ -54,11 +54,12 @@ type Conn struct {
 	// signaling rxReady, which no one would take. Both under mu.
 	rxHeld, rxWoke bool
 	// rxParked: a Read waits without mu (waiter.wait or park): waking it
-	// sets the poller's woke. Under mu.
-	rxParked bool
-	txReady  chan struct{} // capacity 1: credits, ring room or send queue entries came back
-	drained  chan struct{} // capacity 1: a completion arrived during teardown
-	closing  chan struct{} // closed by Close
+	// sets the poller's woke. rxCounted: it was woken and counts in
+	// wokenReads until it runs. Under mu.
+	rxParked, rxCounted bool
+	txReady             chan struct{} // capacity 1: credits, ring room or send queue entries came back
+	drained             chan struct{} // capacity 1: a completion arrived during teardown
+	closing             chan struct{} // closed by Close
 
 	readMu  sync.Mutex // one Read at a time: partial messages stay consistent
 	writeMu sync.Mutex // one Write at a time: Writes do not interleave

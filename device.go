@@ -27,9 +27,9 @@ import (
 type device struct {
 	ctx *ibv.Context
 	cqs []*cqShard // under devMu; only ever appended to while the device lives
-	// pollers are the CQs' pollers, a slice replaced (never changed) as
-	// CQs are added, read without devMu by each poller (see poller.help).
-	pollers atomic.Pointer[[]*poller]
+	// ring is the CQs' pollers, which each poller goroutine polls in
+	// turn (see cqRing).
+	ring cqRing
 
 	async     *ibv.AsyncChannel // the context's asynchronous events
 	events    asyncEvents       // what they do to connections
@@ -282,13 +282,13 @@ func (d *device) newCQ(size int) (*cqShard, error) {
 	}
 	s := &cqShard{poller: newPoller(cq, ch), ch: ch, cq: cq}
 	s.onLost = func(error) { d.detach() }
-	s.siblings = &d.pollers
+	s.ring = &d.ring
 	d.cqs = append(d.cqs, s)
 	ps := make([]*poller, len(d.cqs))
 	for i, c := range d.cqs {
 		ps[i] = c.poller
 	}
-	d.pollers.Store(&ps)
+	d.ring.set(ps)
 	go s.run()
 	return s, nil
 }

@@ -77,10 +77,9 @@ type poller struct {
 	connsMu sync.Mutex // serializes changes of conns
 	conns   qpTable    // by QP number; read without a lock
 
-	// siblings, if set, are the pollers of the device's CQs, this one
-	// among them (see help); the device replaces the slice as it adds
-	// CQs.
-	siblings *atomic.Pointer[[]*poller]
+	// ring, if set, is the device's CQs, this one among them, which the
+	// device's poller goroutines poll in turn (see pollTurn).
+	ring *cqRing
 
 	// onLost, if set, is called once the CQ's events are lost for good
 	// (see run), after its connections were failed: the device lets no
@@ -99,7 +98,9 @@ func (e *eventsLostError) Error() string {
 func (e *eventsLostError) Unwrap() error { return e.err }
 
 func newPoller(cq completionQueue, ch eventWaiter) *poller {
-	processIdlers.follow(runtime.GOMAXPROCS(0))
+	procs := runtime.GOMAXPROCS(0)
+	processIdlers.follow(procs)
+	wokenReads.follow(procs)
 	return &poller{cq: cq, ch: ch, done: make(chan struct{}), wake: make(chan struct{}, 1), idle: newIdlePhase(), now: time.Now, idlers: &processIdlers}
 }
 
@@ -112,7 +113,7 @@ func newPoller(cq completionQueue, ch eventWaiter) *poller {
 // goroutines do not get to post their requests stays empty, its poller
 // keeps finding nothing, and the connections on it starve for seconds
 // (bench/README.md, "Why connections starve"). A poller that finds no slot
-// skips the idle phase: it helps the device's other CQs (see help), then
+// skips the idle phase: it arms its CQ and
 // parks on its completion channel and is woken through the netpoller; the
 // spinning stays with at most half the Ps, so the rest run the
 // connections.
@@ -345,9 +346,14 @@ func (p *poller) tryPollN() int {
 	return p.pollUnlock(spinBatch, fl[:0])
 }
 
-// tryLock takes cqMu for a poll unless another goroutine holds it or the
-// poller is stopped (see tryPoll).
+// tryLock takes cqMu for a poll unless another goroutine holds it, the
+// poller is stopped (see tryPoll), or Reads woken by earlier polls are
+// still waiting to run (see wokenReads): a spinning Read or Write then
+// leaves the CQs to the pollers, which take them in turn.
 func (p *poller) tryLock() bool {
+	if wokenReads.spinnersFull() {
+		return false
+	}
 	if !p.cqMu.TryLock() {
 		return false
 	}
@@ -382,45 +388,84 @@ func (p *poller) tryPollHeld(self *Conn, others []completer) (polled bool, _ []c
 	return true, others, own
 }
 
-// help polls up to helpBatch of the device's other CQs, a batch each,
-// unless another goroutine is polling it, and reports how many completions
-// it polled. A poller whose own CQ has come back empty helps before it
-// arms its CQ and parks, and goes on helping while that finds work. It
-// takes the CQs in turn from where it left off (next, run's own), so
-// that every CQ is helped as often.
+// cqRing is a device's CQs, polled in turn by its poller goroutines.
 //
 // A device with thousands of connections has several CQs, each with its
-// poller goroutine. A parked poller is woken through the netpoller, which
-// a scheduler with every P busy checks only every few milliseconds, and
-// the woken goroutine then waits its turn behind the runnable ones: the
-// CQs whose pollers happen to run get served while the other CQs'
-// connections wait for seconds (bench/README.md, "Why connections
-// starve"). With running pollers sweeping the other CQs, a CQ is served
-// as often as any poller runs, whichever CQ woke it.
-func (p *poller) help(next *int) int {
-	if p.siblings == nil {
-		return 0
-	}
-	all := p.siblings.Load()
-	if all == nil || len(*all) < 2 {
-		return 0
-	}
-	n := 0
-	for range min(helpBatch, len(*all)) {
-		*next %= len(*all)
-		o := (*all)[*next]
-		*next++
-		if o != p {
-			n += o.tryPollN()
-		}
-	}
-	return n
+// poller goroutine. A poller that polled only its own CQ kept it served
+// while it ran, and a parked one is woken through the netpoller, which a
+// scheduler with every P busy checks only every few milliseconds, and then
+// waits behind the runnable goroutines: the CQs whose pollers happened to
+// run were served while the others' connections waited for seconds
+// (bench/README.md, "Why connections starve"). Taking the next CQ of the
+// ring instead, whichever poller runs, serves every CQ as often.
+type cqRing struct {
+	pollers atomic.Pointer[[]*poller] // replaced, never changed, as CQs are added
+	next    atomic.Uint32
 }
 
-// helpBatch bounds the CQs a poller helps at a time: a device with 10,000
-// connections has dozens, and a poll of each at every park would cost
-// more than the fairness it buys.
-const helpBatch = 8
+// set makes ps the ring's CQs.
+func (r *cqRing) set(ps []*poller) { r.pollers.Store(&ps) }
+
+// pollTurn polls the ring's CQs in turn, a batch each, starting at the
+// ring's next one, until one yields completions or every CQ has been
+// tried; it reports how many completions it polled. A CQ that another
+// goroutine is polling is skipped: that one serves it. A poller without a
+// ring polls its own CQ.
+func (p *poller) pollTurn(flush []completer) int {
+	if p.ring == nil {
+		return p.poll(flush)
+	}
+	all := *p.ring.pollers.Load()
+	for range len(all) {
+		o := all[int(p.ring.next.Add(1)%uint32(len(all)))]
+		if !o.cqMu.TryLock() {
+			continue
+		}
+		if o.stop.Load() {
+			o.cqMu.Unlock()
+			continue
+		}
+		if n := o.pollUnlock(len(o.wcs), flush); n > 0 {
+			return n
+		}
+	}
+	return 0
+}
+
+// wokenReads counts the Reads that a completion woke and that have not
+// run yet, process-wide (Conn.wakeReader counts them, the Read uncounts
+// itself when it runs).
+//
+// A completion wakes its Read onto the run queue of the goroutine that
+// polled it. The Go scheduler gives each P a local queue of 256, moves
+// half of it to the global queue when it overflows, and takes from the
+// global queue once in 61 turns while the local one is not empty: with
+// thousands of connections, pollers that wake every Read their batches
+// hold keep the local queues full, and the Reads pushed to the global
+// queue wait for seconds while others are served again and again. While
+// pollerMax Reads wait to run, the pollers poll no more: they yield, and
+// the requests wait in the CQs, which hand them out in the order they
+// came. Past spinnerMax, spinning Reads and Writes do not poll either: a
+// spinner polls its own connection's CQ, which favors the CQs whose
+// connections happen to run.
+var wokenReads wokenCount
+
+type wokenCount struct {
+	n          atomic.Int32
+	spinnerMax atomic.Int32
+}
+
+// pollerMax keeps the Reads the pollers wake within half a P's local run
+// queue (256), whichever P they land on.
+const pollerMax = 128
+
+// follow sets the spinners' bound from GOMAXPROCS: one Read waiting per P
+// means the Ps are busy.
+func (w *wokenCount) follow(procs int) { w.spinnerMax.Store(int32(max(2, procs))) }
+
+func (w *wokenCount) add(n int32)        { w.n.Add(n) }
+func (w *wokenCount) pollersFull() bool  { return w.n.Load() >= pollerMax }
+func (w *wokenCount) spinnersFull() bool { return w.n.Load() >= w.spinnerMax.Load() }
 
 // spinBatch is how many completions a spinning Read or Write polls at
 // once: it wants its own soon, and dispatches the others meanwhile.
@@ -432,9 +477,11 @@ func (p *poller) poll(flush []completer) int {
 }
 
 // run is the poller goroutine: poll in batches while completions come,
-// spin a little when they stop (as long as p.idle says it pays), then arm
-// the CQ, poll once more (a completion that landed before arming raises no
-// event) and park on the completion channel. It returns once stopped.
+// the device's CQs in turn (pollTurn), spin a little when they stop (as
+// long as p.idle says it pays), then arm its own CQ, poll it once more (a
+// completion that landed before arming raises no event) and park on its
+// completion channel. While many Reads it woke wait to run, it yields
+// instead of polling (see wokenReads). It returns once stopped.
 //
 // Arming the CQ and reading its events are calls into the kernel that may
 // fail for a moment: run polls, pauses and tries again (see retrier).
@@ -452,7 +499,6 @@ func (p *poller) run() {
 	// slot says run holds one of p.idlers during an idle phase; every
 	// way out of the phase gives it back.
 	slot := false
-	helped := 0 // where help goes on
 	leave := func() {
 		if slot {
 			p.idlers.give()
@@ -461,7 +507,14 @@ func (p *poller) run() {
 	}
 	defer leave()
 	for {
-		if p.poll(fl[:0]) > 0 {
+		if wokenReads.pollersFull() && !p.stop.Load() {
+			// The Reads polled so far run first (see wokenReads).
+			leave()
+			idle = 0
+			runtime.Gosched()
+			continue
+		}
+		if p.pollTurn(fl[:0]) > 0 {
 			if idle > 0 {
 				p.idle.caught()
 			}
@@ -501,13 +554,6 @@ func (p *poller) run() {
 		}
 		idle = 0
 		leave()
-		if p.help(&helped) > 0 {
-			// Helping is no slot's spin: yield between rounds, so that
-			// pollers that keep finding work on other CQs do not hold
-			// every P.
-			runtime.Gosched()
-			continue
-		}
 		if err := p.cq.ReqNotify(); err != nil {
 			lost = p.failed(&r, err)
 			continue

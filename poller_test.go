@@ -542,46 +542,110 @@ func TestPollerIdleSlots(t *testing.T) {
 	require.EqualValues(t, 8, big.max.Load())
 }
 
-// A poller whose own CQ is empty polls its siblings' CQs before it parks,
-// a few at a time and in turn, and dispatches what it finds there to the
-// siblings' connections.
-func TestPollerHelpsSiblings(t *testing.T) {
-	var all atomic.Pointer[[]*poller]
-	ps := make([]*poller, helpBatch+3)
-	cqs := make([]*fakeCQ, len(ps))
+// newRing makes n pollers over fake CQs in one ring, as a device's.
+func newRing(n int) ([]*poller, []*fakeCQ) {
+	ring := &cqRing{}
+	ps := make([]*poller, n)
+	cqs := make([]*fakeCQ, n)
 	for i := range ps {
 		cqs[i] = &fakeCQ{}
 		ps[i] = newPoller(cqs[i], newFakeChannel())
-		ps[i].siblings = &all
+		ps[i].ring = ring
 	}
-	all.Store(&ps)
-	// Every sibling but the last has a completion; none of their pollers
-	// runs.
+	ring.set(ps)
+	return ps, cqs
+}
+
+// Whichever poller polls, it takes the device's CQs in turn, a batch
+// each, skipping one that another goroutine is polling; a round that
+// finds nothing reports nothing.
+func TestPollerPollsTheRingInTurn(t *testing.T) {
+	ps, cqs := newRing(3)
 	var got []*fakeCompleter
-	for i := 1; i < len(ps); i++ {
-		c := &fakeCompleter{p: ps[i], done: make(chan struct{}, 1)}
-		ps[i].add(uint32(i), c)
-		cqs[i].add(wc(uint32(i), uint64(i)))
+	for i := range ps {
+		c := &fakeCompleter{p: ps[i]}
+		ps[i].add(uint32(i+1), c)
+		// Two batches each: one poll takes one.
+		cqs[i].add(wc(uint32(i+1), 1))
+		cqs[i].add(wc(uint32(i+1), 2))
 		got = append(got, c)
+	}
+	var fl [ibv.MaxPollBatch]completer
+	for range 3 {
+		require.Equal(t, 1, ps[0].pollTurn(fl[:0]))
+	}
+	for i, c := range got {
+		require.Len(t, c.got, 1, "CQ %d: one batch per turn", i)
+	}
+	// The second round, with CQ 2 held by another goroutine: it is left
+	// to that one, and its batch stays in the CQ.
+	next := int(ps[0].ring.next.Load()+1) % 3
+	held := ps[(next+1)%3]
+	held.cqMu.Lock()
+	require.Equal(t, 1, ps[1].pollTurn(fl[:0]))
+	require.Equal(t, 1, ps[2].pollTurn(fl[:0]), "the held CQ is skipped")
+	require.Zero(t, ps[1].pollTurn(fl[:0]), "a round of empty or held CQs")
+	held.cqMu.Unlock()
+	require.Equal(t, 1, ps[0].pollTurn(fl[:0]))
+	for i, c := range got {
+		require.Len(t, c.got, 2, "CQ %d", i)
+	}
+
+	// A poller goroutine serves the other CQs before it parks on its own.
+	for i := 1; i < 3; i++ {
+		cqs[i].add(wc(uint32(i+1), 3))
 	}
 	ch := ps[0].ch.(*fakeChannel)
 	go ps[0].run()
 	<-ch.waits
-	for i, c := range got {
-		select {
-		case <-c.done:
-		default:
-			t.Fatalf("sibling %d's completion was not dispatched before the poller parked", i+1)
-		}
+	for i := 1; i < 3; i++ {
+		require.Len(t, got[i].got, 3, "CQ %d served before the park", i)
 	}
-	// A sibling being polled by its own goroutine is left to it.
-	ps[1].cqMu.Lock()
-	cqs[1].add(wc(1, 100))
-	ch.events <- struct{}{}
-	<-ch.waits
-	ps[1].cqMu.Unlock()
-	cqs[1].mu.Lock()
-	require.Len(t, cqs[1].batches, 1, "polled while its own poller held it")
-	cqs[1].mu.Unlock()
 	ps[0].shutdown(ch.interrupt)
+}
+
+// While pollerMax Reads that polls woke wait to run, the poller goroutine
+// polls nothing and yields; past the spinners' bound, a spinning Read's
+// or Write's poll polls nothing either.
+func TestPollerWaitsForWokenReads(t *testing.T) {
+	cq := &fakeCQ{}
+	ch := newFakeChannel()
+	p := newPoller(cq, ch)
+	c := &fakeCompleter{p: p, done: make(chan struct{}, 1)}
+	p.add(1, c)
+	cq.add(wc(1, 1))
+	polls := func() int {
+		cq.mu.Lock()
+		defer cq.mu.Unlock()
+		return cq.polls
+	}
+
+	wokenReads.add(wokenReads.spinnerMax.Load())
+	p.tryPoll()
+	require.Zero(t, polls(), "a spinner leaves the CQ to the pollers")
+
+	wokenReads.add(pollerMax - wokenReads.spinnerMax.Load())
+	go p.run()
+	time.Sleep(10 * time.Millisecond)
+	require.Zero(t, polls(), "the poller waits for the woken Reads")
+	wokenReads.add(-pollerMax)
+	<-c.done
+	<-ch.waits
+	p.shutdown(ch.interrupt)
+	require.Zero(t, wokenReads.n.Load())
+}
+
+func TestWokenCountFollowsProcs(t *testing.T) {
+	var w wokenCount
+	w.follow(1)
+	require.EqualValues(t, 2, w.spinnerMax.Load())
+	w.follow(16)
+	require.EqualValues(t, 16, w.spinnerMax.Load())
+	w.add(15)
+	require.False(t, w.spinnersFull())
+	w.add(1)
+	require.True(t, w.spinnersFull())
+	require.False(t, w.pollersFull())
+	w.add(pollerMax - 16)
+	require.True(t, w.pollersFull())
 }

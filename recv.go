@@ -111,6 +111,10 @@ func (c *Conn) waitDataDroppingLock() error {
 	}
 	c.mu.Lock()
 	c.rxParked = false
+	if c.rxCounted {
+		c.rxCounted = false
+		wokenReads.add(-1)
+	}
 	c.countWait(spun)
 	return nil
 }
@@ -611,6 +615,10 @@ func (c *Conn) wakeReader() {
 		return
 	}
 	signal(c.rxReady)
+	if c.rxParked && !c.rxCounted {
+		c.rxCounted = true
+		wokenReads.add(1)
+	}
 	if c.rxParked && c.pl != nil {
 		c.pl.woke.Store(true)
 	}

@@ -542,3 +542,31 @@ func TestConnHeadersProtocolViolations(t *testing.T) {
 		})
 	}
 }
+
+// A Read that a completion wakes counts in wokenReads until it runs, once
+// however many completions reach it meanwhile (see wokenReads).
+func TestConnWokenReadCountsUntilItRuns(t *testing.T) {
+	p := newFakeConn(t, 8, 64)
+	base := wokenReads.n.Load()
+	got := make(chan string, 1)
+	go func() {
+		b := make([]byte, 8)
+		n, err := p.c.Read(b)
+		assert.NoError(t, err)
+		got <- string(b[:n])
+	}()
+	p.eventually(func(c *Conn) bool { return c.rxParked })
+
+	p.c.mu.Lock()
+	p.c.wakeReader()
+	p.c.wakeReader()
+	require.Equal(t, base+1, wokenReads.n.Load(), "counted once")
+	p.c.mu.Unlock()
+	// It finds nothing, and waits again, uncounted.
+	require.Eventually(t, func() bool { return wokenReads.n.Load() == base }, 5*time.Second, time.Millisecond)
+	p.eventually(func(c *Conn) bool { return c.rxParked })
+
+	p.deliver(wire.Header{Type: wire.MsgData}, []byte("req"))
+	require.Equal(t, "req", <-got)
+	require.Equal(t, base, wokenReads.n.Load())
+}
