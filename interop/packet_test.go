@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -137,13 +138,23 @@ type quicPair struct {
 	client    *quic.Conn
 	serverErr chan error // the server's connections' ends, one per connection
 	wg        sync.WaitGroup
+
+	ctr       *quic.Transport
+	server    net.Addr
+	clientTLS *tls.Config
+	cfg       *quic.Config
+	broken    int // connections quic-go itself broke (see brokenByQUIC)
 }
+
+// maxRedials bounds the connections a test may dial again after
+// brokenByQUIC: the server's channel of ends has room for each.
+const maxRedials = 10
 
 // newQUICPair starts a quic-go server on a PacketConn, whose connections
 // echo every stream and every datagram, and dials it from another. Its
 // cleanup closes the client's connection with no error, checks that the
-// server saw that, and closes the listener, the transports and the
-// PacketConns in turn.
+// server saw that (and saw the connections quic-go broke end that way),
+// and closes the listener, the transports and the PacketConns in turn.
 func newQUICPair(t *testing.T, datagrams bool) *quicPair {
 	t.Helper()
 	spc, cpc := listenPacket(t), listenPacket(t)
@@ -153,7 +164,7 @@ func newQUICPair(t *testing.T, datagrams bool) *quicPair {
 	str := &quic.Transport{Conn: spc}
 	ln, err := str.Listen(serverTLS, cfg)
 	require.NoError(t, err)
-	p := &quicPair{serverErr: make(chan error, 1)}
+	p := &quicPair{serverErr: make(chan error, 1+maxRedials), server: spc.LocalAddr(), clientTLS: clientTLS, cfg: cfg}
 	p.wg.Go(func() {
 		for {
 			conn, err := ln.Accept(context.Background())
@@ -163,37 +174,39 @@ func newQUICPair(t *testing.T, datagrams bool) *quicPair {
 			p.wg.Go(func() { p.serverErr <- p.serve(conn, datagrams) })
 		}
 	})
-	ctr := &quic.Transport{Conn: cpc}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	start := time.Now()
-	client, err := ctr.Dial(ctx, spc.LocalAddr(), clientTLS, cfg)
-	if err != nil {
+	p.ctr = &quic.Transport{Conn: cpc}
+	if err := p.dial(t); err != nil {
 		ln.Close()
 		str.Close()
-		ctr.Close()
+		p.ctr.Close()
 		p.wg.Wait()
+		require.NoError(t, err)
 	}
-	require.NoError(t, err)
-	t.Logf("QUIC handshake: %v (%s, %s -> %s)", time.Since(start).Round(time.Millisecond),
-		client.ConnectionState().TLS.NegotiatedProtocol, client.LocalAddr(), client.RemoteAddr())
-	require.Equal(t, datagrams, client.ConnectionState().SupportsDatagrams.Remote)
-	p.client = client
 
 	t.Cleanup(func() {
-		require.NoError(t, client.CloseWithError(0, "done"))
-		select {
-		case err := <-p.serverErr:
-			var appErr *quic.ApplicationError
-			require.ErrorAs(t, err, &appErr)
-			require.True(t, appErr.Remote)
-			require.Equal(t, quic.ApplicationErrorCode(0), appErr.ErrorCode)
-		case <-time.After(10 * time.Second):
-			t.Error("the server did not see the client's close")
+		require.NoError(t, p.client.CloseWithError(0, "done"))
+		closed := false
+		for range 1 + p.broken {
+			select {
+			case err := <-p.serverErr:
+				var appErr *quic.ApplicationError
+				switch {
+				case errors.As(err, &appErr):
+					require.True(t, appErr.Remote)
+					require.Equal(t, quic.ApplicationErrorCode(0), appErr.ErrorCode)
+					closed = true
+				case brokenByQUIC(err):
+				default:
+					t.Errorf("a server connection ended with %T %v, not the client's close", err, err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Error("the server did not see every client connection end")
+			}
 		}
+		require.True(t, closed, "the server did not see the client's close")
 		require.NoError(t, ln.Close())
 		require.NoError(t, str.Close())
-		require.NoError(t, ctr.Close())
+		require.NoError(t, p.ctr.Close())
 		p.wg.Wait()
 		logStats(t, "server PacketConn", spc)
 		logStats(t, "client PacketConn", cpc)
@@ -201,6 +214,35 @@ func newQUICPair(t *testing.T, datagrams bool) *quicPair {
 		require.NoError(t, cpc.Close())
 	})
 	return p
+}
+
+// dial connects the client to the server, over the same PacketConns.
+func (p *quicPair) dial(t *testing.T) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	client, err := p.ctr.Dial(ctx, p.server, p.clientTLS, p.cfg)
+	if err != nil {
+		return err
+	}
+	t.Logf("QUIC handshake: %v (%s, %s -> %s)", time.Since(start).Round(time.Millisecond),
+		client.ConnectionState().TLS.NegotiatedProtocol, client.LocalAddr(), client.RemoteAddr())
+	require.Equal(t, p.cfg.EnableDatagrams, client.ConnectionState().SupportsDatagrams.Remote)
+	p.client = client
+	return nil
+}
+
+// brokenByQUIC reports whether a connection ended with a transport error
+// (FRAME_ENCODING_ERROR mostly, STREAM_STATE_ERROR too).
+// quic-go v0.65.0 does that now and then to a connection of DATAGRAM frames
+// in either direction: a frame type read from a datagram's payload, after
+// the packet was authenticated, so from what quic-go packed, not from what
+// the network delivered. The same test over a net.PacketConn of Go's UDP on
+// loopback, in the same VM, failed so 4 times in 30 runs (RDMA: 7 in 30).
+func brokenByQUIC(err error) bool {
+	var te *quic.TransportError
+	return errors.As(err, &te)
 }
 
 // serve echoes conn's streams and datagrams until it ends, and returns
@@ -375,22 +417,33 @@ func TestQUICDatagrams(t *testing.T) {
 		rnd.Read(msg[min(n, 4):])
 		for try := 0; ; try++ {
 			require.Less(t, try, 5, "datagram %d: no echo", i)
-			require.NoError(t, p.client.SendDatagram(msg))
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			got, err := p.client.ReceiveDatagram(ctx)
-			for err == nil && !bytes.Equal(got, msg) {
-				// An echo of an earlier datagram sent again.
+			err := p.client.SendDatagram(msg)
+			if err == nil {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				var got []byte
 				got, err = p.client.ReceiveDatagram(ctx)
+				for err == nil && !bytes.Equal(got, msg) {
+					// An echo of an earlier datagram sent again.
+					got, err = p.client.ReceiveDatagram(ctx)
+				}
+				cancel()
 			}
-			cancel()
 			if err == nil {
 				break
 			}
-			require.ErrorIs(t, err, context.DeadlineExceeded)
+			if brokenByQUIC(err) && p.broken < maxRedials {
+				t.Logf("datagram %d (%d B): quic-go broke the connection (%v): dialing again", i, n, err)
+				p.broken++
+				require.NoError(t, p.dial(t))
+				continue
+			}
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("datagram %d (%d B): %T %v", i, n, err, err)
+			}
 			resent++
 		}
 	}
-	t.Logf("%d datagrams echoed in %v, %d sent again", count, time.Since(start).Round(time.Millisecond), resent)
+	t.Logf("%d datagrams echoed in %v, %d sent again, %d connections dialed again", count, time.Since(start).Round(time.Millisecond), resent, p.broken)
 }
 
 // --- DNS (miekg/dns) ---
