@@ -132,6 +132,40 @@ type Conn struct {
 	nudges                 int
 	ka                     keepalive
 	kaTimer                *time.Timer // ticks the keepalive while it is on
+
+	// obs gets the connection's events (Dialer.Tracer, Logger; for an
+	// accepted connection, the ListenConfig's); nil for none. It is set
+	// before the connection is handed out (observe, or at the request's
+	// arrival) and not changed after. handed: Dial or Accept returned the
+	// connection, so that its end is reported (ConnClosed); under mu.
+	// born: when its dial started or its request arrived.
+	obs    *observer
+	handed bool
+	born   time.Time
+}
+
+// observe sets the connection's observer (nil: the listener's stays) and
+// marks it handed out.
+func (c *Conn) observe(o *observer) {
+	c.mu.Lock()
+	if o != nil {
+		c.obs = o
+	}
+	c.handed = true
+	c.mu.Unlock()
+}
+
+// eventInfo names the connection in an event, with err.
+func (c *Conn) eventInfo(err error) ConnEventInfo {
+	return ConnEventInfo{Local: addrOrNil(c.laddr), Remote: addrOrNil(c.raddr), Err: err}
+}
+
+// addrOrNil keeps a nil *Addr from becoming a non-nil net.Addr.
+func addrOrNil(a *Addr) net.Addr {
+	if a == nil {
+		return nil
+	}
+	return a
 }
 
 // queuePair posts work requests: the connection's *ibv.QP, or a fake.

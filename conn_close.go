@@ -383,10 +383,13 @@ func (c *Conn) deviceRemoved() {
 	c.markDeviceRemoved()
 	c.mu.Lock()
 	c.life.set(shutPeerGone) // nothing more will come, no fin can go, and nothing to disconnect
-	c.fail(&deviceError{syscall.ENODEV})
+	err := &deviceError{syscall.ENODEV}
+	c.fail(err)
 	dialing := c.dialing
 	c.removedDialing = dialing
+	o := c.obs
 	c.mu.Unlock()
+	o.deviceRemoved(DeviceRemovedInfo{Local: addrOrNil(c.laddr), Remote: addrOrNil(c.raddr), Err: err})
 	if !dialing {
 		c.releaseLater()
 	}
@@ -454,6 +457,7 @@ func (c *Conn) release() {
 
 // releaseAll is the release, from the disconnect to the id's destroy.
 func (c *Conn) releaseAll() {
+	defer c.reportClosed()
 	c.mu.Lock()
 	c.stopKeepAlive()
 	c.life.phase = phaseDead
@@ -513,6 +517,19 @@ func (c *Conn) releaseAll() {
 	c.waitPortBack(established)
 	c.releaseDevice()
 	c.closeID()
+}
+
+// reportClosed tells the observer that a connection Dial or Accept
+// returned is gone, once its release has given everything back.
+func (c *Conn) reportClosed() {
+	c.mu.Lock()
+	o, handed, err := c.obs, c.handed, c.life.rerr
+	c.mu.Unlock()
+	if o == nil || !handed {
+		return
+	}
+	o.connClosed(ConnClosedInfo{Local: addrOrNil(c.laddr), Remote: addrOrNil(c.raddr), Duration: time.Since(c.born),
+		Err: err, Stats: c.Stats()})
 }
 
 // disconnectWait bounds how long a release waits for the peer's

@@ -15,6 +15,7 @@ import (
 
 func newVerbsConn(cm *cmLoop, ph phase) *Conn {
 	c := newConn(ph)
+	c.born = time.Now()
 	c.cm = cm
 	c.cmEv = make(chan rdmacm.Event, 8)
 	return c
@@ -78,10 +79,10 @@ func (c *Conn) hello() wire.Hello {
 }
 
 // dial runs the active side of the handshake.
-func dial(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options) (*Conn, error) {
+func dial(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options, info *DialDoneInfo) (*Conn, error) {
 	fresh := false
 	for attempt := 1; ; attempt++ {
-		c, err := dialOnce(ctx, src, dst, opts, fresh)
+		c, err := dialOnce(ctx, src, dst, opts, fresh, info)
 		if err == nil || attempt == dialAttempts || ctx.Err() != nil {
 			return c, err
 		}
@@ -107,7 +108,7 @@ func portTaken(err error) bool {
 	return errors.As(err, &se) && se.Syscall == "rdma_connect" && errors.Is(se.Err, syscall.EADDRNOTAVAIL)
 }
 
-func dialOnce(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options, freshQP bool) (*Conn, error) {
+func dialOnce(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options, freshQP bool, info *DialDoneInfo) (*Conn, error) {
 	cm, err := acquireCM()
 	if err != nil {
 		return nil, err
@@ -122,7 +123,7 @@ func dialOnce(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Opti
 		cm.release()
 		return nil, err
 	}
-	if err := c.handshake(ctx, src, dst, opts); err != nil {
+	if err := c.handshake(ctx, src, dst, opts, info); err != nil {
 		if !c.abandoned {
 			c.teardown(false)
 		}
@@ -142,7 +143,10 @@ func dialOnce(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Opti
 // asynchronous step (rdma_resolve_addr, rdma_resolve_route, rdma_connect)
 // arrives as a CM event; a failed outcome is reported as that call's
 // error, as net reports a refused non-blocking connect as connect's.
-func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options) error {
+// info, if not nil, gets each phase's duration (the last attempt's).
+func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options, info *DialDoneInfo) error {
+	ph := dialPhases{info: info, mark: time.Now()}
+	defer ph.connected()
 	ms := 5000
 	if dl, ok := ctx.Deadline(); ok {
 		ms = max(1, min(ms, int(time.Until(dl)/time.Millisecond)))
@@ -157,6 +161,7 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 	if err := addrResolved(ev); err != nil {
 		return err
 	}
+	ph.resolved()
 	if err := c.id.ResolveRoute(ms); err != nil {
 		return noDevice(err)
 	}
@@ -169,12 +174,14 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 	if err := c.setup(opts); err != nil {
 		return err
 	}
+	ph.setUp()
 	if ev, err = c.waitCM(ctx); err != nil {
 		return err
 	}
 	if err := routeResolved(ev); err != nil {
 		return err
 	}
+	ph.routed()
 	if err := c.id.SetAckTimeout(c.ackTimeout()); err != nil {
 		return err
 	}
@@ -377,5 +384,42 @@ func (c *Conn) waitCM(ctx context.Context) (rdmacm.Event, error) {
 		return ev, nil
 	case <-ctx.Done():
 		return rdmacm.Event{}, ctx.Err()
+	}
+}
+
+// dialPhases times a dial's phases into a DialDoneInfo (none if nil);
+// mark is when the current phase began. The route's resolution runs while
+// the data path is set up, so Route includes what Setup does not overlap.
+type dialPhases struct {
+	info      *DialDoneInfo
+	mark      time.Time
+	inConnect bool
+}
+
+func (p *dialPhases) resolved() {
+	if p.info != nil {
+		now := time.Now()
+		p.info.Resolve, p.mark = now.Sub(p.mark), now
+	}
+}
+
+func (p *dialPhases) setUp() {
+	if p.info != nil {
+		p.info.Setup = time.Since(p.mark)
+	}
+}
+
+func (p *dialPhases) routed() {
+	if p.info != nil {
+		now := time.Now()
+		p.info.Route, p.mark, p.inConnect = now.Sub(p.mark), now, true
+	}
+}
+
+// connected ends the last phase, the connection's request, however it
+// ended.
+func (p *dialPhases) connected() {
+	if p.info != nil && p.inConnect {
+		p.info.Connect = time.Since(p.mark)
 	}
 }

@@ -3,6 +3,7 @@ package rdma
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"net/netip"
 	"time"
@@ -40,13 +41,21 @@ type Dialer struct {
 	// IsRDMA reports false. If TCP fails too, the error holds both
 	// failures.
 	FallbackTCP bool
+	// Tracer, if not nil, is called for the dial's events and for the
+	// connection's later ones (see Tracer).
+	Tracer *Tracer
+	// Logger, if not nil, logs the dial's and the connection's rare
+	// events (a fallback, a keepalive that gave up, the device's
+	// removal, a peer that broke the protocol; never one per message);
+	// nil logs nothing.
+	Logger *slog.Logger
 	Options
 }
 
 // Dial connects to address on network ("rdma", "rdma4" or "rdma6").
 func Dial(network, address string) (*Conn, error) {
 	var d Dialer
-	return d.dial(context.Background(), network, address)
+	return d.dial(context.Background(), network, address, nil)
 }
 
 // DialContext connects to address on network, honouring ctx's deadline and
@@ -56,6 +65,11 @@ func Dial(network, address string) (*Conn, error) {
 // when that call returns, within TCP's SYN retries.) So that it can be plugged
 // into code that dials TCP (http.Transport.DialContext, say), it takes
 // "tcp", "tcp4" and "tcp6" to mean "rdma", "rdma4" and "rdma6".
+//
+// If ctx carries a net/http/httptrace.ClientTrace, its ConnectStart and
+// ConnectDone are called for the RDMA attempt with network "rdma" and the
+// resolved address, as net.Dialer calls them for TCP (and net.Dialer
+// calls them for a fallback's TCP attempt).
 func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
 	switch network {
 	case "tcp", "tcp4", "tcp6":
@@ -67,14 +81,40 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 		ctx, cancel = context.WithTimeout(ctx, d.Timeout)
 		defer cancel()
 	}
-	c, err := d.dial(ctx, network, address)
-	if err != nil {
-		if d.FallbackTCP && fallsBackToTCP(err) {
-			return d.dialTCP(ctx, network, address, err)
+	obs := newObserver(d.Tracer, d.Logger)
+	if obs == nil {
+		c, err := d.dial(ctx, network, address, nil)
+		if err != nil {
+			if d.FallbackTCP && fallsBackToTCP(err) {
+				return d.dialTCP(ctx, network, address, err)
+			}
+			return nil, err
 		}
+		return c, nil
+	}
+	start := time.Now()
+	obs.dialStart(network, address)
+	info := DialDoneInfo{Network: "rdma", Address: address}
+	c, err := d.dial(ctx, network, address, &info)
+	if err == nil {
+		info.Local, info.Remote, info.Duration = c.LocalAddr(), c.RemoteAddr(), time.Since(start)
+		c.observe(obs)
+		obs.dialDone(info)
+		return c, nil
+	}
+	if !d.FallbackTCP || !fallsBackToTCP(err) {
+		info.Duration, info.Err = time.Since(start), err
+		obs.dialDone(info)
 		return nil, err
 	}
-	return c, nil
+	obs.fallback(FallbackInfo{Op: "dial", Network: "tcp", Address: address, Reason: err})
+	tc, err := d.dialTCP(ctx, network, address, err)
+	info.Network, info.Duration, info.Err = "tcp", time.Since(start), err
+	if err == nil {
+		info.Local, info.Remote = tc.LocalAddr(), tc.RemoteAddr()
+	}
+	obs.dialDone(info)
+	return tc, err
 }
 
 // Dial connects to address on network.
@@ -92,7 +132,8 @@ const DefaultDialTimeout = 2 * time.Minute
 // defaultDialTimeout is DefaultDialTimeout; tests shorten it.
 var defaultDialTimeout = DefaultDialTimeout
 
-func (d *Dialer) dial(ctx context.Context, network, address string) (*Conn, error) {
+// dial is the RDMA dial; info, if not nil, gets its phases' durations.
+func (d *Dialer) dial(ctx context.Context, network, address string, info *DialDoneInfo) (*Conn, error) {
 	timeout := d.Timeout
 	if _, ok := ctx.Deadline(); !ok && timeout <= 0 {
 		timeout = defaultDialTimeout
@@ -121,7 +162,11 @@ func (d *Dialer) dial(ctx context.Context, network, address string) (*Conn, erro
 	if d.LocalAddr != nil {
 		laddr = d.LocalAddr.AddrPort().Addr()
 	}
-	c, err := dial(ctx, laddr, raddr, opts)
+	done := traceConnect(ctx, "rdma", raddr.String())
+	c, err := dial(ctx, laddr, raddr, opts, info)
+	if done != nil {
+		done(err)
+	}
 	if err != nil {
 		return nil, opErr(addrFrom(raddr), mapCtxErr(err))
 	}

@@ -92,7 +92,7 @@ func IsRDMA(c net.Conn) bool {
 // listenFallback is ListenConfig.listen with FallbackTCP: the RDMA
 // listener and a TCP listener on the same address and port number, or the
 // TCP listener alone where no RDMA device serves the address.
-func (lc *ListenConfig) listenFallback(ctx context.Context, network string, ap netip.AddrPort, rdmaListen func(netip.AddrPort) (*Listener, error)) (*Listener, error) {
+func (lc *ListenConfig) listenFallback(ctx context.Context, network string, ap netip.AddrPort, rdmaListen func(netip.AddrPort) (*Listener, error), obs *observer) (*Listener, error) {
 	var lnc net.ListenConfig
 	lnc.KeepAlive, lnc.KeepAliveConfig = lc.KeepAlive, lc.KeepAliveConfig
 	for try := 0; ; try++ {
@@ -107,7 +107,9 @@ func (lc *ListenConfig) listenFallback(ctx context.Context, network string, ap n
 				return nil, terr
 			}
 			l = newTCPOnlyListener()
+			l.obs = obs
 			l.startTCP(tl)
+			obs.fallback(FallbackInfo{Op: "listen", Network: "tcp", Address: tl.Addr().String(), Reason: err})
 			return l, nil
 		}
 		// The port rdma_cm chose (or the one asked for), for TCP too.

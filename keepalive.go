@@ -210,10 +210,21 @@ func (c *Conn) stopKeepAlive() {
 // keepAliveTick runs on the timer's goroutine.
 func (c *Conn) keepAliveTick() {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	if failed := c.keepAliveStep(); failed != nil {
+		o := c.obs
+		c.mu.Unlock()
+		o.keepAliveFailed(c.eventInfo(failed))
+		return
+	}
+	c.mu.Unlock()
+}
+
+// keepAliveStep is keepAliveTick's work with mu held; it returns the
+// error the connection failed with if its peer answered no probe.
+func (c *Conn) keepAliveStep() error {
 	if !c.ka.cfg.Enable || c.life.phase != phaseEstablished || c.life.rerr != nil || c.life.has(shutPeerGone) {
 		// Off, torn down, or failed already: nothing left to find out.
-		return
+		return nil
 	}
 	act, next := c.ka.tick(c.heard, c.tx.probeOut())
 	switch act {
@@ -228,17 +239,19 @@ func (c *Conn) keepAliveTick() {
 		c.st.KeepAliveProbes++
 		c.flushDroppingLock()
 	case kaFail:
-		c.keepAliveFailed()
-		return
+		return c.keepAliveFailed()
 	}
 	if c.ka.cfg.Enable {
 		c.kaTimer.Reset(next)
 	}
+	return nil
 }
 
 // keepAliveFailed fails the connection whose peer answered no probe, and
 // disconnects it (the QP's outstanding work is flushed).
-func (c *Conn) keepAliveFailed() {
+func (c *Conn) keepAliveFailed() error {
 	cfg := c.ka.cfg
-	c.fail(&keepaliveError{cfg.Idle + time.Duration(cfg.Count)*cfg.Interval})
+	err := &keepaliveError{cfg.Idle + time.Duration(cfg.Count)*cfg.Interval}
+	c.fail(err)
+	return err
 }

@@ -2,6 +2,7 @@ package rdma
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -50,6 +51,15 @@ type ListenConfig struct {
 	// IsRDMA tells them apart, and Listener.Stats counts them
 	// (AcceptedTCP).
 	FallbackTCP bool
+	// Tracer, if not nil, is called for the listener's events (its
+	// refusals, a fallback, its device's removal) and its connections'
+	// (see Tracer), and for a PacketConn's that ListenPacket opens.
+	Tracer *Tracer
+	// Logger, if not nil, logs the rare events of the listener, its
+	// connections or the PacketConn (a fallback, a keepalive that gave
+	// up, a device's removal, a peer that broke the protocol; refusals
+	// at Debug level; never one per message); nil logs nothing.
+	Logger *slog.Logger
 	// FallbackUDP, if set, makes ListenPacket open a kernel UDP socket on
 	// the address where RDMA cannot serve it: no RDMA device serves the
 	// address, the device's transport has no datagrams (iWARP), or the
@@ -94,12 +104,13 @@ func (lc *ListenConfig) listen(ctx context.Context, network, address string) (*L
 		return nil, opErr(nil, err)
 	}
 	var l *Listener
+	obs := newObserver(lc.Tracer, lc.Logger)
 	if lc.FallbackTCP {
 		l, err = lc.listenFallback(ctx, network, ap, func(ap netip.AddrPort) (*Listener, error) {
-			return listen(ap, backlog, opts, lc.Refused)
-		})
+			return listen(ap, backlog, opts, lc.Refused, obs)
+		}, obs)
 	} else {
-		l, err = listen(ap, backlog, opts, lc.Refused)
+		l, err = listen(ap, backlog, opts, lc.Refused, obs)
 	}
 	if err != nil {
 		return nil, opErr(addrFrom(ap), err)

@@ -27,6 +27,7 @@ type Listener struct {
 	err       error
 	keepAlive net.KeepAliveConfig // for accepted connections
 	onRefuse  func(net.Addr, error)
+	obs       *observer // ListenConfig.Tracer and Logger, for the listener and its connections; nil for none
 
 	// The TCP side of a listener with ListenConfig.FallbackTCP (see
 	// fallback.go); tcpOnly when no RDMA device serves its address.
@@ -59,6 +60,13 @@ func (l *Listener) refused(remote *Addr, reason RefuseReason, cause error) {
 		}
 		l.onRefuse(remote, &net.OpError{Op: "accept", Net: "rdma", Source: l.addr, Addr: remote, Err: err})
 	}
+	if l.obs != nil {
+		err := error(&RefusedError{Reason: reason})
+		if cause != nil {
+			err = &refusedCause{RefusedError{reason}, cause}
+		}
+		l.obs.refused(remote, &net.OpError{Op: "accept", Net: "rdma", Source: l.addr, Addr: remote, Err: err})
+	}
 }
 
 func (l *Listener) ok() bool { return l != nil && l.closing != nil }
@@ -76,6 +84,7 @@ func (l *Listener) Accept() (net.Conn, error) {
 	case c := <-l.queue:
 		c.mu.Lock()
 		c.setKeepAlive(l.keepAlive)
+		c.handed = true
 		c.mu.Unlock()
 		return c, nil
 	case c := <-l.tcpQueue:

@@ -1,6 +1,7 @@
 package rdma
 
 import (
+	"log/slog"
 	"net"
 	"net/netip"
 	"sync"
@@ -36,7 +37,7 @@ type listenerSys struct {
 	refusals  handoff             // refusals decided on the CM goroutine, made off it
 }
 
-func listen(ap netip.AddrPort, backlog int, opts Options, onRefuse func(net.Addr, error)) (*Listener, error) {
+func listen(ap netip.AddrPort, backlog int, opts Options, onRefuse func(net.Addr, error), obs *observer) (*Listener, error) {
 	cm, err := acquireCM()
 	if err != nil {
 		return nil, err
@@ -45,6 +46,7 @@ func listen(ap netip.AddrPort, backlog int, opts Options, onRefuse func(net.Addr
 		listenerSys: listenerSys{cm: cm, opts: opts, backlog: backlog, halfOpen: halfOpenLimit(opts, backlog), pending: map[*Conn]time.Time{},
 			refusals: handoff{limit: maxQueuedRefusals}},
 		onRefuse: onRefuse,
+		obs:      obs,
 		queue:    make(chan *Conn, backlog),
 		closing:  make(chan struct{}),
 		gone:     make(chan struct{}),
@@ -107,10 +109,13 @@ func (l *Listener) deviceRemoved() {
 	close(l.gone)
 	markRemoved(l.verbs)
 	l.wg.Add(1)
-	go func() {
+	go func(err error) {
 		defer l.wg.Done()
 		l.destroyID()
-	}()
+		// Here, not on the CM goroutine, which every connection's
+		// events wait for.
+		l.obs.deviceRemoved(DeviceRemovedInfo{Local: l.addr, Err: err})
+	}(l.err)
 }
 
 // cmLost runs on the CM goroutine when it can read no more events: no
@@ -129,6 +134,10 @@ func (l *Listener) cmLost(err error) {
 	go func() {
 		defer l.wg.Done()
 		l.destroyID()
+		if l.obs != nil {
+			l.obs.logf(slog.LevelError, "rdma: the connection manager's events are lost: the listener accepts no more",
+				slog.String("local", l.addr.String()), slog.Any("error", err))
+		}
 	}()
 }
 
@@ -183,6 +192,7 @@ func (l *Listener) request(ev rdmacm.Event) {
 	}
 	c := newVerbsConn(cm, phaseAccepting)
 	c.lst = l
+	c.obs = l.obs
 	c.id = id
 	c.reqInit, c.reqResp = ev.Initiator, ev.Responder
 	c.handle = cm.register(c)

@@ -168,6 +168,7 @@ type PacketConn struct {
 	packetSys // the verbs side (packet_verbs.go)
 
 	udp   *udpFallback // with ListenConfig.FallbackUDP, where RDMA could not serve (packet_udp.go)
+	obs   *observer    // ListenConfig.Tracer and Logger; nil for none
 	laddr *Addr
 	port  uint16
 	opts  PacketOptions
@@ -355,6 +356,7 @@ func (c *PacketConn) failAsync(err error, removed bool) {
 	c.failSends(err)
 	signal(c.writable)
 	if removed && !c.removedWhileSetup() {
+		c.obs.deviceRemoved(DeviceRemovedInfo{Local: addrOrNil(c.laddr), Err: err})
 		// The kernel finishes a device's removal only once every
 		// object of it is gone: they go now, not at Close.
 		c.releaseAsync()
@@ -502,9 +504,15 @@ func (lc *ListenConfig) listenPacket(ctx context.Context, network, address strin
 	if err != nil {
 		return nil, opErr(nil, err)
 	}
-	c, err := listenPacket(ap, opts, netip.Addr{})
+	obs := newObserver(lc.Tracer, lc.Logger)
+	c, err := listenPacket(ap, opts, netip.Addr{}, obs)
 	if err != nil && lc.FallbackUDP && fallsBackToUDP(err) {
-		return listenUDP(ctx, network, ap)
+		u, uerr := listenUDP(ctx, network, ap)
+		if uerr == nil {
+			u.obs = obs
+			obs.fallback(FallbackInfo{Op: "listenpacket", Network: "udp", Address: u.LocalAddr().String(), Reason: err})
+		}
+		return u, uerr
 	}
 	if err != nil {
 		return nil, opErr(addrFrom(ap), err)
@@ -543,7 +551,7 @@ func ListenMulticast(network string, ifi *net.Interface, gaddr *Addr) (*PacketCo
 		return opErr(err)
 	}
 	opts, _ := PacketOptions{}.normalized()
-	c, err := listenPacket(netip.AddrPortFrom(local, 0), opts, group)
+	c, err := listenPacket(netip.AddrPortFrom(local, 0), opts, group, nil)
 	if err != nil {
 		return opErr(err)
 	}

@@ -63,12 +63,13 @@ type joinedGroup struct {
 // listenPacket sets a PacketConn up on ap and, with a valid group, joins
 // that multicast group. A removal of the device while it does so fails
 // it with ErrNoDevice (see PacketConn.settingUp).
-func listenPacket(ap netip.AddrPort, opts PacketOptions, group netip.Addr) (*PacketConn, error) {
+func listenPacket(ap netip.AddrPort, opts PacketOptions, group netip.Addr, obs *observer) (*PacketConn, error) {
 	cm, err := acquireCM()
 	if err != nil {
 		return nil, err
 	}
 	c := newPacketConn(opts)
+	c.obs = obs // before any event of the id can come
 	c.cm = cm
 	c.settingUp = true // before any event of the id can come
 	c.resCtx, c.stopRes = context.WithCancel(context.Background())

@@ -376,6 +376,13 @@ func (c *Conn) ringSwitched() error {
 			rs.idle.Reset(shrinkIdle)
 		}
 	}
+	if c.obs != nil {
+		// mu is held here, on the completion path: the callback runs
+		// without it, on a goroutine of its own (a ring moves seldom).
+		o, info := c.obs, RingResizedInfo{Local: addrOrNil(c.laddr), Remote: addrOrNil(c.raddr),
+			Grew: rs.rxCur != &rs.arenaRx, Size: c.rx.span}
+		go o.ringResized(info)
+	}
 	c.ringDrained()
 	return nil
 }

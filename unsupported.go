@@ -63,7 +63,7 @@ type packetSys struct {
 	resolveFake func(netip.AddrPort) (udDest, error)
 }
 
-func listenPacket(netip.AddrPort, PacketOptions, netip.Addr) (*PacketConn, error) {
+func listenPacket(netip.AddrPort, PacketOptions, netip.Addr, *observer) (*PacketConn, error) {
 	return nil, ErrUnsupported
 }
 func (c *PacketConn) releaseAsync()                           {}
