@@ -65,11 +65,7 @@ func Dial(network, address string) (*Conn, error) {
 // when that call returns, within TCP's SYN retries.) So that it can be plugged
 // into code that dials TCP (http.Transport.DialContext, say), it takes
 // "tcp", "tcp4" and "tcp6" to mean "rdma", "rdma4" and "rdma6".
-//
-// If ctx carries a net/http/httptrace.ClientTrace, its ConnectStart and
-// ConnectDone are called for the RDMA attempt with network "rdma" and the
-// resolved address, as net.Dialer calls them for TCP (and net.Dialer
-// calls them for a fallback's TCP attempt).
+// (For net/http's httptrace to see the dial, use rdmahttp.DialContext.)
 func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
 	switch network {
 	case "tcp", "tcp4", "tcp6":
@@ -162,11 +158,7 @@ func (d *Dialer) dial(ctx context.Context, network, address string, info *DialDo
 	if d.LocalAddr != nil {
 		laddr = d.LocalAddr.AddrPort().Addr()
 	}
-	done := traceConnect(ctx, "rdma", raddr.String())
 	c, err := dial(ctx, laddr, raddr, opts, info)
-	if done != nil {
-		done(err)
-	}
 	if err != nil {
 		return nil, opErr(addrFrom(raddr), mapCtxErr(err))
 	}

@@ -100,7 +100,11 @@ func TestDeviceRemoval(t *testing.T) {
 	}
 	dev, netdev := m[1], m[2]
 
-	ln, err := rdma.Listen("rdma", net.JoinHostPort(testAddr, "0"))
+	// The listener's, the reader's and the PacketConn's tracers must each
+	// see the removal once (the listener's, for its accepted two as well).
+	var lnTrace, readerTrace, pcTrace traceLog
+	lc := rdma.ListenConfig{Tracer: lnTrace.tracer()}
+	ln, err := lc.Listen(context.Background(), "rdma", net.JoinHostPort(testAddr, "0"))
 	require.NoError(t, err)
 	defer ln.Close()
 	wild, err := rdma.Listen("rdma", ":0") // bound to no device: it lives on
@@ -114,8 +118,9 @@ func TestDeviceRemoval(t *testing.T) {
 			accepted <- c
 		}
 	}()
-	reader, err := rdma.Dial("rdma", ln.Addr().String())
+	readerConn, err := (&rdma.Dialer{Tracer: readerTrace.tracer()}).Dial("rdma", ln.Addr().String())
 	require.NoError(t, err)
+	reader := readerConn.(*rdma.Conn)
 	defer reader.Close()
 	writer, err := rdma.Dial("rdma", ln.Addr().String())
 	require.NoError(t, err)
@@ -139,7 +144,8 @@ func TestDeviceRemoval(t *testing.T) {
 	if !siw() {
 		// A PacketConn's blocked read fails too, and its QP, memory
 		// and ids go at once.
-		pc, err := rdma.ListenPacket("rdma", net.JoinHostPort(testAddr, "0"))
+		plc := rdma.ListenConfig{Tracer: pcTrace.tracer()}
+		pc, err := plc.ListenPacket(context.Background(), "rdma", net.JoinHostPort(testAddr, "0"))
 		require.NoError(t, err)
 		defer pc.Close()
 		endings++
@@ -220,6 +226,31 @@ func TestDeviceRemoval(t *testing.T) {
 	silentCh.Destroy()
 	require.NoError(t, <-deleted, "rdma link delete completes once the library let go")
 	t.Logf("rdma link delete %s took %v", dev, took.Round(time.Millisecond))
+
+	// What the tracers saw: each removal once, with the error the calls
+	// returned; the reader's end, with the same cause, once released.
+	removed := readerTrace.of("DeviceRemoved")
+	require.Len(t, removed, 1, "the reader's removal")
+	ri := removed[0].(rdma.DeviceRemovedInfo)
+	require.Equal(t, reader.LocalAddr(), ri.Local)
+	require.Equal(t, reader.RemoteAddr(), ri.Remote)
+	require.ErrorIs(t, ri.Err, rdma.ErrNoDevice)
+	require.Eventually(t, func() bool { return len(readerTrace.of("ConnClosed")) == 1 }, 10*time.Second, 10*time.Millisecond)
+	require.ErrorIs(t, readerTrace.of("ConnClosed")[0].(rdma.ConnClosedInfo).Err, rdma.ErrNoDevice)
+	lnRemoved := lnTrace.of("DeviceRemoved")
+	require.Len(t, lnRemoved, 3, "the listener's removal and its two connections'")
+	var listenerSeen int
+	for _, e := range lnRemoved {
+		if i := e.(rdma.DeviceRemovedInfo); i.Remote == nil {
+			listenerSeen++
+			require.Equal(t, ln.Addr(), i.Local)
+			require.ErrorIs(t, i.Err, rdma.ErrNoDevice)
+		}
+	}
+	require.Equal(t, 1, listenerSeen, "one of them the listener's")
+	if !siw() {
+		require.Len(t, pcTrace.of("DeviceRemoved"), 1, "the PacketConn's removal")
+	}
 
 	_, err = rdma.Dial("rdma", ln.Addr().String())
 	require.ErrorIs(t, err, rdma.ErrNoDevice, "no device: %v", err)

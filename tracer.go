@@ -5,7 +5,6 @@ import (
 	"errors"
 	"log/slog"
 	"net"
-	"net/http/httptrace"
 	"time"
 )
 
@@ -259,23 +258,4 @@ func (o *observer) connClosed(info ConnClosedInfo) {
 	}
 	o.logf(level, "rdma: connection closed", addrAttr("local", info.Local), addrAttr("remote", info.Remote),
 		slog.Duration("lifetime", info.Duration), slog.Any("error", info.Err))
-}
-
-// traceConnect fires net/http/httptrace's ConnectStart for one dial
-// attempt, as net.Dialer does for its own, and returns what fires its
-// ConnectDone: a custom DialContext (this package's, in an
-// http.Transport) is otherwise invisible to a ClientTrace.
-func traceConnect(ctx context.Context, network, addr string) func(error) {
-	ct := httptrace.ContextClientTrace(ctx)
-	if ct == nil || ct.ConnectStart == nil && ct.ConnectDone == nil {
-		return nil
-	}
-	if ct.ConnectStart != nil {
-		ct.ConnectStart(network, addr)
-	}
-	return func(err error) {
-		if ct.ConnectDone != nil {
-			ct.ConnectDone(network, addr, err)
-		}
-	}
 }
