@@ -30,7 +30,7 @@ import (
 
 // docFiles are the Markdown docs that are checked.
 func docFiles(t *testing.T) []string {
-	files := []string{"README.md", "CONTRIBUTING.md", "bench/README.md", "bench/history.md"}
+	files := []string{"CHANGELOG.md", "README.md", "CONTRIBUTING.md", "bench/README.md", "bench/history.md"}
 	more, err := filepath.Glob("docs/*.md")
 	require.NoError(t, err)
 	return append(files, more...)
