@@ -3,7 +3,8 @@
 # module's (interop/: quic-go and miekg/dns over PacketConn) and its
 # application benchmarks (gRPC, HTTP/2, TLS, a relay: RDMA beside Go TCP)
 # for a few iterations each, the object store example's tests and
-# benchmarks (examples/objectstore: the token pattern), the fault sweep there (a test binary built
+# benchmarks (examples/objectstore: the token pattern) and the feature examples' tests
+# (examples/: HTTP, a block store, fallback, gRPC, QUIC, DNS), the fault sweep there (a test binary built
 # with -tags faultinject that makes each call into the kernel's RDMA
 # interface fail in turn: faults_test.go), the device tests again on
 # soft-iWARP (testbed/vm.sh --provider siw), the scale test in a VM with
@@ -25,6 +26,9 @@ HAVE_VERBS  := $(shell printf '\043include <infiniband/verbs.h>\n\043include <rd
 OUT         := .testbed-out
 VM          := testbed/vm.sh
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+# The examples with third-party dependencies (gRPC, quic-go, miekg/dns),
+# each a module of its own so that the library's go.mod gains nothing.
+EXAMPLE_MODULES := examples/grpc examples/quic examples/dns
 VMTIMEOUT   ?= 1500
 
 .PHONY: all deps check unit fuzz verbs-note vmtest test info demo bench microbench zerocost apps clients clean
@@ -38,6 +42,7 @@ deps:
 	$(VM) --prepare
 	$(GO) mod download
 	cd interop && $(GO) mod download
+	for m in $(EXAMPLE_MODULES); do (cd $$m && $(GO) mod download) || exit 1; done
 
 # The API is declared once for every platform: the builds without cgo, for
 # darwin and for 32-bit targets must vet too (api_test.go calls every
@@ -50,9 +55,11 @@ ifeq ($(HAVE_VERBS),yes)
 	$(GO) vet -tags faultinject ./...
 	$(GO) run $(STATICCHECK) ./...
 	cd interop && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...
+	for m in $(EXAMPLE_MODULES); do (cd $$m && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...) || exit 1; done
 endif
 	CGO_ENABLED=0 $(GO) vet ./...
 	cd interop && CGO_ENABLED=0 $(GO) vet ./...
+	for m in $(EXAMPLE_MODULES); do (cd $$m && CGO_ENABLED=0 $(GO) vet ./...) || exit 1; done
 	CGO_ENABLED=0 GOARCH=386 $(GO) vet ./...
 	CGO_ENABLED=0 GOARCH=arm $(GO) vet ./...
 	GOOS=darwin GOARCH=arm64 $(GO) vet ./...
@@ -64,6 +71,7 @@ ifeq ($(HAVE_VERBS),yes)
 	$(GO) test -count=1 ./...
 endif
 	CGO_ENABLED=0 $(GO) test -count=1 ./...
+	for m in $(EXAMPLE_MODULES); do (cd $$m && CGO_ENABLED=0 $(GO) test -count=1 ./...) || exit 1; done
 	@echo "=== every benchmark, a small fixed count (device ones skip here; vmtest runs them)"
 	CGO_ENABLED=0 $(GO) test -count=1 -run '^$$' -bench . -benchtime 200x ./...
 ifeq ($(HAVE_VERBS),yes)
@@ -112,6 +120,8 @@ vmtest: deps
 	$(GO) test -tags faultinject -c -o $(OUT)/rdma.faults.test .
 	cd interop && $(GO) test -c -o $(abspath $(OUT))/interop.test .
 	$(GO) test -c -o $(OUT)/objstore.test ./examples/objectstore
+	for e in http blockstore fallback; do $(GO) test -c -o $(OUT)/ex-$$e.test ./examples/$$e || exit 1; done
+	for m in $(EXAMPLE_MODULES); do (cd $$m && $(GO) test -c -o $(abspath $(OUT))/ex-$${m#examples/}.test .) || exit 1; done
 	$(VM) --timeout $(VMTIMEOUT) -- sh -c '$(OUT)/rdma.test -test.v -test.count=1 -test.timeout 20m && $(OUT)/rdmaperf.test -test.v -test.count=1 && $(OUT)/rdmainfo.test -test.v -test.count=1 && \
 		echo "=== quic-go and miekg/dns over PacketConn (interop/)" && \
 		$(OUT)/interop.test -test.v -test.count=1 -test.timeout 5m && \
@@ -120,6 +130,8 @@ vmtest: deps
 		echo "=== the token pattern: an object store over HTTP with its bodies by one-sided RDMA, beside HTTP bodies (examples/objectstore)" && \
 		$(OUT)/objstore.test -test.v -test.count=1 -test.timeout 10m && \
 		$(OUT)/objstore.test -test.count=1 -test.run "^$$" -test.bench . -test.benchtime 3x -test.timeout 10m && \
+		echo "=== the feature examples (examples/: http, blockstore, fallback, grpc, quic, dns)" && \
+		for e in http blockstore fallback grpc quic dns; do $(OUT)/ex-$$e.test -test.v -test.count=1 -test.timeout 3m || exit 1; done && \
 		echo "=== the random test again, sends posted with the lock held as on a NIC (RDMA_TEST_POST_HELD)" && \
 		env RDMA_TEST_POST_HELD=1 $(OUT)/rdma.test -test.v -test.count=1 -test.run "^TestRandomConcurrentOps$$" -test.timeout 5m && \
 		echo "=== every benchmark, a small fixed count" && \

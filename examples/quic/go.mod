@@ -1,0 +1,19 @@
+module github.com/goverbs/rdma/examples/quic
+
+go 1.26.0
+
+replace github.com/goverbs/rdma => ../../
+
+require (
+	github.com/goverbs/rdma v0.0.0-00010101000000-000000000000
+	github.com/quic-go/quic-go v0.65.0
+	github.com/stretchr/testify v1.12.1
+	go.uber.org/goleak v1.3.0
+)
+
+require (
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	golang.org/x/crypto v0.58.0 // indirect
+	golang.org/x/net v0.62.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+)
