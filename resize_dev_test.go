@@ -19,7 +19,9 @@ func TestRingGrowthOnDevice(t *testing.T) {
 	// No shrink until the stream has been checked (a slow run must not
 	// find the connection idle midway).
 	defer rdma.SetShrinkIdle(time.Hour)()
-	d, a := pair(t, nil, nil)
+	// The acceptor's Tracer sees each move of its receive ring.
+	var srv traceLog
+	d, a := pair(t, &rdma.ListenConfig{Tracer: srv.tracer()}, nil)
 	ac := a.(*rdma.Conn)
 	small, err := rdma.Options{}.RegisteredMemory()
 	require.NoError(t, err)
@@ -86,6 +88,18 @@ func TestRingGrowthOnDevice(t *testing.T) {
 	rdma.SetShrinkIdle(time.Hour)
 	stream("second stream")
 	require.Equal(t, uint64(2), ac.Stats().RingGrowths, "the receiver grew its ring again")
+	require.Eventually(t, func() bool { return len(srv.of("RingResized")) == 3 }, 5*time.Second, time.Millisecond)
+	for i, grew := range []bool{true, false, true} {
+		info := srv.of("RingResized")[i].(rdma.RingResizedInfo)
+		require.Equal(t, grew, info.Grew, "move %d", i)
+		require.Equal(t, ac.LocalAddr(), info.Local)
+		require.Equal(t, ac.RemoteAddr(), info.Remote)
+		if grew {
+			require.Equal(t, half, info.Size, "the big receive ring")
+		} else {
+			require.Less(t, info.Size, half, "the small one")
+		}
+	}
 	if ds, ok := deviceStat(); ok {
 		require.Equal(t, before.PooledBytes, ds.PooledBytes, "the second growth took the kept memory")
 		require.Equal(t, before.RegisteredBytes+2*half, ds.RegisteredBytes, "and registered it")
