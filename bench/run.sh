@@ -116,7 +116,7 @@ tail_of() { tail -n "${2:-3}" "$1" 2>/dev/null | tr '\n\t' '  ' | cut -c1-400; }
 
 # run_rdmaperf NET WORKLOAD SIZE CONNS ARGS...
 run_rdmaperf() {
-	local net=$1 workload=$2 size=$3 conns=$4 log=$work/rdmaperf.log line rc label=rdmaperf/$1
+	local net=$1 workload=$2 size=$3 conns=$4 log=$work/rdmaperf.log line record rc label=rdmaperf/$1
 	shift 4
 	[[ " $* " == *" -poll busy "* ]] && label+=" busy"
 	[[ " $* " == *" -plain "* ]] && label+=" plain"
@@ -129,7 +129,7 @@ run_rdmaperf() {
 		run_rdmaperf_pinned "$net" "$@"
 	fi
 	line=$(grep '^{' "$log" | tail -n 1)
-	if [[ -z $line ]]; then
+	if [[ $line != *'"rdmaperf":{'* ]]; then
 		if ((rc == 124)); then
 			fail "$label" "$workload" "$size" "$conns" "timed out after ${tool_timeout}s"
 		else
@@ -137,9 +137,13 @@ run_rdmaperf() {
 		fi
 		return
 	fi
-	# rdmaperf writes the record itself (with its error, if any); the round is ours to add.
-	printf '{"round":%d,%s\n' "$round" "${line#\{}" >>"$results"
-	echo "  $label $workload $size x$conns: $(printf '%s' "$line" | grep -o '"metrics":{[^}]*}\|"error":"[^"]*"')"
+	# rdmaperf writes the record itself (with its error, if any); the round is ours to add. Its
+	# -json line is iperf3's -J document with the record as the value of the last key, "rdmaperf"
+	# (no string before it can hold that key unescaped).
+	record=${line#*\"rdmaperf\":}
+	record=${record%\}}
+	printf '{"round":%d,%s\n' "$round" "${record#\{}" >>"$results"
+	echo "  $label $workload $size x$conns: $(printf '%s' "$record" | grep -o '"metrics":{[^}]*}\|"error":"[^"]*"')"
 }
 
 # run_rdmaperf_oneproc NET WORKLOAD SIZE CONNS ARGS...: run_rdmaperf with both ends in one process

@@ -49,6 +49,9 @@ type run struct {
 	// tail, when set (-tail), gets the latency test's breakdown of its
 	// slowest round trips (see tailProbe).
 	tail func(string)
+	// obs, when set (-json), notes what iperf3's report shape asks for
+	// beyond the metrics.
+	obs *observed
 }
 
 // Interval is what moved during one interval of a bw or rate test: the
@@ -60,6 +63,10 @@ type Interval struct {
 	Bytes int64   `json:"bytes"`
 	MBs   float64 `json:"mb_s"`
 	MsgS  float64 `json:"msg_s"`
+	// Streams splits Bytes by connection, in the order they were opened.
+	// Kept out of the record, whose shape bench/run.sh's results keep: the
+	// iperf3-shaped report carries it.
+	Streams []int64 `json:"-"`
 }
 
 func (iv Interval) String() string {
@@ -80,7 +87,12 @@ func (r *run) open(h header) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return greet(c, h)
+	if c, err = greet(c, h); err == nil && h.kind != kindDgramEcho && h.kind != kindDgramSink {
+		// A datagram test's data does not go over this connection:
+		// openDgramTest notes its datagram end point instead.
+		r.obs.connect(c.LocalAddr(), c.RemoteAddr())
+	}
+	return c, err
 }
 
 // greet sends the header on a new connection and waits for the server's
@@ -147,7 +159,7 @@ func (r *run) timeOps(op func() error, halve bool, what string) (map[string]floa
 		}
 	}
 	samples := make([]time.Duration, 0, max(r.count, 1024))
-	cpu0 := cpuTime()
+	cpu0 := cpuNow()
 	start := time.Now()
 	deadline := start.Add(r.duration)
 	for i := 0; r.more(i, deadline); i++ {
@@ -160,7 +172,7 @@ func (r *run) timeOps(op func() error, halve bool, what string) (map[string]floa
 		samples = append(samples, time.Since(t))
 	}
 	elapsed := time.Since(start)
-	cpu := cpuTime() - cpu0
+	cpu := r.cpuSince(cpu0)
 	if len(samples) == 0 {
 		return nil, errors.New("no " + what + " completed")
 	}
@@ -229,7 +241,7 @@ func (r *run) stream() (map[string]float64, error) {
 	for i := range counts {
 		counts[i] = new(counter)
 	}
-	cpu0 := cpuTime()
+	cpu0 := cpuNow()
 	start := time.Now()
 	deadline := start.Add(r.duration)
 	stopReports := r.reportIntervals(start, counts)
@@ -252,14 +264,19 @@ func (r *run) stream() (map[string]float64, error) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	cpu := cpuTime() - cpu0
+	cpu := r.cpuSince(cpu0)
 	stopReports()
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	var bytes int64
-	for _, n := range counts {
-		bytes += n.n.Load()
+	perConn := make([]int64, len(counts))
+	for i, n := range counts {
+		perConn[i] = n.n.Load()
+		bytes += perConn[i]
+	}
+	if r.obs != nil {
+		r.obs.streams = perConn
 	}
 	writes := float64(bytes) / float64(r.size)
 	return map[string]float64{
@@ -286,13 +303,18 @@ func (r *run) reportIntervals(start time.Time, counts []*counter) (stop func()) 
 		tick := time.NewTicker(r.interval)
 		defer tick.Stop()
 		from, before := start, int64(0)
+		prev := make([]int64, len(counts))
 		emit := func(last bool) {
 			// The ticker's own time would be late whenever this
 			// goroutine is: the interval is measured, not assumed.
 			now := time.Now()
 			var total int64
-			for _, n := range counts {
-				total += n.n.Load()
+			streams := make([]int64, len(counts))
+			for i, n := range counts {
+				v := n.n.Load()
+				streams[i] = v - prev[i]
+				prev[i] = v
+				total += v
 			}
 			if last && total == before {
 				return
@@ -300,11 +322,12 @@ func (r *run) reportIntervals(start time.Time, counts []*counter) (stop func()) 
 			secs := now.Sub(from).Seconds()
 			delta := total - before
 			r.report(Interval{
-				Start: from.Sub(start).Seconds(),
-				End:   now.Sub(start).Seconds(),
-				Bytes: delta,
-				MBs:   float64(delta) / secs / 1e6,
-				MsgS:  float64(delta) / float64(r.size) / secs,
+				Start:   from.Sub(start).Seconds(),
+				End:     now.Sub(start).Seconds(),
+				Bytes:   delta,
+				MBs:     float64(delta) / secs / 1e6,
+				MsgS:    float64(delta) / float64(r.size) / secs,
+				Streams: streams,
 			})
 			from, before = now, total
 		}
@@ -423,11 +446,11 @@ func (r *run) idle(d time.Duration) (map[string]float64, error) {
 			return nil, err
 		}
 	}
-	cpu0 := cpuTime()
+	cpu0 := cpuNow()
 	start := time.Now()
 	time.Sleep(d)
 	elapsed := time.Since(start)
-	cpu := cpuTime() - cpu0
+	cpu := r.cpuSince(cpu0)
 	if err := ping(); err != nil {
 		return nil, fmt.Errorf("connection broken after idling: %w", err)
 	}
@@ -438,14 +461,28 @@ func (r *run) idle(d time.Duration) (map[string]float64, error) {
 	}, nil
 }
 
-// cpuTime returns the user plus system CPU seconds used by this process.
-func cpuTime() float64 {
+// cpuSample is the CPU time this process has used, in seconds.
+type cpuSample struct{ user, sys float64 }
+
+func cpuNow() cpuSample {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
+		return cpuSample{}
 	}
 	tv := func(t syscall.Timeval) float64 { return float64(t.Sec) + float64(t.Usec)/1e6 }
-	return tv(ru.Utime) + tv(ru.Stime)
+	return cpuSample{tv(ru.Utime), tv(ru.Stime)}
+}
+
+// cpuSince returns the user plus system CPU seconds used since c0 (a
+// test's cpu_s), and notes the two parts apart for the iperf3-shaped
+// report, whose CPU figures split them.
+func (r *run) cpuSince(c0 cpuSample) float64 {
+	now := cpuNow()
+	d := cpuSample{now.user - c0.user, now.sys - c0.sys}
+	if r.obs != nil {
+		r.obs.cpu = d
+	}
+	return d.user + d.sys
 }
 
 // copyFile writes a file of copyLen bytes, then measures io.Copy of it to
@@ -486,7 +523,7 @@ func (r *run) copyFile() (map[string]float64, error) {
 	if r.plain {
 		dst, src = struct{ io.Writer }{c}, struct{ io.Reader }{f}
 	}
-	cpu0 := cpuTime()
+	cpu0 := cpuNow()
 	start := time.Now()
 	n, err := io.Copy(dst, src)
 	if err != nil {
@@ -506,6 +543,6 @@ func (r *run) copyFile() (map[string]float64, error) {
 	return map[string]float64{
 		"mb_s":    float64(n) / elapsed.Seconds() / 1e6,
 		"seconds": elapsed.Seconds(),
-		"cpu_s":   cpuTime() - cpu0,
+		"cpu_s":   r.cpuSince(cpu0),
 	}, nil
 }

@@ -91,14 +91,14 @@ func (r *run) clients() (map[string]float64, error) {
 	}
 	// Every goroutine is waiting on begin before the clock starts, so no
 	// connection gets a head start.
-	cpu0 := cpuTime()
+	cpu0 := cpuNow()
 	start = time.Now()
 	deadline = start.Add(r.duration)
 	close(begin)
 	wg.Wait()
 	// The window is the duration; the requests that end after it count
 	// for latency only, and what they cost is small beside the window.
-	cpu := cpuTime() - cpu0
+	cpu := r.cpuSince(cpu0)
 	window := r.duration.Seconds()
 
 	closeStart := time.Now()

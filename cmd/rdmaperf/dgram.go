@@ -313,7 +313,9 @@ func (r *run) openDgramTest(h header) (net.Conn, dgramConn, net.Addr, error) {
 		c.Close()
 		return nil, nil, nil, err
 	}
-	return c, d, d.addr(remoteIP(c), int(binary.BigEndian.Uint16(port[:]))), nil
+	to := d.addr(remoteIP(c), int(binary.BigEndian.Uint16(port[:])))
+	r.obs.connect(d.LocalAddr(), to)
+	return c, d, to, nil
 }
 
 // errLost is a round trip that timed out: counted, not timed.
@@ -393,7 +395,7 @@ func (r *run) dgramStream() (map[string]float64, error) {
 		bufs[i] = make([]byte, r.size)
 	}
 	var sent uint64
-	cpu0 := cpuTime()
+	cpu0 := cpuNow()
 	start := time.Now()
 	deadline := start.Add(r.duration)
 	for i := 0; r.more(i, deadline); i++ {
@@ -411,7 +413,7 @@ func (r *run) dgramStream() (map[string]float64, error) {
 		}
 	}
 	elapsed := time.Since(start)
-	cpu := cpuTime() - cpu0
+	cpu := r.cpuSince(cpu0)
 	time.Sleep(dgramSettle)
 	cw, ok := c.(interface{ CloseWrite() error })
 	if !ok {
@@ -428,6 +430,9 @@ func (r *run) dgramStream() (map[string]float64, error) {
 	gotBytes := binary.BigEndian.Uint64(reply[8:])
 	span := time.Duration(binary.BigEndian.Uint64(reply[16:]))
 	recvSecs := max(elapsed, span).Seconds()
+	if r.obs != nil {
+		r.obs.dgram = &sinkCounts{datagrams: int64(got), bytes: int64(gotBytes), seconds: recvSecs}
+	}
 	m := map[string]float64{
 		"msg_s":      float64(sent) / elapsed.Seconds(),
 		"mb_s":       float64(sent) * float64(r.size) / elapsed.Seconds() / 1e6,

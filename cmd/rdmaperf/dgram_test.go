@@ -1,12 +1,11 @@
 package main
 
 import (
-	"context"
-	"encoding/json"
 	"os"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // Over TCP the datagram tests send their datagrams over Go's UDP, on the
@@ -40,38 +39,31 @@ func TestDgramStream(t *testing.T) {
 	}
 }
 
-// dgramClient runs rdmaperf -json with args and returns its result.
+// dgramClient runs rdmaperf -json with args and returns its record.
 func dgramClient(t *testing.T, args ...string) Result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := command(ctx, t, append([]string{"-json"}, args...)...)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	b, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("rdmaperf %s: %v\n%s%s", strings.Join(args, " "), err, b, stderr.String())
-	}
-	var res Result
-	if err := json.Unmarshal(b, &res); err != nil {
-		t.Fatalf("rdmaperf %s printed %q: %v", strings.Join(args, " "), b, err)
-	}
-	return res
+	doc, _, err := runJSON(t, args...)
+	require.NoError(t, err)
+	return doc.Rdmaperf
 }
 
 // checkDgramCommand runs the three datagram tests against the server at
-// addr over netw and checks their records.
+// addr over netw and checks their records, and the rate test's document
+// as iperf3's UDP one.
 func checkDgramCommand(t *testing.T, addr, netw, self string) {
 	t.Helper()
 	lat := dgramClient(t, "-c", addr, "-net", netw, "-test", "dgram-lat", "-t", "0.3")
 	if lat.Impl != self || lat.Workload != "dgram-lat" || lat.Size != 64 || lat.Metrics["p50_us"] <= 0 {
 		t.Errorf("dgram-lat: %+v", lat)
 	}
-	rate := dgramClient(t, "-c", addr, "-net", netw, "-test", "dgram-rate", "-batch", "16", "-t", "0.3")
+	doc, tree, err := runJSON(t, "-c", addr, "-net", netw, "-test", "dgram-rate", "-batch", "16", "-t", "0.3")
+	require.NoError(t, err)
+	rate := doc.Rdmaperf
 	if rate.Impl != self+" batch" || rate.Workload != "dgram-rate" || rate.Metrics["batch"] != 16 ||
 		rate.Metrics["recv_msg_s"] <= 0 || rate.Metrics["msg_s"] < rate.Metrics["recv_msg_s"]*0.5 {
 		t.Errorf("dgram-rate -batch 16: %+v", rate)
 	}
+	requireDgramDoc(t, doc, tree, iperfProtocol(netw, "dgram-rate"), 64)
 	// The default size is the largest datagram, which over rdma goes in
 	// fragments.
 	bw := dgramClient(t, "-c", addr, "-net", netw, "-test", "dgram-bw", "-t", "0.3")

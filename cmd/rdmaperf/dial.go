@@ -28,7 +28,7 @@ func (r *run) dials() (map[string]float64, error) {
 		}
 	}
 	var samples, setups []time.Duration
-	cpu0 := cpuTime()
+	cpu0 := cpuNow()
 	start := time.Now()
 	deadline := start.Add(r.duration)
 	for i := 0; r.more(i, deadline); i++ {
@@ -40,7 +40,7 @@ func (r *run) dials() (map[string]float64, error) {
 		setups = append(setups, setup)
 	}
 	elapsed := time.Since(start)
-	cpu := cpuTime() - cpu0
+	cpu := r.cpuSince(cpu0)
 	if len(samples) == 0 {
 		return nil, errors.New("no dial completed")
 	}

@@ -84,7 +84,7 @@ func (r *run) httpLoad() (map[string]float64, error) {
 		samples []time.Duration
 		errs    []error
 	)
-	cpu0 := cpuTime()
+	cpu0 := cpuNow()
 	start := time.Now()
 	deadline := start.Add(r.duration)
 	for range r.conns {
@@ -110,7 +110,7 @@ func (r *run) httpLoad() (map[string]float64, error) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	cpu := cpuTime() - cpu0
+	cpu := r.cpuSince(cpu0)
 	if len(errs) > 0 {
 		// One cause is enough: the clients' failures are usually all alike.
 		return nil, fmt.Errorf("%d of %d clients failed: %w", len(errs), r.conns, errs[0])

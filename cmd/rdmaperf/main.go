@@ -23,7 +23,7 @@
 // -i SECONDS prints what moved in each interval of a bw or rate test
 // (default 1; 0: none), measured at the client: the bytes its Writes
 // accepted, or, reverse, the bytes it received. With -json the intervals
-// go into the result object instead.
+// go into the JSON document instead.
 //
 // -net tcp runs the same tests over Go's TCP on the same addresses, for
 // comparison. Latency is reported as half the round trip (p50, p99 and
@@ -41,8 +41,29 @@
 // process: the client's, or with -local both ends'), the time to dial and
 // to close them all, and how evenly they were served: the requests each
 // connection completed in the window (fewest, 10th percentile, median,
-// most, and how many got fewer than half the median). -json prints
-// one JSON object per test instead of a sentence.
+// most, and how many got fewer than half the median).
+//
+// -json (-J) prints, instead of a sentence, one JSON document on one line
+// in the shape of iperf3 -J's, so that what parses iperf3's JSON parses
+// it: "start" (connected, version, system_info, timestamp, connecting_to,
+// test_start), "intervals" and "end" with iperf3's names and types, an
+// "error" string when the test failed, and, last, "rdmaperf": the test's
+// own record (impl, workload, size, conns, metrics, error, the intervals
+// in MB/s, stats), which bench/run.sh collects and -render reads. Every
+// test has start (test_start's protocol is TCP, RDMA, UDP or RDMA UD;
+// connected numbers the connections from 1 as socket, and is empty for
+// dial and http, whose connections come and go) and end's
+// cpu_utilization_percent: the client process's CPU time over the test's
+// window, in percent of one CPU (with -local both ends'; remote_* are 0,
+// the server does not report its own). Only the throughput tests fill
+// intervals and end's streams and sums: bw and rate (intervals with -i,
+// per connection), copy, write-bw and read-bw as iperf3's TCP tests do
+// (sum_sent, sum_received; reverse for -R and read-bw), dgram-rate and
+// dgram-bw as its UDP tests do (sum, sum_sent, sum_received: what the
+// sink received, lost_packets, lost_percent; jitter is not measured and
+// is 0). Latency, setup, idle, clients, atomic and dgram-lat tests have
+// intervals [] and no sums, since their bytes per second would read as a
+// throughput never measured: their figures are the record's metrics.
 //
 // The one-sided tests (-net rdma only) move -size bytes between registered
 // regions with RDMA WRITE and READ (rdma.RemoteRegion), as perftest's
@@ -184,7 +205,7 @@ func parseArgs(args []string, out io.Writer) (*config, error) {
 	fs.Var(seconds{&cfg.interval}, "i", "bw, rate: `seconds` between progress reports of what moved (iperf3; 0: none)")
 	fs.IntVar(&cfg.warmup, "warmup", 100, "unmeasured round trips before a latency test (dial, http: above 0, one unmeasured dial or request first)")
 	fs.DurationVar(&cfg.idle, "idle", 0, "instead of -test: hold one connection idle this long and report the CPU time used")
-	fs.BoolVar(&cfg.asJSON, "json", false, "print each result as a JSON object")
+	fs.BoolVar(&cfg.asJSON, "json", false, "print the result as one JSON document on one line, shaped as iperf3 -J's (start, intervals, end; sums for the throughput tests only), with rdmaperf's own record under the key \"rdmaperf\"")
 	fs.BoolVar(&cfg.verbose, "v", false, "server: log every connection and error")
 	fs.BoolVar(&cfg.tail, "tail", false, "lat: split each round trip into its Write and its Read, note parks and GC cycles, and print how the round trips above the 99th percentile differ from all of them, with the Go scheduler's latencies (to stderr)")
 	fs.BoolVar(&cfg.stats, "stats", false, "rdma client: print the connections' counters (Conn.Stats) summed, and the devices' totals")
@@ -376,6 +397,10 @@ func main() {
 	if workload == "http" && cfg.keepConns {
 		res.Workload = "http-kept"
 	}
+	var obs *observed
+	if cfg.asJSON {
+		obs = &observed{}
+	}
 	r := &run{
 		keepConns: cfg.keepConns,
 		copyLen:   cfg.copyLen,
@@ -390,6 +415,7 @@ func main() {
 		rdma:      tr.name == "rdma",
 		reverse:   cfg.reverse,
 		interval:  cfg.interval,
+		obs:       obs,
 		// Called from one goroutine, and never after stream returns.
 		report: func(iv Interval) {
 			if cfg.asJSON {
@@ -442,6 +468,7 @@ func main() {
 		}
 	}
 	cgo0 := runtime.NumCgoCall()
+	began := time.Now()
 	switch workload {
 	case "lat":
 		res.Conns = 1
@@ -505,7 +532,7 @@ func main() {
 		}
 	}
 	if cfg.asJSON {
-		b, _ := json.Marshal(res)
+		b, _ := json.Marshal(iperfReport(cfg, target, began, res, obs))
 		fmt.Println(string(b))
 	} else {
 		fmt.Println(describe(res))

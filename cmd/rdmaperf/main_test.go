@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -688,20 +687,12 @@ func TestCommandSetupTCP(t *testing.T) {
 		{[]string{"-test", "dial", "-conns", "3"}, "conn_s", 0},
 		{[]string{"-test", "http", "-conns", "4", "-size", "100"}, "req_s", 100},
 	} {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		args := append([]string{"-local", "-addr", "127.0.0.1:0", "-net", "tcp", "-t", "0.3", "-json"}, tc.args...)
-		cmd := command(ctx, t, args...)
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		out, err := cmd.Output()
-		cancel()
+		args := append([]string{"-local", "-addr", "127.0.0.1:0", "-net", "tcp", "-t", "0.3"}, tc.args...)
+		doc, _, err := runJSON(t, args...)
 		if err != nil {
-			t.Fatalf("rdmaperf %s: %v\n%s%s", strings.Join(args, " "), err, out, stderr.String())
+			t.Fatalf("rdmaperf %s: %v", strings.Join(args, " "), err)
 		}
-		var res Result
-		if err := json.Unmarshal(out, &res); err != nil {
-			t.Fatalf("rdmaperf %s printed %q: %v", strings.Join(args, " "), out, err)
-		}
+		res := doc.Rdmaperf
 		if res.Impl != "rdmaperf/tcp" || res.Workload != tc.args[1] || res.Size != tc.size || res.Error != "" ||
 			res.Metrics[tc.metric] <= 0 || res.Metrics["p50_us"] <= 0 {
 			t.Errorf("rdmaperf %s: %+v", strings.Join(args, " "), res)

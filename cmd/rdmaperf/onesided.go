@@ -245,7 +245,7 @@ func (r *run) oneSidedBandwidth(c *rdma.Conn, peer *rdma.RemoteRegion, test stri
 		errMu sync.Mutex
 		first error
 	)
-	cpu0 := cpuTime()
+	cpu0 := cpuNow()
 	start := time.Now()
 	deadline := start.Add(r.duration)
 	per := 0
@@ -278,7 +278,7 @@ func (r *run) oneSidedBandwidth(c *rdma.Conn, peer *rdma.RemoteRegion, test stri
 		"msg_s":   float64(n) / elapsed.Seconds(),
 		"count":   float64(n),
 		"seconds": elapsed.Seconds(),
-		"cpu_s":   cpuTime() - cpu0,
+		"cpu_s":   r.cpuSince(cpu0),
 	}, nil
 }
 
