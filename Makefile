@@ -13,7 +13,8 @@
 # zero-cost rows on the host (make zerocost), then in the test bed the
 # Soft-RoCE table (bench/bench.sh), the soft-iWARP rows, the two-host
 # rows, the application rows (bench/apps.sh) and the many-clients rows
-# (bench/clients.sh --table); bench/README.md says what each measures.
+# (bench/clients.sh --table), then draws the charts (bench/plot: make
+# charts); bench/README.md says what each measures.
 # Those install what they need on a Debian machine (as root). make check
 # and make unit need neither root nor the VM: without the verbs headers
 # they check the portable build only.
@@ -27,11 +28,13 @@ OUT         := .testbed-out
 VM          := testbed/vm.sh
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # The examples with third-party dependencies (gRPC, quic-go, miekg/dns),
-# each a module of its own so that the library's go.mod gains nothing.
+# the Prometheus adapter and the chart renderer (gonum's plot): each a
+# module of its own, so that the library's go.mod gains nothing.
 EXAMPLE_MODULES := examples/grpc examples/quic examples/dns
+MODULES         := $(EXAMPLE_MODULES) metrics/prometheus bench/plot
 VMTIMEOUT   ?= 1500
 
-.PHONY: all deps check unit fuzz verbs-note vmtest test info demo bench microbench zerocost apps clients clean
+.PHONY: all deps check unit fuzz verbs-note vmtest test info demo bench microbench zerocost apps clients charts clean
 
 all: test
 
@@ -42,7 +45,7 @@ deps:
 	$(VM) --prepare
 	$(GO) mod download
 	cd interop && $(GO) mod download
-	for m in $(EXAMPLE_MODULES); do (cd $$m && $(GO) mod download) || exit 1; done
+	for m in $(MODULES); do (cd $$m && $(GO) mod download) || exit 1; done
 
 # The API is declared once for every platform: the builds without cgo, for
 # darwin and for 32-bit targets must vet too (api_test.go calls every
@@ -55,11 +58,11 @@ ifeq ($(HAVE_VERBS),yes)
 	$(GO) vet -tags faultinject ./...
 	$(GO) run $(STATICCHECK) ./...
 	cd interop && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...
-	for m in $(EXAMPLE_MODULES); do (cd $$m && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...) || exit 1; done
+	for m in $(MODULES); do (cd $$m && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...) || exit 1; done
 endif
 	CGO_ENABLED=0 $(GO) vet ./...
 	cd interop && CGO_ENABLED=0 $(GO) vet ./...
-	for m in $(EXAMPLE_MODULES); do (cd $$m && CGO_ENABLED=0 $(GO) vet ./...) || exit 1; done
+	for m in $(MODULES); do (cd $$m && CGO_ENABLED=0 $(GO) vet ./...) || exit 1; done
 	CGO_ENABLED=0 GOARCH=386 $(GO) vet ./...
 	CGO_ENABLED=0 GOARCH=arm $(GO) vet ./...
 	GOOS=darwin GOARCH=arm64 $(GO) vet ./...
@@ -69,9 +72,10 @@ endif
 unit: verbs-note
 ifeq ($(HAVE_VERBS),yes)
 	$(GO) test -count=1 ./...
+	cd metrics/prometheus && $(GO) test -count=1 ./...
 endif
 	CGO_ENABLED=0 $(GO) test -count=1 ./...
-	for m in $(EXAMPLE_MODULES); do (cd $$m && CGO_ENABLED=0 $(GO) test -count=1 ./...) || exit 1; done
+	for m in $(MODULES); do (cd $$m && CGO_ENABLED=0 $(GO) test -count=1 ./...) || exit 1; done
 	@echo "=== every benchmark, a small fixed count (device ones skip here; vmtest runs them)"
 	CGO_ENABLED=0 $(GO) test -count=1 -run '^$$' -bench . -benchtime 200x ./...
 ifeq ($(HAVE_VERBS),yes)
@@ -119,6 +123,7 @@ vmtest: deps
 	$(GO) test -c -o $(OUT)/rdmainfo.test ./cmd/rdmainfo
 	$(GO) test -tags faultinject -c -o $(OUT)/rdma.faults.test .
 	cd interop && $(GO) test -c -o $(abspath $(OUT))/interop.test .
+	cd metrics/prometheus && $(GO) test -c -o $(abspath $(OUT))/promadapter.test .
 	$(GO) test -c -o $(OUT)/objstore.test ./examples/objectstore
 	for e in http blockstore fallback; do $(GO) test -c -o $(OUT)/ex-$$e.test ./examples/$$e || exit 1; done
 	for m in $(EXAMPLE_MODULES); do (cd $$m && $(GO) test -c -o $(abspath $(OUT))/ex-$${m#examples/}.test .) || exit 1; done
@@ -127,6 +132,8 @@ vmtest: deps
 		$(OUT)/interop.test -test.v -test.count=1 -test.timeout 5m && \
 		echo "=== the applications as benchmarks, RDMA beside Go TCP, a small fixed count (interop/apps_test.go)" && \
 		$(OUT)/interop.test -test.count=1 -test.run "^$$" -test.bench . -test.benchtime 5x -test.timeout 5m && \
+		echo "=== the Prometheus adapter scraped over a real connection (metrics/prometheus)" && \
+		$(OUT)/promadapter.test -test.v -test.count=1 -test.timeout 5m && \
 		echo "=== the token pattern: an object store over HTTP with its bodies by one-sided RDMA, beside HTTP bodies (examples/objectstore)" && \
 		$(OUT)/objstore.test -test.v -test.count=1 -test.timeout 10m && \
 		$(OUT)/objstore.test -test.count=1 -test.run "^$$" -test.bench . -test.benchtime 3x -test.timeout 10m && \
@@ -176,6 +183,11 @@ bench: deps zerocost
 	BENCH_ONLY=pair bench/bench.sh
 	bench/apps.sh
 	bench/clients.sh --table
+	$(MAKE) charts
+
+# The SVG charts in bench/ from the results files there (bench/plot).
+charts:
+	cd bench/plot && $(GO) run . -in .. -out ..
 
 # The library against C per message over the zero-cost provider, on this
 # host: bench/results-zerocost.md.
@@ -191,6 +203,7 @@ apps: deps
 # TCP in one Soft-RoCE VM run: bench/results-clients.md.
 clients: deps
 	bench/clients.sh --table
+	$(MAKE) charts
 
 # The testing.B benchmarks of the data path (round trips per poll mode,
 # streaming per write size), in the VM.
