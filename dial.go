@@ -78,39 +78,38 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 		defer cancel()
 	}
 	obs := newObserver(d.Tracer, d.Logger)
-	if obs == nil {
-		c, err := d.dial(ctx, network, address, nil)
-		if err != nil {
-			if d.FallbackTCP && fallsBackToTCP(err) {
-				return d.dialTCP(ctx, network, address, err)
-			}
-			return nil, err
+	var info *DialDoneInfo // the dial's record, kept only for an observer
+	var start time.Time
+	if obs != nil {
+		start, info = time.Now(), &DialDoneInfo{Network: "rdma", Address: address}
+		obs.dialStart(network, address)
+	}
+	var nc net.Conn
+	c, err := d.dial(ctx, network, address, info)
+	switch {
+	case err == nil:
+		if obs != nil {
+			c.observe(obs)
 		}
-		return c, nil
+		nc = c
+	case d.FallbackTCP && fallsBackToTCP(err):
+		obs.fallback(FallbackInfo{Op: "dial", Network: "tcp", Address: address, Reason: err})
+		nc, err = d.dialTCP(ctx, network, address, err)
+		if info != nil {
+			info.Network = "tcp"
+		}
 	}
-	start := time.Now()
-	obs.dialStart(network, address)
-	info := DialDoneInfo{Network: "rdma", Address: address}
-	c, err := d.dial(ctx, network, address, &info)
-	if err == nil {
-		info.Local, info.Remote, info.Duration = c.LocalAddr(), c.RemoteAddr(), time.Since(start)
-		c.observe(obs)
-		obs.dialDone(info)
-		return c, nil
-	}
-	if !d.FallbackTCP || !fallsBackToTCP(err) {
+	if info != nil {
 		info.Duration, info.Err = time.Since(start), err
-		obs.dialDone(info)
+		if err == nil {
+			info.Local, info.Remote = nc.LocalAddr(), nc.RemoteAddr()
+		}
+		obs.dialDone(*info)
+	}
+	if err != nil {
 		return nil, err
 	}
-	obs.fallback(FallbackInfo{Op: "dial", Network: "tcp", Address: address, Reason: err})
-	tc, err := d.dialTCP(ctx, network, address, err)
-	info.Network, info.Duration, info.Err = "tcp", time.Since(start), err
-	if err == nil {
-		info.Local, info.Remote = tc.LocalAddr(), tc.RemoteAddr()
-	}
-	obs.dialDone(info)
-	return tc, err
+	return nc, nil
 }
 
 // Dial connects to address on network.

@@ -53,20 +53,18 @@ func (l *Listener) count(f func(*ListenerStats)) {
 // refused counts a refused request and reports it to the Refused hook.
 func (l *Listener) refused(remote *Addr, reason RefuseReason, cause error) {
 	l.count(func(s *ListenerStats) { s.Refused[reason]++ })
+	if l.onRefuse == nil && l.obs == nil {
+		return
+	}
+	err := error(&RefusedError{Reason: reason})
+	if cause != nil {
+		err = &refusedCause{RefusedError{reason}, cause}
+	}
+	opErr := &net.OpError{Op: "accept", Net: "rdma", Source: l.addr, Addr: remote, Err: err}
 	if l.onRefuse != nil {
-		err := error(&RefusedError{Reason: reason})
-		if cause != nil {
-			err = &refusedCause{RefusedError{reason}, cause}
-		}
-		l.onRefuse(remote, &net.OpError{Op: "accept", Net: "rdma", Source: l.addr, Addr: remote, Err: err})
+		l.onRefuse(remote, opErr)
 	}
-	if l.obs != nil {
-		err := error(&RefusedError{Reason: reason})
-		if cause != nil {
-			err = &refusedCause{RefusedError{reason}, cause}
-		}
-		l.obs.refused(remote, &net.OpError{Op: "accept", Net: "rdma", Source: l.addr, Addr: remote, Err: err})
-	}
+	l.obs.refused(remote, opErr)
 }
 
 func (l *Listener) ok() bool { return l != nil && l.closing != nil }
