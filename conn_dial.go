@@ -81,15 +81,34 @@ func (c *Conn) hello() wire.Hello {
 // dial runs the active side of the handshake.
 func dial(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options, info *DialDoneInfo) (*Conn, error) {
 	fresh := false
+	var busy busyBackoff
 	for attempt := 1; ; attempt++ {
 		c, err := dialOnce(ctx, src, dst, opts, fresh, info)
-		if err == nil || attempt == dialAttempts || ctx.Err() != nil {
+		if err == nil || ctx.Err() != nil {
+			return c, err
+		}
+		if refusedBusy(err) {
+			// Not counted against dialAttempts: the listener is busy,
+			// not broken, and the context bounds the tries.
+			if err := sleepCtx(ctx, busy.pause()); err != nil {
+				return nil, err
+			}
+			attempt--
+			continue
+		}
+		if attempt == dialAttempts {
 			return c, err
 		}
 		if fresh = errors.As(err, new(staleConnError)); !fresh && !portTaken(err) {
 			return c, err
 		}
 	}
+}
+
+// refusedBusy reports whether err is a listener's RefusedBusy.
+func refusedBusy(err error) bool {
+	var re *RefusedError
+	return errors.As(err, &re) && re.Reason == RefusedBusy
 }
 
 // dialAttempts bounds the tries of a dial whose port TCP still held (see

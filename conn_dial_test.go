@@ -256,3 +256,46 @@ func TestDialCMLost(t *testing.T) {
 	require.ErrorAs(t, err, new(*cmLostError))
 	f.waitReleased(t)
 }
+
+// A dial refused as busy tries again after a pause, not counted against
+// dialAttempts, and connects once the listener takes it; every refused
+// try's id is destroyed.
+func TestDialTriesAgainWhenBusy(t *testing.T) {
+	f := useFakeCM(t)
+	busy := 5
+	f.on("ConnectRead", func(id *fakeID, _ []byte) error {
+		if busy > 0 {
+			busy--
+			id.answer(rdmacm.EventRejected, 0, marshalReject(RefusedBusy))
+			return nil
+		}
+		id.answer(rdmacm.EventEstablished, 0, f.peerHello.Marshal())
+		return nil
+	})
+	c, err := fakeDial(t, 5*time.Second)
+	require.NoError(t, err)
+	require.Len(t, f.ids, 6, "five busy refusals, then the connection")
+	for _, id := range f.ids[:5] {
+		require.True(t, id.isDestroyed())
+	}
+	require.NoError(t, c.Close())
+	f.waitReleased(t)
+}
+
+// A dial refused as busy until its deadline ends with net's timeout error.
+func TestDialBusyUntilDeadline(t *testing.T) {
+	f := useFakeCM(t)
+	f.on("ConnectRead", func(id *fakeID, _ []byte) error {
+		id.answer(rdmacm.EventRejected, 0, marshalReject(RefusedBusy))
+		return nil
+	})
+	start := time.Now()
+	_, err := fakeDial(t, 200*time.Millisecond)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	var ne net.Error
+	require.ErrorAs(t, err, &ne)
+	require.True(t, ne.Timeout())
+	require.Less(t, time.Since(start), 5*time.Second)
+	require.Greater(t, len(f.ids), 1, "tried again")
+	f.waitReleased(t)
+}

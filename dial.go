@@ -14,7 +14,11 @@ type Dialer struct {
 	// Timeout bounds the whole dial (address and route resolution and
 	// connection). Zero means the context's deadline bounds it, or, if it
 	// has none, DefaultDialTimeout: a dial never waits forever for a
-	// server that received the request and never answers.
+	// server that received the request and never answers. A listener
+	// busy with as many handshakes as it keeps refuses a request as
+	// RefusedBusy; the dial tries again after a pause (5ms, doubling up
+	// to 1s, each drawn at random from its upper half) until the timeout,
+	// as TCP sends its SYN again to a listener too busy to answer it.
 	Timeout time.Duration
 	// LocalAddr, if not nil, is the local address to dial from (its port
 	// is ignored).

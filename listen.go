@@ -16,7 +16,9 @@ import (
 type ListenConfig struct {
 	// Backlog is the most connections that may be in their handshake or
 	// established and waiting for Accept (and the rdma_listen backlog);
-	// requests beyond it are refused. Default: the system's limit for a
+	// requests beyond it are refused: as RefusedBacklog when Accept has
+	// fallen behind, as RefusedBusy (which the dialer tries again) while
+	// handshakes in progress hold the room. Default: the system's limit for a
 	// TCP listener's backlog (net.core.somaxconn), as net.Listen takes
 	// it, so that a burst of dials a TCP listener would take is not
 	// refused.

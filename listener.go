@@ -141,13 +141,14 @@ func (l *Listener) Addr() net.Addr {
 // worth if that is more (never more than the backlog: a burst of dials,
 // an HTTP client opening 20 connections at once, must fit while their
 // setups run); a request that finds
-// them all taken evicts the oldest one if it is older than halfOpenGrace
-// (a handshake that has not finished by then is not coming), and is
-// refused otherwise.
+// them all taken evicts the oldest one if it is stale (see staleAfter: a
+// handshake that has not finished by then is not coming), and is refused
+// as RefusedBusy otherwise, which its dialer tries again.
 const (
 	halfOpenMemory = 32 << 20
 	minHalfOpen    = 32
 	halfOpenGrace  = time.Second
+	halfOpenStale  = 30 * time.Second
 )
 
 // halfOpenLimit is how many half-open connections a listener with these

@@ -32,6 +32,7 @@ type listenerSys struct {
 	mu        sync.Mutex
 	closed    bool
 	pending   map[*Conn]time.Time // accepted by us, not yet established: since when
+	handshake time.Duration       // how long a handshake has been taking, from accept to established (a moving average)
 	settingUp int                 // requests whose connection is being set up
 	wg        sync.WaitGroup      // setups and teardowns started from the CM goroutine
 	refusals  handoff             // refusals decided on the CM goroutine, made off it
@@ -270,18 +271,44 @@ func (l *Listener) accept(c *Conn, peer wire.Hello, remote *Addr) {
 func (l *Listener) admit() RefuseReason {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	cutoff := time.Now().Add(-staleAfter(l.handshake))
 	switch {
 	case l.closed:
 		return RefusedShutdown
-	case l.settingUp+len(l.pending)+len(l.queue) >= l.backlog && !l.evictOldest(time.Now().Add(-halfOpenGrace)):
+	case len(l.queue) >= l.backlog:
+		return RefusedBacklog
+	case l.settingUp+len(l.pending)+len(l.queue) >= l.backlog && !l.evictOldest(cutoff):
 		// Half-open connections may fill the backlog (they are bounded
 		// by memory, which small rings make plentiful): a stale one
-		// makes room as it does below.
-		return RefusedBacklog
-	case l.settingUp+len(l.pending) >= l.halfOpen && !l.evictOldest(time.Now().Add(-halfOpenGrace)):
-		return RefusedBacklog
+		// makes room as it does below. Until then the room may yet
+		// come free: the dialer is told to try again.
+		return RefusedBusy
+	case l.settingUp+len(l.pending) >= l.halfOpen && !l.evictOldest(cutoff):
+		return RefusedBusy
 	}
 	return RefusedUnknown
+}
+
+// staleAfter is how long a half-open connection is given before a new
+// request may take its place, when handshakes have been taking typical
+// (from accept to established): halfOpenGrace, or four times typical if
+// that is longer, so that a burst of dials on a slow host, whose
+// handshakes wait their turn for seconds, does not evict handshakes that
+// are coming; never more than halfOpenStale, so that a peer that
+// completes its own handshakes slowly cannot keep a flood's alive. A flood
+// completes no handshake and does not move typical.
+func staleAfter(typical time.Duration) time.Duration {
+	return min(max(halfOpenGrace, 4*typical), halfOpenStale)
+}
+
+// handshakeDone folds one handshake's time into l.handshake, a moving
+// average over about the last eight; l.mu is held.
+func (l *Listener) handshakeDone(took time.Duration) {
+	if l.handshake == 0 {
+		l.handshake = took
+		return
+	}
+	l.handshake += (took - l.handshake) / 8
 }
 
 // evictOldest drops the oldest half-open connection if it started before
@@ -324,10 +351,12 @@ func (l *Listener) teardownLater(c *Conn) {
 func (l *Listener) established(c *Conn) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if _, ok := l.pending[c]; !ok {
+	since, ok := l.pending[c]
+	if !ok {
 		return
 	}
 	delete(l.pending, c)
+	l.handshakeDone(time.Since(since))
 	// Counted first: once queued, the connection may be accepted and
 	// used, and its dialer may look at the listener's Stats.
 	l.count(func(s *ListenerStats) { s.Accepted++ })

@@ -99,20 +99,52 @@ func TestListenerRefusals(t *testing.T) {
 	require.ErrorIs(t, log.all()[0], ErrProtocol)
 
 	// One handshake in progress (its accept never answered) fills a
-	// backlog of one.
+	// backlog of one, for now: the next request is told to try again.
 	f.on("AcceptRead", func(*fakeID, []byte) error { return nil })
 	pending := f.request(l.handle, f.peerHello.Marshal())
 	require.Eventually(t, func() bool { return l.Stats().HalfOpen == 1 }, 5*time.Second, time.Millisecond)
-	full := f.request(l.handle, f.peerHello.Marshal())
-	require.Equal(t, RefusedBacklog, rejectedWith(t, full))
+	busy := f.request(l.handle, f.peerHello.Marshal())
+	require.Equal(t, RefusedBusy, rejectedWith(t, busy))
 	s := l.Stats()
 	require.Equal(t, uint64(1), s.Refused[RefusedProtocol])
-	require.Equal(t, uint64(1), s.Refused[RefusedBacklog])
+	require.Equal(t, uint64(1), s.Refused[RefusedBusy])
 
 	// The pending one goes with the listener.
 	require.NoError(t, l.Close())
 	require.True(t, pending.isDestroyed())
 	f.waitReleased(t)
+}
+
+// A backlog full of established connections nobody accepted refuses as
+// RefusedBacklog: trying again does not help until Accept is called.
+func TestListenerQueueFull(t *testing.T) {
+	f := useFakeCM(t)
+	l, _ := fakeListen(t, 1)
+	f.request(l.handle, f.peerHello.Marshal())
+	require.Eventually(t, func() bool { return l.Stats().Accepted == 1 }, 5*time.Second, time.Millisecond)
+	full := f.request(l.handle, f.peerHello.Marshal())
+	require.Equal(t, RefusedBacklog, rejectedWith(t, full))
+	require.NoError(t, l.Close())
+	f.waitReleased(t)
+}
+
+// A half-open connection is stale after halfOpenGrace, or four times the
+// handshakes' typical time if that is longer, never after more than
+// halfOpenStale; the typical time follows the handshakes that completed.
+func TestStaleAfter(t *testing.T) {
+	require.Equal(t, halfOpenGrace, staleAfter(0))
+	require.Equal(t, halfOpenGrace, staleAfter(10*time.Millisecond))
+	require.Equal(t, 8*time.Second, staleAfter(2*time.Second))
+	require.Equal(t, halfOpenStale, staleAfter(time.Minute))
+
+	var l Listener
+	l.handshakeDone(80 * time.Millisecond)
+	require.Equal(t, 80*time.Millisecond, l.handshake)
+	for range 64 {
+		l.handshakeDone(3 * time.Second)
+	}
+	require.InDelta(t, float64(3*time.Second), float64(l.handshake), float64(10*time.Millisecond))
+	require.Equal(t, 12*time.Second, staleAfter(l.handshake).Round(100*time.Millisecond))
 }
 
 // A connection whose handshake fails after its accept is dropped, never

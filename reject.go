@@ -29,6 +29,11 @@ const (
 	// RefusedNoListener: no RDMA listener on that port (rdma_cm itself
 	// rejected the request; a listener never says this).
 	RefusedNoListener
+	// RefusedBusy: the listener has as many handshakes in progress as it
+	// keeps, none of them stale yet; a Dial tries again after a pause
+	// (see Dialer), as TCP sends its SYN again to a listener too busy to
+	// answer it.
+	RefusedBusy
 
 	// NumRefuseReasons is the number of reasons above, and the length of
 	// ListenerStats.Refused: "for r := range NumRefuseReasons" visits
@@ -51,6 +56,8 @@ func (r RefuseReason) String() string {
 		return "the server does not speak this dialer's protocol version"
 	case RefusedNoListener:
 		return "no RDMA listener on that port"
+	case RefusedBusy:
+		return "the server has too many handshakes in progress"
 	}
 	return "no reason given"
 }
@@ -61,7 +68,7 @@ func (r RefuseReason) errno() error {
 	switch r {
 	case RefusedLockedMemory, RefusedResources:
 		return syscall.ENOMEM
-	case RefusedBacklog:
+	case RefusedBacklog, RefusedBusy:
 		return syscall.EAGAIN
 	case RefusedShutdown:
 		return syscall.ESHUTDOWN
@@ -87,7 +94,7 @@ func parseReject(b []byte) RefuseReason {
 // RefusedError is the error a Dial returns (inside *net.OpError) when the
 // listener refused the connection. It wraps syscall.ECONNREFUSED, and
 // besides, by reason: syscall.ENOMEM (locked memory, resources),
-// syscall.EAGAIN (backlog), syscall.ESHUTDOWN (shutting down), ErrProtocol
+// syscall.EAGAIN (backlog, busy), syscall.ESHUTDOWN (shutting down), ErrProtocol
 // (protocol version).
 type RefusedError struct {
 	Reason RefuseReason // why, as the listener said (RefusedUnknown if it did not)

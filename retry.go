@@ -1,7 +1,9 @@
 package rdma
 
 import (
+	"context"
 	"errors"
+	"math/rand/v2"
 	"os"
 	"time"
 )
@@ -75,4 +77,38 @@ func readEvents(read func(ok func()) error, stop <-chan struct{}) error {
 			return nil
 		}
 	}
+}
+
+// A Dial refused as RefusedBusy (the listener holds as many handshakes in
+// progress as it keeps) tries again after a pause that doubles from
+// busyPause up to busyPauseMax, each drawn at random from its upper half
+// so that the dialers of one burst come back spread out, until the dial's
+// context ends (every dial has a deadline: DefaultDialTimeout). TCP does
+// the same with a SYN that a listener too busy to answer dropped, from 1s
+// up; the handshakes here take milliseconds, so the pauses start smaller.
+const (
+	busyPause    = 5 * time.Millisecond
+	busyPauseMax = time.Second
+)
+
+// busyBackoff paces a dial's tries after busy refusals; the zero value is
+// ready.
+type busyBackoff struct{ next time.Duration }
+
+// pause returns the pause before the next try.
+func (b *busyBackoff) pause() time.Duration {
+	if b.next == 0 {
+		b.next = busyPause
+	}
+	d := b.next/2 + rand.N(b.next/2+1)
+	b.next = min(2*b.next, busyPauseMax)
+	return d
+}
+
+// sleepCtx pauses for d, or until ctx ends, whose error it then returns.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if !sleep(d, ctx.Done()) {
+		return ctx.Err()
+	}
+	return nil
 }

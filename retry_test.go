@@ -59,3 +59,17 @@ func TestReadEvents(t *testing.T) {
 	close(stop)
 	require.NoError(t, readEvents(func(func()) error { return fail }, stop), "stopped")
 }
+
+// The pauses after busy refusals double from busyPause up to busyPauseMax,
+// each drawn from the upper half of its step.
+func TestBusyBackoff(t *testing.T) {
+	var b busyBackoff
+	step := busyPause
+	for range 20 {
+		d := b.pause()
+		require.GreaterOrEqual(t, d, step/2)
+		require.LessOrEqual(t, d, step)
+		step = min(2*step, busyPauseMax)
+	}
+	require.Equal(t, busyPauseMax, b.next)
+}

@@ -209,7 +209,7 @@ func TestLint(t *testing.T) {
 	require.Empty(t, problems)
 	n, err := testutil.GatherAndCount(reg)
 	require.NoError(t, err)
-	require.Equal(t, 11+16+19, n, "the series of a listener, a PacketConn and a connection's name")
+	require.Equal(t, 12+16+19, n, "the series of a listener (one refusal series per reason), a PacketConn and a connection's name")
 }
 
 // TestConcurrent registers, removes and scrapes at once (under -race, the

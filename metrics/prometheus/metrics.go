@@ -61,6 +61,7 @@ var refuseReasons = [...]string{
 	rdma.RefusedShutdown:     "shutdown",
 	rdma.RefusedProtocol:     "protocol",
 	rdma.RefusedNoListener:   "no_listener",
+	rdma.RefusedBusy:         "busy",
 }
 
 func refuseReason(r rdma.RefuseReason) string {
