@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"runtime"
+	"sync"
 	"syscall"
 	"time"
 
@@ -27,9 +29,26 @@ func newVerbsConn(cm *cmLoop, ph phase) *Conn {
 // device.
 var fakeDataPath func(opts Options, comp completer) (layout, dataPath, error)
 
+// setupSlots bounds the data paths being set up at once in the process,
+// dialed and accepted alike. A setup is CPU work, most of it in the
+// kernel (registering the arena, creating the QP, posting receives), so
+// more at once only share the CPUs; and each holds a thread in cgo and
+// returns to the run queue, where a burst of thousands queued the
+// goroutine that reads the CM events behind them: a dialer that answered
+// its servers' replies seconds late had those handshakes given up. A
+// setup waiting for a slot is parked and costs nothing.
+var setupSlots = make(chan struct{}, max(4, 2*runtime.GOMAXPROCS(0)))
+
 // setup creates the data path on the id's device (openPath: device
-// reference, arena, QP) and posts every receive.
-func (c *Conn) setup(opts Options) error {
+// reference, arena, QP) and posts every receive, once a slot is free
+// (setupSlots); stop ends the wait with stopped's error.
+func (c *Conn) setup(opts Options, stop <-chan struct{}, stopped func() error) error {
+	select {
+	case setupSlots <- struct{}{}:
+	case <-stop:
+		return stopped()
+	}
+	defer func() { <-setupSlots }()
 	var p dataPath
 	var err error
 	if fakeDataPath != nil {
@@ -83,7 +102,12 @@ func dial(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options,
 	fresh := false
 	var busy busyBackoff
 	for attempt := 1; ; attempt++ {
+		release, err := dialSlots.acquire(ctx, dst)
+		if err != nil {
+			return nil, err
+		}
 		c, err := dialOnce(ctx, src, dst, opts, fresh, info)
+		release()
 		if err == nil || ctx.Err() != nil {
 			return c, err
 		}
@@ -102,6 +126,54 @@ func dial(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options,
 		if fresh = errors.As(err, new(staleConnError)); !fresh && !portTaken(err) {
 			return c, err
 		}
+	}
+}
+
+// maxDialsInFlight bounds the handshakes in progress from this process to
+// one address. A burst of thousands of dials at once otherwise has more
+// handshakes in progress than the listener keeps (it refuses the rest as
+// RefusedBusy, and each refused try costs the dialer a data path set up
+// and torn down for nothing), and more CM replies arrive than the
+// process answers in time. A dial waiting for its turn is parked.
+const maxDialsInFlight = 128
+
+// dialSlots holds, per address dialed, the turns of dials in progress.
+var dialSlots = slotsByAddr{m: map[netip.AddrPort]*addrSlots{}}
+
+type slotsByAddr struct {
+	mu sync.Mutex
+	m  map[netip.AddrPort]*addrSlots
+}
+
+type addrSlots struct {
+	turns chan struct{}
+	users int // dials holding or waiting for a turn: the entry goes at 0
+}
+
+// acquire waits for a turn to dial dst, or for ctx to end (its error);
+// release gives the turn back.
+func (s *slotsByAddr) acquire(ctx context.Context, dst netip.AddrPort) (release func(), err error) {
+	s.mu.Lock()
+	a := s.m[dst]
+	if a == nil {
+		a = &addrSlots{turns: make(chan struct{}, maxDialsInFlight)}
+		s.m[dst] = a
+	}
+	a.users++
+	s.mu.Unlock()
+	done := func() {
+		s.mu.Lock()
+		if a.users--; a.users == 0 {
+			delete(s.m, dst)
+		}
+		s.mu.Unlock()
+	}
+	select {
+	case a.turns <- struct{}{}:
+		return func() { <-a.turns; done() }, nil
+	case <-ctx.Done():
+		done()
+		return nil, ctx.Err()
 	}
 }
 
@@ -190,7 +262,7 @@ func (c *Conn) handshake(ctx context.Context, src netip.Addr, dst netip.AddrPort
 	// source address first would give it the device before the address
 	// is resolved, but finding that address and binding cost about what
 	// an earlier setup saves.)
-	if err := c.setup(opts); err != nil {
+	if err := c.setup(opts, ctx.Done(), ctx.Err); err != nil {
 		return err
 	}
 	ph.setUp()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"syscall"
 	"testing"
@@ -298,4 +299,40 @@ func TestDialBusyUntilDeadline(t *testing.T) {
 	require.Less(t, time.Since(start), 5*time.Second)
 	require.Greater(t, len(f.ids), 1, "tried again")
 	f.waitReleased(t)
+}
+
+// At most maxDialsInFlight dials to one address hold a turn; the others
+// wait, or give up with their context; the table empties when all are done.
+func TestDialSlots(t *testing.T) {
+	var s slotsByAddr
+	s.m = map[netip.AddrPort]*addrSlots{}
+	a := netip.MustParseAddrPort("10.0.0.1:7471")
+	b := netip.MustParseAddrPort("10.0.0.2:7471")
+	var releases []func()
+	for range maxDialsInFlight {
+		r, err := s.acquire(context.Background(), a)
+		require.NoError(t, err)
+		releases = append(releases, r)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	_, err := s.acquire(ctx, a)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "all of a's turns are taken")
+	rb, err := s.acquire(context.Background(), b)
+	require.NoError(t, err, "another address has turns of its own")
+	rb()
+	got := make(chan func(), 1)
+	go func() {
+		r, err := s.acquire(context.Background(), a)
+		if err == nil {
+			got <- r
+		}
+	}()
+	releases[0]()
+	r := <-got
+	r()
+	for _, r := range releases[1:] {
+		r()
+	}
+	require.Empty(t, s.m)
 }

@@ -32,7 +32,7 @@ type listenerSys struct {
 	mu        sync.Mutex
 	closed    bool
 	pending   map[*Conn]time.Time // accepted by us, not yet established: since when
-	handshake time.Duration       // how long a handshake has been taking, from accept to established (a moving average)
+	progress  handshakes          // when handshakes last completed, for telling a stale one
 	settingUp int                 // requests whose connection is being set up
 	wg        sync.WaitGroup      // setups and teardowns started from the CM goroutine
 	refusals  handoff             // refusals decided on the CM goroutine, made off it
@@ -223,7 +223,7 @@ func (l *Listener) accept(c *Conn, peer wire.Hello, remote *Addr) {
 		c.id.Reject(marshalReject(reason))
 		c.teardown(false)
 	}
-	err := c.setup(l.opts)
+	err := c.setup(l.opts, l.closing, func() error { return net.ErrClosed })
 	if err == nil {
 		// A peer of another transport (it wants immediate data, which
 		// this device cannot send) is refused as one of another protocol.
@@ -271,56 +271,83 @@ func (l *Listener) accept(c *Conn, peer wire.Hello, remote *Addr) {
 func (l *Listener) admit() RefuseReason {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	cutoff := time.Now().Add(-staleAfter(l.handshake))
+	now := time.Now()
 	switch {
 	case l.closed:
 		return RefusedShutdown
 	case len(l.queue) >= l.backlog:
 		return RefusedBacklog
-	case l.settingUp+len(l.pending)+len(l.queue) >= l.backlog && !l.evictOldest(cutoff):
+	case l.settingUp+len(l.pending)+len(l.queue) >= l.backlog && !l.evictStale(now):
 		// Half-open connections may fill the backlog (they are bounded
 		// by memory, which small rings make plentiful): a stale one
 		// makes room as it does below. Until then the room may yet
 		// come free: the dialer is told to try again.
 		return RefusedBusy
-	case l.settingUp+len(l.pending) >= l.halfOpen && !l.evictOldest(cutoff):
+	case l.settingUp+len(l.pending) >= l.halfOpen && !l.evictStale(now):
 		return RefusedBusy
 	}
 	return RefusedUnknown
 }
 
-// staleAfter is how long a half-open connection is given before a new
-// request may take its place, when handshakes have been taking typical
-// (from accept to established): halfOpenGrace, or four times typical if
-// that is longer, so that a burst of dials on a slow host, whose
-// handshakes wait their turn for seconds, does not evict handshakes that
-// are coming; never more than halfOpenStale, so that a peer that
-// completes its own handshakes slowly cannot keep a flood's alive. A flood
-// completes no handshake and does not move typical.
-func staleAfter(typical time.Duration) time.Duration {
-	return min(max(halfOpenGrace, 4*typical), halfOpenStale)
+// handshakes records the listener's completed handshakes: when the last
+// one completed, the latest accept among those completed, and how long
+// they have been taking (a moving average over about the last eight).
+type handshakes struct {
+	doneAt, doneStarted time.Time
+	typical             time.Duration
 }
 
-// handshakeDone folds one handshake's time into l.handshake, a moving
-// average over about the last eight; l.mu is held.
-func (l *Listener) handshakeDone(took time.Duration) {
-	if l.handshake == 0 {
-		l.handshake = took
-		return
+// done records a handshake accepted at started that completed at now.
+func (h *handshakes) done(started, now time.Time) {
+	h.doneAt = now
+	if started.After(h.doneStarted) {
+		h.doneStarted = started
 	}
-	l.handshake += (took - l.handshake) / 8
+	if took := now.Sub(started); h.typical == 0 {
+		h.typical = took
+	} else {
+		h.typical += (took - h.typical) / 8
+	}
 }
 
-// evictOldest drops the oldest half-open connection if it started before
-// cutoff, and reports whether it did; l.mu is held.
-func (l *Listener) evictOldest(cutoff time.Time) bool {
+// quiet is how long no handshake may complete before the half-open ones
+// are taken for a flood's: halfOpenGrace, or four times the typical
+// handshake if that is longer (at most halfOpenStale). A dialer that
+// sets up thousands of connections at once answers none of its servers'
+// replies for seconds at a time, and its handshakes take that long.
+func (h *handshakes) quiet() time.Duration {
+	return min(max(halfOpenGrace, 4*h.typical), halfOpenStale)
+}
+
+// stale reports whether a half-open connection accepted at started is not
+// coming, at now: older than halfOpenStale; or older than halfOpenGrace
+// and either no handshake completed for quiet() (the listener makes no
+// progress: a flood holds it) or one accepted halfOpenGrace after it has
+// completed (its dialer, which answers in order, passed it by). Age alone
+// would not do: in a burst of dials on a slow host, a handshake waits
+// seconds for its dialer to answer, and evicting it fails a dial that was
+// coming.
+func (h *handshakes) stale(started, now time.Time) bool {
+	age := now.Sub(started)
+	switch {
+	case age > halfOpenStale:
+		return true
+	case age <= halfOpenGrace:
+		return false
+	}
+	return now.Sub(h.doneAt) > h.quiet() || h.doneStarted.Sub(started) > halfOpenGrace
+}
+
+// evictStale drops the oldest half-open connection if it is stale, and
+// reports whether it did; l.mu is held.
+func (l *Listener) evictStale(now time.Time) bool {
 	var oldest *Conn
 	for c, t := range l.pending {
-		if t.Before(cutoff) && (oldest == nil || t.Before(l.pending[oldest])) {
+		if oldest == nil || t.Before(l.pending[oldest]) {
 			oldest = c
 		}
 	}
-	if oldest == nil {
+	if oldest == nil || !l.progress.stale(l.pending[oldest], now) {
 		return false
 	}
 	delete(l.pending, oldest)
@@ -356,7 +383,7 @@ func (l *Listener) established(c *Conn) {
 		return
 	}
 	delete(l.pending, c)
-	l.handshakeDone(time.Since(since))
+	l.progress.done(since, time.Now())
 	// Counted first: once queued, the connection may be accepted and
 	// used, and its dialer may look at the listener's Stats.
 	l.count(func(s *ListenerStats) { s.Accepted++ })

@@ -128,23 +128,42 @@ func TestListenerQueueFull(t *testing.T) {
 	f.waitReleased(t)
 }
 
-// A half-open connection is stale after halfOpenGrace, or four times the
-// handshakes' typical time if that is longer, never after more than
-// halfOpenStale; the typical time follows the handshakes that completed.
-func TestStaleAfter(t *testing.T) {
-	require.Equal(t, halfOpenGrace, staleAfter(0))
-	require.Equal(t, halfOpenGrace, staleAfter(10*time.Millisecond))
-	require.Equal(t, 8*time.Second, staleAfter(2*time.Second))
-	require.Equal(t, halfOpenStale, staleAfter(time.Minute))
-
-	var l Listener
-	l.handshakeDone(80 * time.Millisecond)
-	require.Equal(t, 80*time.Millisecond, l.handshake)
+// A half-open connection is stale once older than halfOpenStale, or older
+// than halfOpenGrace while no handshake completes (for a second, or four
+// typical handshakes) or one accepted halfOpenGrace after it has.
+func TestHalfOpenStale(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	var h handshakes
+	// A flood: nothing completes.
+	require.False(t, h.stale(t0, t0.Add(halfOpenGrace)))
+	require.True(t, h.stale(t0, t0.Add(halfOpenGrace+time.Millisecond)))
+	// A burst: handshakes accepted after it keep completing, none a
+	// second younger than it.
+	h.done(t0.Add(500*time.Millisecond), t0.Add(600*time.Millisecond))
+	require.Equal(t, 100*time.Millisecond, h.typical)
+	require.Equal(t, halfOpenGrace, h.quiet())
+	h.done(t0.Add(500*time.Millisecond), t0.Add(10*time.Second))
+	require.Equal(t, 100*time.Millisecond+(9500*time.Millisecond-100*time.Millisecond)/8, h.typical)
+	require.Equal(t, 4*h.typical, h.quiet())
+	require.False(t, h.stale(t0, t0.Add(10*time.Second)))
+	// No completion for quiet(): stale.
+	require.False(t, h.stale(t0, t0.Add(10*time.Second+h.quiet())))
+	require.True(t, h.stale(t0, t0.Add(10*time.Second+h.quiet()+time.Millisecond)))
 	for range 64 {
-		l.handshakeDone(3 * time.Second)
+		h.done(t0, t0.Add(time.Minute))
 	}
-	require.InDelta(t, float64(3*time.Second), float64(l.handshake), float64(10*time.Millisecond))
-	require.Equal(t, 12*time.Second, staleAfter(l.handshake).Round(100*time.Millisecond))
+	require.Equal(t, halfOpenStale, h.quiet(), "at most halfOpenStale")
+	h.done(t0.Add(600*time.Millisecond), t0.Add(halfOpenStale))
+	require.False(t, h.stale(t0, t0.Add(halfOpenStale)))
+	require.True(t, h.stale(t0, t0.Add(halfOpenStale+time.Millisecond)), "at most halfOpenStale")
+	// One accepted more than a second after it completed: passed by.
+	t1 := t0.Add(20 * time.Second)
+	h.done(t1.Add(-time.Second), t1)
+	require.False(t, h.stale(t0.Add(19*time.Second), t1))
+	require.True(t, h.stale(t0.Add(18*time.Second-time.Millisecond), t1))
+	// An older completion does not move doneStarted back.
+	h.done(t0, t1.Add(time.Millisecond))
+	require.True(t, h.stale(t0.Add(18*time.Second-time.Millisecond), t1.Add(time.Millisecond)))
 }
 
 // A connection whose handshake fails after its accept is dropped, never

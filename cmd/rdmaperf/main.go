@@ -340,23 +340,27 @@ func main() {
 		if err != nil {
 			log.Fatal(err)
 		}
+		stop := func() {}
 		if cfg.cpuProfile != "" {
-			stop, err := startProfile(cfg.cpuProfile)
-			if err != nil {
+			if stop, err = startProfile(cfg.cpuProfile); err != nil {
 				log.Fatal(err)
 			}
-			// A server runs until it is stopped: the profile is written
-			// then, and the signal raised again, so that the server ends
-			// as it would have without the profile.
-			sig := make(chan os.Signal, 1)
-			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-			go func() {
-				s := <-sig
-				stop()
-				signal.Reset(s)
-				syscall.Kill(os.Getpid(), s.(syscall.Signal))
-			}()
 		}
+		// A server runs until it is stopped: the profile is written then,
+		// and an RDMA listener's counters (refusals by reason, evictions)
+		// are printed, then the signal is raised again, so that the
+		// server ends as it would have without them.
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+		go func() {
+			s := <-sig
+			stop()
+			if rl, ok := ln.(*rdma.Listener); ok {
+				log.Printf("listener: %s", listenerCounters(rl.Stats()))
+			}
+			signal.Reset(s)
+			syscall.Kill(os.Getpid(), s.(syscall.Signal))
+		}()
 		log.Printf("%s server listening on %s", tr.name, ln.Addr())
 		log.Fatal(serve(ln, cfg.verbose))
 	}
@@ -725,4 +729,17 @@ func startProfile(file string) (stop func(), err error) {
 			log.Print(err)
 		}
 	}, nil
+}
+
+// listenerCounters is a listener's counters on one line, the refusals
+// by reason.
+func listenerCounters(s rdma.ListenerStats) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "accepted %d, evicted %d, half-open %d", s.Accepted, s.Evicted, s.HalfOpen)
+	for r := range rdma.NumRefuseReasons {
+		if n := s.Refused[r]; n > 0 {
+			fmt.Fprintf(&b, ", refused %d (%s)", n, r)
+		}
+	}
+	return b.String()
 }
