@@ -23,6 +23,7 @@ mkdir -p "$out"
 "$go" build -o "$out/rdmaperf" ./cmd/rdmaperf
 "$go" test -c -o "$out/objstore.test" ./examples/objectstore
 "${CC:-cc}" -O2 -Wall -o "$out/postrate" bench/postrate.c -lrdmacm -libverbs
+"${CC:-cc}" -O2 -Wall -o "$out/srqcost" bench/srqcost.c -libverbs
 
 # vm.sh gives the job a clean environment: settings go in through env(1).
 log=$out/bench.log
