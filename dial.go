@@ -19,6 +19,10 @@ type Dialer struct {
 	// RefusedBusy; the dial tries again after a pause (5ms, doubling up
 	// to 1s, each drawn at random from its upper half) until the timeout,
 	// as TCP sends its SYN again to a listener too busy to answer it.
+	// At most 128 dials of the process to one address are in their
+	// handshake at once; the others wait their turn within the timeout,
+	// so that a burst of thousands neither overruns the listener nor
+	// answers its replies too late.
 	Timeout time.Duration
 	// LocalAddr, if not nil, is the local address to dial from (its port
 	// is ignored).
