@@ -29,7 +29,8 @@ func newVerbsConn(cm *cmLoop, ph phase) *Conn {
 // device.
 var fakeDataPath func(opts Options, comp completer) (layout, dataPath, error)
 
-// setupSlots bounds the data paths being set up at once in the process,
+// setupSlots bounds the data paths being set up at once in the process
+// (2×GOMAXPROCS as the package starts, at least 4),
 // dialed and accepted alike. A setup is CPU work, most of it in the
 // kernel (registering the arena, creating the QP, posting receives), so
 // more at once only share the CPUs; and each holds a thread in cgo and
@@ -106,15 +107,23 @@ func dial(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options,
 		if err != nil {
 			return nil, err
 		}
-		c, err := dialOnce(ctx, src, dst, opts, fresh, info)
-		release()
+		c, err := func() (*Conn, error) {
+			defer release()
+			return dialOnce(ctx, src, dst, opts, fresh, info)
+		}()
 		if err == nil || ctx.Err() != nil {
 			return c, err
 		}
 		if refusedBusy(err) {
 			// Not counted against dialAttempts: the listener is busy,
-			// not broken, and the context bounds the tries.
-			if err := sleepCtx(ctx, busy.pause()); err != nil {
+			// not broken, and the context bounds the tries. A pause
+			// that would outlast the deadline is not taken: the
+			// refusal says more than a timeout would.
+			pause := busy.pause()
+			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < pause {
+				return nil, err
+			}
+			if err := sleepCtx(ctx, pause); err != nil {
 				return nil, err
 			}
 			attempt--
@@ -134,15 +143,23 @@ func dial(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options,
 // handshakes in progress than the listener keeps (it refuses the rest as
 // RefusedBusy, and each refused try costs the dialer a data path set up
 // and torn down for nothing), and more CM replies arrive than the
-// process answers in time. A dial waiting for its turn is parked.
-const maxDialsInFlight = 128
+// process answers in time. A dial waiting for its turn is parked. A turn
+// is given back when the dial's try ends, or after turnHold if that comes
+// first: a server that does not answer (stopped, or a host without RDMA
+// whose "unreachable" takes seconds) must not hold every later dial to
+// its address until their deadlines.
+const (
+	maxDialsInFlight = 128
+	turnHold         = 2 * time.Second
+)
 
 // dialSlots holds, per address dialed, the turns of dials in progress.
 var dialSlots = slotsByAddr{m: map[netip.AddrPort]*addrSlots{}}
 
 type slotsByAddr struct {
-	mu sync.Mutex
-	m  map[netip.AddrPort]*addrSlots
+	mu      sync.Mutex
+	m       map[netip.AddrPort]*addrSlots
+	holdFor time.Duration // if set, in place of turnHold (tests)
 }
 
 type addrSlots struct {
@@ -170,11 +187,22 @@ func (s *slotsByAddr) acquire(ctx context.Context, dst netip.AddrPort) (release 
 	}
 	select {
 	case a.turns <- struct{}{}:
-		return func() { <-a.turns; done() }, nil
 	case <-ctx.Done():
 		done()
 		return nil, ctx.Err()
 	}
+	var once sync.Once
+	give := func() { once.Do(func() { <-a.turns }) }
+	t := time.AfterFunc(s.hold(), give)
+	return func() { t.Stop(); give(); done() }, nil
+}
+
+// hold is how long a turn is held at most: turnHold, or the test's.
+func (s *slotsByAddr) hold() time.Duration {
+	if s.holdFor > 0 {
+		return s.holdFor
+	}
+	return turnHold
 }
 
 // refusedBusy reports whether err is a listener's RefusedBusy.
@@ -337,7 +365,9 @@ func connectOutcome(ev rdmacm.Event) error {
 		return nil
 	case rdmacm.EventRejected:
 		reason := parseReject(ev.PrivateData)
-		if reason == RefusedUnknown {
+		if _, ours := wire.ParseReject(ev.PrivateData); !ours {
+			// Not a listener of this package (a reason of a newer
+			// version stays RefusedUnknown): what the status says.
 			switch ev.Status {
 			case rdmacm.RejectStaleConn:
 				// See reusableQP: a new QP takes another try.

@@ -283,7 +283,8 @@ func TestDialTriesAgainWhenBusy(t *testing.T) {
 	f.waitReleased(t)
 }
 
-// A dial refused as busy until its deadline ends with net's timeout error.
+// A dial refused as busy until its deadline ends with the refusal once the
+// next pause would outlast the deadline.
 func TestDialBusyUntilDeadline(t *testing.T) {
 	f := useFakeCM(t)
 	f.on("ConnectRead", func(id *fakeID, _ []byte) error {
@@ -292,11 +293,11 @@ func TestDialBusyUntilDeadline(t *testing.T) {
 	})
 	start := time.Now()
 	_, err := fakeDial(t, 200*time.Millisecond)
-	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
-	var ne net.Error
-	require.ErrorAs(t, err, &ne)
-	require.True(t, ne.Timeout())
-	require.Less(t, time.Since(start), 5*time.Second)
+	var re *RefusedError
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, RefusedBusy, re.Reason)
+	require.ErrorIs(t, err, syscall.EAGAIN)
+	require.Less(t, time.Since(start), 200*time.Millisecond)
 	require.Greater(t, len(f.ids), 1, "tried again")
 	f.waitReleased(t)
 }
@@ -335,4 +336,24 @@ func TestDialSlots(t *testing.T) {
 		r()
 	}
 	require.Empty(t, s.m)
+
+	// A turn held past holdFor is given back for the next dial; its own
+	// release later gives back nothing more.
+	s.holdFor = 20 * time.Millisecond
+	releases = releases[:0]
+	for range maxDialsInFlight {
+		r, err := s.acquire(context.Background(), a)
+		require.NoError(t, err)
+		releases = append(releases, r)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	late, err := s.acquire(ctx, a)
+	require.NoError(t, err, "a turn held past holdFor came free")
+	for _, r := range releases {
+		r()
+	}
+	late()
+	require.Empty(t, s.m)
+	require.Empty(t, dialSlots.m, "the process's table is empty between dials")
 }

@@ -20,7 +20,8 @@ type Dialer struct {
 	// to 1s, each drawn at random from its upper half) until the timeout,
 	// as TCP sends its SYN again to a listener too busy to answer it.
 	// At most 128 dials of the process to one address are in their
-	// handshake at once; the others wait their turn within the timeout,
+	// handshake at once (each for 2s at most before the next may start);
+	// the others wait their turn within the timeout,
 	// so that a burst of thousands neither overruns the listener nor
 	// answers its replies too late.
 	Timeout time.Duration

@@ -145,6 +145,7 @@ func TestFallbackRules(t *testing.T) {
 	first, err := rdma.Dial("rdma", ln.Addr().String())
 	require.NoError(t, err)
 	defer first.Close()
+	waitAccepted(t, ln, 1)
 	port := ln.Addr().(*rdma.Addr).Port
 	other, err := net.Listen("tcp", net.JoinHostPort(testAddr, strconv.Itoa(port)))
 	require.NoError(t, err, "a TCP service on the RDMA listener's port number")

@@ -28,13 +28,15 @@ type ListenConfig struct {
 	KeepAlive       time.Duration
 	KeepAliveConfig net.KeepAliveConfig
 	// Refused, if not nil, is called for every connection request the
-	// listener refuses, with the dialer's address and a *net.OpError
+	// listener refuses (a dialer refused as RefusedBusy tries again, and
+	// each try is refused, counted and reported anew), with the dialer's
+	// address and a *net.OpError
 	// (Op "accept") whose chain holds a *RefusedError (the reason the
 	// dialer was told) and, when the listener's own setup failed, the
 	// error that says what to do (the locked-memory limit to raise, say).
 	// It runs on a goroutine of the listener's, one call after another,
-	// when the refusal is decided on arrival (backlog full, another
-	// protocol), so a call that blocks holds up that listener's later
+	// when the refusal is decided on arrival (backlog full, too many
+	// handshakes in progress, another protocol), so a call that blocks holds up that listener's later
 	// refusals and not the process's other connections (but for a flood:
 	// past 256 refusals waiting, the goroutine that answers every
 	// connection request of the process makes them), and on the goroutine

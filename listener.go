@@ -141,9 +141,9 @@ func (l *Listener) Addr() net.Addr {
 // worth if that is more (never more than the backlog: a burst of dials,
 // an HTTP client opening 20 connections at once, must fit while their
 // setups run); a request that finds
-// them all taken evicts the oldest one if it is stale (see handshakes.stale: a
-// handshake that has not finished by then is not coming), and is refused
-// as RefusedBusy otherwise, which its dialer tries again.
+// them all taken evicts the oldest one if it is stale (see handshakes.stale:
+// a handshake that is not coming), and is refused as RefusedBusy
+// otherwise, which its dialer tries again.
 const (
 	halfOpenMemory = 32 << 20
 	minHalfOpen    = 32

@@ -1,6 +1,7 @@
 package rdma
 
 import (
+	"errors"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -240,11 +241,12 @@ func (l *Listener) accept(c *Conn, peer wire.Hello, remote *Addr) {
 	}
 	l.mu.Unlock()
 	switch {
+	case closed && (err == nil || errors.Is(err, net.ErrClosed)):
+		// Closed before the setup or during its wait for a slot.
+		refuse(RefusedShutdown, nil)
+		return
 	case err != nil:
 		refuse(refuseReasonOf(err), err)
-		return
-	case closed:
-		refuse(RefusedShutdown, nil)
 		return
 	}
 	// rdma_accept moves the QP to RTR and RTS: a teardown started

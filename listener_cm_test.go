@@ -252,3 +252,34 @@ func (l *Listener) pendingConn() *Conn {
 	}
 	return nil
 }
+
+// A request whose setup waits for a slot (setupSlots all taken) when the
+// listener closes is refused as shutting down, with no cause, and torn
+// down; Close waits for it.
+func TestListenerCloseDuringSetupWait(t *testing.T) {
+	f := useFakeCM(t)
+	l, log := fakeListen(t, 4)
+	for range cap(setupSlots) {
+		setupSlots <- struct{}{}
+	}
+	freed := false
+	free := func() {
+		if !freed {
+			freed = true
+			for range cap(setupSlots) {
+				<-setupSlots
+			}
+		}
+	}
+	defer free()
+	id := f.request(l.handle, f.peerHello.Marshal())
+	require.Eventually(t, func() bool { return l.Stats().HalfOpen == 1 }, 5*time.Second, time.Millisecond)
+	require.NoError(t, l.Close())
+	require.Equal(t, RefusedShutdown, rejectedWith(t, id))
+	errs := log.all()
+	require.Len(t, errs, 1)
+	var rc *refusedCause
+	require.False(t, errors.As(errs[0], &rc), "no cause: %v", errs[0])
+	free()
+	f.waitReleased(t)
+}

@@ -55,6 +55,7 @@ func TestListenerRefusalOffTheCMGoroutine(t *testing.T) {
 	queued, err := rdma.Dial("rdma", ln.Addr().String()) // takes the backlog
 	require.NoError(t, err)
 	defer queued.Close()
+	waitAccepted(t, ln, 1)
 	refused := make(chan error, 1)
 	go func() {
 		_, err := rdma.Dial("rdma", ln.Addr().String())
@@ -142,6 +143,7 @@ func TestBacklog(t *testing.T) {
 		require.NoError(t, err)
 		conns = append(conns, c)
 	}
+	waitAccepted(t, ln, 2)
 	_, err = rdma.Dial("rdma", ln.Addr().String())
 	require.ErrorIs(t, err, syscall.ECONNREFUSED)
 	require.ErrorIs(t, err, syscall.EAGAIN, "a full backlog: try again")
@@ -258,4 +260,13 @@ func TestDialsRacingListenerClose(t *testing.T) {
 		}
 	}
 	t.Logf("outcomes: %v", kinds)
+}
+
+// waitAccepted waits until the listener has queued n established
+// connections: until then a request finds the backlog taken by handshakes
+// in progress and is refused as busy (and tried again), not as backlog
+// full.
+func waitAccepted(t *testing.T, ln net.Listener, n uint64) {
+	t.Helper()
+	require.Eventually(t, func() bool { return ln.(*rdma.Listener).Stats().Accepted == n }, 10*time.Second, time.Millisecond)
 }

@@ -23,7 +23,7 @@ const (
 	RefusedUnknown      RefuseReason = iota // the server gave no reason (not this package, or an older version)
 	RefusedLockedMemory                     // registering the connection's rings exceeded the server's locked-memory limit
 	RefusedResources                        // the server ran out of another resource (memory, QPs, completion queue entries)
-	RefusedBacklog                          // the backlog, or the room for handshakes in progress, is full
+	RefusedBacklog                          // the backlog is full of established connections nobody accepted yet
 	RefusedShutdown                         // the listener is closing
 	RefusedProtocol                         // the dialer does not speak this package's protocol, or another version of it
 	// RefusedNoListener: no RDMA listener on that port (rdma_cm itself

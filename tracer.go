@@ -68,9 +68,10 @@ type DialDoneInfo struct {
 	// The RDMA dial's phases, each as long as it took (zero if it was
 	// not reached): the address's resolution to a device
 	// (rdma_resolve_addr), the route's (rdma_resolve_route), the data
-	// path's setup (memory, QP, receives, overlapping the route's), and
-	// the connection's request until the peer's answer (rdma_connect and
-	// the handshake).
+	// path's setup (memory, QP, receives, overlapping the route's; with
+	// any wait for a setup slot), and the connection's request until the
+	// peer's answer (rdma_connect and the handshake). A dial that tried
+	// again (the listener was busy) reports its last try's.
 	Resolve, Route, Setup, Connect time.Duration
 	// Err is the dial's error, nil if it succeeded.
 	Err error

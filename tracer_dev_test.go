@@ -111,6 +111,7 @@ func TestTracerRefusal(t *testing.T) {
 	c, err := rdma.Dial("rdma", ln.Addr().String())
 	require.NoError(t, err, "the backlog holds one")
 	defer c.Close()
+	waitAccepted(t, ln, 1)
 	_, err = rdma.Dial("rdma", ln.Addr().String())
 	var re *rdma.RefusedError
 	require.ErrorAs(t, err, &re)
