@@ -283,3 +283,26 @@ func TestListenerCloseDuringSetupWait(t *testing.T) {
 	free()
 	f.waitReleased(t)
 }
+
+// A half-open handshake the listener has made no progress past for
+// halfOpenGrace (a flood's) is evicted by the next request, which takes
+// its place; until then the request is refused as busy.
+func TestListenerEvictsWithoutProgress(t *testing.T) {
+	f := useFakeCM(t)
+	l, _ := fakeListen(t, 1)
+	f.on("AcceptRead", func(*fakeID, []byte) error { return nil })
+	stale := f.request(l.handle, f.peerHello.Marshal())
+	require.Eventually(t, func() bool { return l.Stats().HalfOpen == 1 }, 5*time.Second, time.Millisecond)
+	require.Equal(t, RefusedBusy, rejectedWith(t, f.request(l.handle, f.peerHello.Marshal())))
+	time.Sleep(halfOpenGrace + 100*time.Millisecond)
+	taker := f.request(l.handle, f.peerHello.Marshal())
+	require.Eventually(t, stale.isDestroyed, 5*time.Second, time.Millisecond, "the stale one is torn down")
+	require.Eventually(t, func() bool { return l.Stats().HalfOpen == 1 }, 5*time.Second, time.Millisecond, "the new one is half-open")
+	require.False(t, taker.isDestroyed())
+	s := l.Stats()
+	require.Equal(t, uint64(1), s.Evicted)
+	require.Equal(t, uint64(1), s.Refused[RefusedBusy])
+	require.NoError(t, l.Close())
+	require.True(t, taker.isDestroyed())
+	f.waitReleased(t)
+}
