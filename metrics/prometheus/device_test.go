@@ -107,6 +107,8 @@ func TestDevice(t *testing.T) {
 	require.Zero(t, m.value(t, "rdma_listener_half_open_connections", "name", "server"))
 	require.False(t, m.has("rdma_listener_accepted_total", "name", "client", "transport", "rdma"), "the client's name has no listener")
 
+	perConn, err := rdma.Options{}.RegisteredMemory()
+	require.NoError(t, err)
 	devs := rdma.Devices()
 	require.NotEmpty(t, devs)
 	conns := 0
@@ -116,8 +118,11 @@ func TestDevice(t *testing.T) {
 		require.Equal(t, float64(d.CompletionQueues), m.value(t, "rdma_device_completion_queues", "device", d.Name))
 		require.Equal(t, float64(d.ActiveMTU), m.value(t, "rdma_device_active_mtu_bytes", "device", d.Name))
 		require.Positive(t, d.ActiveMTU)
-		require.GreaterOrEqual(t, m.value(t, "rdma_device_registered_bytes", "device", d.Name),
-			m.value(t, "rdma_conn_registered_bytes", "name", "client")+m.value(t, "rdma_conn_registered_bytes", "name", "server"))
+		// A grown ring may be on its way back to its first size while
+		// the device and the connections are read (the device counts
+		// its release before the connection does): the device holds at
+		// least both ends' first registrations.
+		require.GreaterOrEqual(t, m.value(t, "rdma_device_registered_bytes", "device", d.Name), float64(2*perConn))
 		conns += d.Connections
 	}
 	require.Equal(t, 2, conns, "the client's and the server's ends")
