@@ -82,8 +82,9 @@ func readEvents(read func(ok func()) error, stop <-chan struct{}) error {
 // A Dial refused as RefusedBusy (the listener holds as many handshakes in
 // progress as it keeps) tries again after a pause that doubles from
 // busyPause up to busyPauseMax, each drawn at random from its upper half
-// so that the dialers of one burst come back spread out, until the dial's
-// context ends (every dial has a deadline: DefaultDialTimeout). TCP does
+// so that the dialers of one burst come back spread out, until the next
+// pause would outlast the dial's deadline (every dial has one:
+// DefaultDialTimeout) or its context ends. TCP does
 // the same with a SYN that a listener too busy to answer dropped, from 1s
 // up; the handshakes here take milliseconds, so the pauses start smaller.
 const (
