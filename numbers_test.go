@@ -40,13 +40,24 @@ func TestDocumentedNumbers(t *testing.T) {
 	// README "Sizing" and docs/operations.md (F3): a listener keeps at
 	// most 32 MiB of half-open connections, 1,024 of 32 KiB with the
 	// defaults (and at least 32), and never more than its backlog; a new
-	// request evicts the oldest one older than a second.
+	// request evicts the oldest one once stale (a second without
+	// progress, at most 30 s), and is refused as busy otherwise; the
+	// Dialer's doc and the CHANGELOG: a busy dial tries again after 5 ms
+	// doubling to 1 s, at most 128 dials to one address are in their
+	// handshake at once, each turn held 2 s at most, and at least 4 setups
+	// run at once.
 	require.Equal(t, 32<<20, halfOpenMemory)
 	require.Equal(t, 128, halfOpenLimit(opts, 128))
 	require.Equal(t, 1024, halfOpenLimit(opts, 4096))
 	require.Equal(t, 32<<20, halfOpenLimit(opts, 4096)*lay.size())
 	require.Equal(t, 32, minHalfOpen)
 	require.Equal(t, time.Second, halfOpenGrace)
+	require.Equal(t, 30*time.Second, halfOpenStale)
+	require.Equal(t, 5*time.Millisecond, busyPause)
+	require.Equal(t, time.Second, busyPauseMax)
+	require.Equal(t, 128, maxDialsInFlight)
+	require.Equal(t, 2*time.Second, turnHold)
+	require.GreaterOrEqual(t, cap(setupSlots), 4)
 
 	// README "How it differs from TCP" and Close's godoc: the linger for
 	// a peer that leaves no receive free, 3 s.
