@@ -15,6 +15,7 @@ type fakeSpinner struct {
 	polls, starts, ends atomic.Int32
 	readyAfter          int32 // 0: never
 	ready               chan struct{}
+	done                *doneFlag // set with ready, for waitDone
 }
 
 func (s *fakeSpinner) spinStart() { s.starts.Add(1) }
@@ -22,6 +23,9 @@ func (s *fakeSpinner) spinEnd()   { s.ends.Add(1) }
 func (s *fakeSpinner) tryPoll() {
 	if n := s.polls.Add(1); n == s.readyAfter {
 		signal(s.ready)
+		if s.done != nil {
+			s.done.set()
+		}
 	}
 }
 
@@ -182,49 +186,77 @@ func TestWaiterClock(t *testing.T) {
 // parks at once; each returns when the completion or ctx comes.
 func TestWaiterWaitDone(t *testing.T) {
 	closing := make(chan struct{})
+	newDone := func() *doneFlag { return &doneFlag{ch: make(chan struct{}, 1)} }
 
-	busy := &fakeSpinner{readyAfter: 100, ready: make(chan struct{}, 1)}
+	busy := &fakeSpinner{readyAfter: 100, done: newDone()}
 	w := waiter{mode: PollBusy, sp: busy}
-	w.waitDone(context.Background(), busy.ready, closing, 0, w.clock())
+	w.waitDone(context.Background(), busy.done, closing, 0, w.clock())
 	require.GreaterOrEqual(t, busy.polls.Load(), int32(100), "busy: the completion found by polling")
 	require.Equal(t, busy.starts.Load(), busy.ends.Load())
+	require.False(t, busy.done.parked.Load(), "busy: never parked, so never signaled")
 
-	adaptive := &fakeSpinner{ready: make(chan struct{}, 1)}
+	adaptive := &fakeSpinner{done: newDone()}
 	w = waiter{mode: PollAdaptive, spinTime: time.Millisecond, sp: adaptive}
 	go func() {
 		time.Sleep(20 * time.Millisecond)
-		signal(adaptive.ready)
+		adaptive.done.set()
 	}()
-	w.waitDone(context.Background(), adaptive.ready, closing, 0, w.clock())
+	w.waitDone(context.Background(), adaptive.done, closing, 0, w.clock())
 	require.Positive(t, adaptive.polls.Load(), "adaptive: spins first")
 	require.Equal(t, int32(1), adaptive.ends.Load(), "then parks until the completion")
+	require.True(t, adaptive.done.isSet())
 
 	// After long waits, an adaptive one parks at once.
-	parker := &fakeSpinner{ready: make(chan struct{}, 1)}
+	parker := &fakeSpinner{done: newDone()}
 	w = waiter{mode: PollAdaptive, spinTime: time.Millisecond, sp: parker}
 	go func() {
 		time.Sleep(20 * time.Millisecond)
-		signal(parker.ready)
+		parker.done.set()
 	}()
-	w.waitDone(context.Background(), parker.ready, closing, 10*time.Second, w.clock())
+	w.waitDone(context.Background(), parker.done, closing, 10*time.Second, w.clock())
 	require.Zero(t, parker.polls.Load(), "adaptive after long waits: parks at once")
+	require.True(t, parker.done.isSet())
 
-	event := &fakeSpinner{ready: make(chan struct{}, 1)}
+	event := &fakeSpinner{done: newDone()}
 	w = waiter{mode: PollEvent, sp: event}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
-	w.waitDone(ctx, event.ready, closing, 0, w.clock())
+	w.waitDone(ctx, event.done, closing, 0, w.clock())
 	require.Zero(t, event.polls.Load(), "event: parks at once")
 	require.Error(t, ctx.Err(), "returns on ctx")
 
 	// A busy wait ends with the connection's close, too.
-	never := &fakeSpinner{ready: make(chan struct{}, 1)}
+	never := &fakeSpinner{done: newDone()}
 	w = waiter{mode: PollBusy, sp: never}
 	close(closing)
 	ctx, cancel = context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	w.waitDone(ctx, never.ready, closing, 0, w.clock())
+	w.waitDone(ctx, never.done, closing, 0, w.clock())
 	require.Positive(t, never.polls.Load())
+}
+
+// A completion and a waiter that parks at the same moment never miss
+// each other: either the waiter sees the flag, or the completion sees
+// the waiter parked and signals it. A slot's next use starts with no
+// stale signal.
+func TestDoneFlagRace(t *testing.T) {
+	d := &doneFlag{ch: make(chan struct{}, 1)}
+	w := waiter{mode: PollEvent}
+	for range 2000 {
+		// The slot's lock orders a set before the next reset (see
+		// doneFlag.reset): here the setter's end does.
+		d.reset()
+		set := make(chan struct{})
+		go func() { d.set(); close(set) }()
+		w.waitDone(context.Background(), d, make(chan struct{}), 0, time.Time{})
+		require.True(t, d.isSet())
+		<-set
+	}
+	d.parked.Store(true)
+	d.set()
+	d.reset()
+	require.Zero(t, len(d.ch), "reset takes back a signal nobody received")
+	require.False(t, d.isSet())
 }
 
 func TestSpinGate(t *testing.T) {
