@@ -42,8 +42,8 @@ type Conn struct {
 	early        []ibv.WC       // messages that arrived before open
 
 	w       waiter
-	rdWait  time.Duration // moving average of Read waits, under readMu
-	wrWait  time.Duration // moving average of Write waits, under writeMu
+	rdWait  time.Duration // moving average of Read waits, the Read turn's
+	wrWait  time.Duration // moving average of Write waits, the Write turn's
 	rxReady chan struct{} // capacity 1: a message or an error arrived
 	// pl is the poller of the connection's CQ, through which a Read
 	// spins with mu held (spinReadHeld); nil where the spinner is
@@ -61,10 +61,10 @@ type Conn struct {
 	drained             chan struct{} // capacity 1: a completion arrived during teardown
 	closing             chan struct{} // closed by Close
 
-	readMu  sync.Mutex // one Read at a time: partial messages stay consistent
-	writeMu sync.Mutex // one Write at a time: Writes do not interleave
-	rdl     *deadline
-	wdl     *deadline
+	rturn turn // one Read at a time: partial messages stay consistent (under mu)
+	wturn turn // one Write at a time: Writes do not interleave (under mu)
+	rdl   *deadline
+	wdl   *deadline
 
 	// regMu is held while a region is registered and while the release
 	// frees the regions: no region is registered in the arena's PD after
@@ -181,6 +181,8 @@ func newConn(ph phase) *Conn {
 		txReady: make(chan struct{}, 1),
 		drained: make(chan struct{}, 1),
 		closing: make(chan struct{}),
+		rturn:   newTurn(),
+		wturn:   newTurn(),
 		rdl:     newDeadline(),
 		wdl:     newDeadline(),
 	}
@@ -269,9 +271,11 @@ func (c *Conn) Read(b []byte) (int, error) {
 	if !c.ok() {
 		return 0, errInvalid("read")
 	}
-	c.readMu.Lock()
-	defer c.readMu.Unlock()
+	c.mu.Lock()
+	c.rturn.take(&c.mu)
 	n, err := c.read(b)
+	c.rturn.give()
+	c.mu.Unlock()
 	return n, c.opErr("read", err)
 }
 
@@ -301,9 +305,11 @@ func (c *Conn) Write(b []byte) (int, error) {
 	if !c.ok() {
 		return 0, errInvalid("write")
 	}
-	c.writeMu.Lock()
-	defer c.writeMu.Unlock()
+	c.mu.Lock()
+	c.wturn.take(&c.mu)
 	n, err := c.write(b)
+	c.wturn.give()
+	c.mu.Unlock()
 	return n, c.opErr("write", err)
 }
 
@@ -399,8 +405,8 @@ func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 	if !c.ok() {
 		return 0, errInvalid("readfrom")
 	}
-	c.writeMu.Lock()
-	defer c.writeMu.Unlock()
+	c.takeTurn(&c.wturn)
+	defer c.giveTurn(&c.wturn)
 	n, err := c.readFrom(r)
 	return n, c.opErr("readfrom", err)
 }
@@ -420,8 +426,8 @@ func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 	if !c.ok() {
 		return 0, errInvalid("writeto")
 	}
-	c.readMu.Lock()
-	defer c.readMu.Unlock()
+	c.takeTurn(&c.rturn)
+	defer c.giveTurn(&c.rturn)
 	n, err := c.writeTo(w)
 	return n, c.opErr("writeto", err)
 }

@@ -26,10 +26,10 @@ func (c *Conn) CloseWrite() error {
 	if !c.ok() {
 		return errInvalid("close")
 	}
-	c.writeMu.Lock()
-	defer c.writeMu.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.wturn.take(&c.mu)
+	defer c.wturn.give()
 	if c.life.has(shutClosed) {
 		return c.opErr("close", net.ErrClosed)
 	}
@@ -51,12 +51,12 @@ func (c *Conn) CloseRead() error {
 	c.life.set(shutRead)
 	c.mu.Unlock()
 	signal(c.rxReady)
-	// A Read in progress returns io.EOF and releases readMu; then the
-	// queued messages are no one's.
-	c.readMu.Lock()
-	defer c.readMu.Unlock()
+	// A Read in progress returns io.EOF and gives its turn back; then
+	// the queued messages are no one's.
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.rturn.take(&c.mu)
+	defer c.rturn.give()
 	if c.life.has(shutClosed) {
 		// Close ran meanwhile: the buffers and the QP are gone.
 		return c.opErr("close", net.ErrClosed)
@@ -106,11 +106,11 @@ func (c *Conn) Close() error {
 		return nil
 	}
 	// Wait for Reads and Writes to leave: the teardown frees their buffers.
-	c.writeMu.Lock()
-	c.readMu.Lock()
+	c.takeTurn(&c.wturn)
+	c.takeTurn(&c.rturn)
 	err := c.teardown(true)
-	c.readMu.Unlock()
-	c.writeMu.Unlock()
+	c.giveTurn(&c.rturn)
+	c.giveTurn(&c.wturn)
 	c.rdl.stop()
 	c.wdl.stop()
 	return c.opErr("close", err)
@@ -406,8 +406,8 @@ func (c *Conn) releaseLater() {
 	releasing.Add(1)
 	go func() {
 		defer releasing.Done()
-		// Not behind readMu and writeMu: a WriteTo or ReadFrom holds
-		// one while it waits in the application's Writer or Reader (an
+		// Not behind the Read and Write turns: a WriteTo or ReadFrom
+		// holds one while it waits in the application's Writer or Reader (an
 		// idle io.Copy(conn, os.Stdin)), for as long as that takes, and
 		// the device's removal would wait with it. The release waits
 		// only for a copy in or out of the rings (see releaseAll); the

@@ -147,8 +147,8 @@ func TestConnDeviceRemoved(t *testing.T) {
 
 // TestConnCloseBesideRemovalRelease: once a device's removal has started
 // the connection's release on a goroutine of its own (releaseLater), Close
-// returns at once instead of waiting for it: the release holds readMu and
-// writeMu until it has destroyed the id, which a kernel deleting the
+// returns at once instead of waiting for it: the release holds the Read and
+// Write turns until it has destroyed the id, which a kernel deleting the
 // device was seen to hold forever.
 func TestConnCloseBesideRemovalRelease(t *testing.T) {
 	p := newFakeConn(t, 8, 1024)
@@ -159,10 +159,10 @@ func TestConnCloseBesideRemovalRelease(t *testing.T) {
 	c.releasedLater = true
 	c.mu.Unlock()
 	// The release, stuck: it holds what Close would otherwise wait for.
-	c.writeMu.Lock()
-	c.readMu.Lock()
-	defer c.writeMu.Unlock()
-	defer c.readMu.Unlock()
+	c.takeTurn(&c.wturn)
+	c.takeTurn(&c.rturn)
+	defer c.giveTurn(&c.wturn)
+	defer c.giveTurn(&c.rturn)
 	done := make(chan error, 1)
 	go func() { done <- c.Close() }()
 	select {
@@ -271,7 +271,7 @@ func TestConnSetDeadlineRacingClose(t *testing.T) {
 // TestConnRemovalReleaseBesideBlockedCopies: a device's removal releases
 // the connection while a WriteTo waits in its Writer and a ReadFrom in
 // its Reader (an idle io.Copy(conn, os.Stdin)): the release no longer
-// waits behind readMu and writeMu, which they hold meanwhile, and
+// waits behind the Read and Write turns, which they hold meanwhile, and
 // neither touches the rings while it waits in the application. Once the
 // application returns, both fail with the removal's error.
 func TestConnRemovalReleaseBesideBlockedCopies(t *testing.T) {

@@ -20,9 +20,8 @@ import (
 // the peer (postReposts, returnCredits). The ring's bookkeeping is
 // recvRing's (recvring.go).
 
+// read is Read's body; mu and the Read turn are held.
 func (c *Conn) read(b []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	// n counts what a message-oriented Read has copied of a message whose
 	// fragments are still arriving; a stream Read returns at once.
 	n := 0
@@ -254,7 +253,7 @@ func (c *Conn) pollHeld() heldSpin {
 }
 
 // copyOutDroppingLock copies queued messages into b. The queued messages
-// are the reader's while readMu is held (the completion side only appends
+// are the reader's while it holds the Read turn (the completion side only appends
 // behind them), so the copy runs without mu and does not block the poller.
 // It reports whether the copy ended at the end of one of the peer's Writes
 // (which matters to message-oriented Reads only: they stop there).
@@ -300,7 +299,7 @@ func (c *Conn) copiedOut() {
 // RDMA WRITE needs no credit and completes nothing here), so a Writer
 // that reads its argument twice (a file and a hash of it) could otherwise
 // see two different contents. The message is consumed once w has taken
-// it; what w leaves stays queued for the next Read. readMu is held
+// it; what w leaves stays queued for the next Read. The Read turn is held
 // throughout, but the copy is what a release waits for, not w.
 func (c *Conn) writeTo(w io.Writer) (int64, error) {
 	var total int64
@@ -322,7 +321,7 @@ func (c *Conn) writeTo(w io.Writer) (int64, error) {
 			if c.rx.finAtHead() {
 				return total, nil
 			}
-			// The head message is the reader's while readMu is held (see
+			// The head message is the reader's while the Read turn is held (see
 			// Read): copy it out without the lock.
 			src := c.rx.payload(c.rx.q[c.rx.head], c.rx.off)
 			b := growBuf(bp, len(src), c.rx.maxMsg)

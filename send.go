@@ -19,11 +19,10 @@ import (
 // the ledger's (credits.go); the ring arithmetic and the pending message
 // are sendRing's (sendring.go).
 
+// write is Write's body; mu and the Write turn are held.
 func (c *Conn) write(b []byte) (int, error) {
 	n := 0
 	waited := false // for credit: counted once per Write
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.cr.short = len(b) < c.tx.ring.maxMsg
 	for {
 		if err := c.life.writeEnded(); err != nil {
@@ -131,7 +130,7 @@ func (c *Conn) fillDroppingLock(b []byte, n, slots int) int {
 	if c.life.has(shutClosed) || c.life.werr != nil {
 		return n
 	}
-	// (A cut Write cannot be: writeMu keeps the next Write out until this
+	// (A cut Write cannot be: the Write turn keeps the next Write out until this
 	// one returns.)
 	c.st.BytesWritten += uint64(off - n)
 	// Credits only grow while the lock is dropped (this writer is the
@@ -226,7 +225,7 @@ func (c *Conn) readFrom(r io.Reader) (int64, error) {
 		}
 		// Before r.Read is called, what is pending goes, and a whole
 		// message's room is there for what it returns: only this call
-		// (writeMu) spends room, so the room stays while r.Read runs
+		// (the Write turn) spends room, so the room stays while r.Read runs
 		// (see planReadFrom).
 		step, noCredit := c.tx.planReadFrom(c.cr.credits)
 		// The deadline ends the call before r.Read, or while it waits;

@@ -219,7 +219,7 @@ func nextAvgWait(avg, d time.Duration) time.Duration {
 // hundred microseconds is then caught without parking, while a quiet
 // connection parks after SpinTime, and one whose waits are long parks at
 // once. avg is the direction's moving average, guarded by the caller
-// (Conn.readMu or Conn.writeMu). The caller holds no lock besides that
+// (Conn's Read or Write turn). The caller holds no lock besides that
 // one. It reports whether the wait ended while spinning, not parked.
 func (w *waiter) wait(ready, closing chan struct{}, dl *deadline, avg *time.Duration) (spun bool) {
 	if w.mode == PollAdaptive {
