@@ -171,6 +171,16 @@ func (c *Conn) spinReadHeld() (heldSpin, time.Time) {
 		}
 		defer adaptiveSpins.leave()
 	}
+	return c.spinHeld(budget)
+}
+
+// spinHeld is spinReadHeld's spin, counted as a spinner, for up to
+// budget (negative: no bound). Apart from spinReadHeld so that each
+// function's defers stay few enough for the compiler to open-code them:
+// with all in one, every return ran the runtime's deferreturn (2 % of a
+// 64 B round trip over the zero-cost provider).
+func (c *Conn) spinHeld(budget time.Duration) (heldSpin, time.Time) {
+	w := &c.w
 	w.sp.spinStart()
 	defer w.sp.spinEnd()
 	// The clock is first read spinCheck polls in: a reply caught before
