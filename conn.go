@@ -271,11 +271,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 	if !c.ok() {
 		return 0, errInvalid("read")
 	}
-	c.mu.Lock()
-	c.rturn.take(&c.mu)
-	n, err := c.read(b)
-	c.rturn.give()
-	c.mu.Unlock()
+	n, err := c.readTurn(b)
 	return n, c.opErr("read", err)
 }
 
@@ -305,11 +301,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 	if !c.ok() {
 		return 0, errInvalid("write")
 	}
-	c.mu.Lock()
-	c.wturn.take(&c.mu)
-	n, err := c.write(b)
-	c.wturn.give()
-	c.mu.Unlock()
+	n, err := c.writeTurn(b)
 	return n, c.opErr("write", err)
 }
 

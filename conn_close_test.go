@@ -147,9 +147,10 @@ func TestConnDeviceRemoved(t *testing.T) {
 
 // TestConnCloseBesideRemovalRelease: once a device's removal has started
 // the connection's release on a goroutine of its own (releaseLater), Close
-// returns at once instead of waiting for it: the release holds the Read and
-// Write turns until it has destroyed the id, which a kernel deleting the
-// device was seen to hold forever.
+// returns at once instead of waiting for it: the release, which may block
+// until it has destroyed the id (a kernel deleting the device was seen to
+// hold that forever), is not waited for. The test holds the Read and Write
+// turns meanwhile, as a Read and a Write blocked in the application would.
 func TestConnCloseBesideRemovalRelease(t *testing.T) {
 	p := newFakeConn(t, 8, 1024)
 	c := p.c

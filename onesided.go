@@ -113,6 +113,17 @@ func (t *oneSided) get() (int, bool) {
 	return i, true
 }
 
+// passRoom passes a wakeup for room on to another waiter while slots are
+// free: a caller that took it and leaves without a slot (its context, the
+// connection's end, its region closed) or with one of several would
+// otherwise leave the others waiting for the next slot given back. Mu is
+// held.
+func (t *oneSided) passRoom() {
+	if len(t.free) > 0 && t.roomWaits > 0 {
+		signal(t.room)
+	}
+}
+
 // wrid is the work request id of slot i's operation.
 func (t *oneSided) wrid(i int) uint64 {
 	return wrOneSided | uint64(t.slots[i].gen)<<8 | uint64(i)
@@ -206,12 +217,14 @@ func (c *Conn) startOneSided(ctx context.Context, op uint8, local *Region, lo, n
 	var i int
 	for {
 		if err := c.oneSidedEnded(); err != nil {
+			t.passRoom()
 			return 0, err
 		}
 		if isAtomic(op) {
 			local = t.bounce
 		}
 		if local.closed {
+			t.passRoom()
 			return 0, net.ErrClosed
 		}
 		var ok bool
@@ -226,14 +239,13 @@ func (c *Conn) startOneSided(ctx context.Context, op uint8, local *Region, lo, n
 		case <-ctx.Done():
 			c.mu.Lock()
 			t.roomWaits--
+			t.passRoom()
 			return 0, ctx.Err()
 		}
 		c.mu.Lock()
 		t.roomWaits--
 	}
-	if len(t.free) > 0 && t.roomWaits > 0 {
-		signal(t.room) // another waiter may take the next one
-	}
+	t.passRoom() // another waiter may take the next one
 	s := &t.slots[i]
 	s.reg = local
 	local.pins++

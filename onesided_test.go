@@ -273,3 +273,20 @@ func TestOneSidedReadCut(t *testing.T) {
 		})
 	}
 }
+
+// A one-sided caller that took the wakeup for a free slot and leaves
+// without one passes it on while others wait and slots are free; with no
+// slot free, or nobody waiting, nothing is signaled.
+func TestOneSidedPassesRoom(t *testing.T) {
+	var o oneSided
+	o.init()
+	o.passRoom()
+	require.Zero(t, len(o.room), "nobody waits")
+	o.roomWaits = 1
+	o.passRoom()
+	require.Len(t, o.room, 1, "a waiter and free slots")
+	<-o.room
+	o.free = o.free[:0]
+	o.passRoom()
+	require.Zero(t, len(o.room), "no slot free")
+}

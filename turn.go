@@ -42,6 +42,30 @@ func (t *turn) give() {
 	}
 }
 
+// readTurn is a Read with mu and the Read turn held. Both are given back
+// by a defer (open-coded: it costs next to nothing), so that a panic
+// under them does not leave the connection locked for its Close.
+func (c *Conn) readTurn(b []byte) (int, error) {
+	c.mu.Lock()
+	c.rturn.take(&c.mu)
+	defer c.endTurn(&c.rturn)
+	return c.read(b)
+}
+
+// writeTurn is a Write with mu and the Write turn held, as readTurn.
+func (c *Conn) writeTurn(b []byte) (int, error) {
+	c.mu.Lock()
+	c.wturn.take(&c.mu)
+	defer c.endTurn(&c.wturn)
+	return c.write(b)
+}
+
+// endTurn gives t back and lets go of mu.
+func (c *Conn) endTurn(t *turn) {
+	t.give()
+	c.mu.Unlock()
+}
+
 // takeTurn takes t for a call that holds no lock (see turn.take).
 func (c *Conn) takeTurn(t *turn) {
 	c.mu.Lock()
