@@ -154,9 +154,7 @@ func (t *oneSided) put(i int) {
 		}
 	}
 	t.free = append(t.free, uint8(i))
-	if t.roomWaits > 0 {
-		signal(t.room)
-	}
+	t.passRoom()
 }
 
 // idle reports whether no one-sided operation is in flight or being
