@@ -102,29 +102,38 @@ func (c *Conn) hello() wire.Hello {
 func dial(ctx context.Context, src netip.Addr, dst netip.AddrPort, opts Options, info *DialDoneInfo) (*Conn, error) {
 	fresh := false
 	var busy busyBackoff
+	var refused error // the last busy refusal
 	for attempt := 1; ; attempt++ {
 		release, err := dialSlots.acquire(ctx, dst)
 		if err != nil {
-			return nil, err
+			return nil, busyUntil(ctx, refused, err)
 		}
+		began := time.Now()
 		c, err := func() (*Conn, error) {
 			defer release()
 			return dialOnce(ctx, src, dst, opts, fresh, info)
 		}()
-		if err == nil || ctx.Err() != nil {
-			return c, err
+		if err == nil {
+			return c, nil
+		}
+		if ctx.Err() != nil {
+			return nil, busyUntil(ctx, refused, err)
 		}
 		if refusedBusy(err) {
 			// Not counted against dialAttempts: the listener is busy,
-			// not broken, and the context bounds the tries. A pause
-			// that would outlast the deadline is not taken: the
-			// refusal says more than a timeout would.
-			pause := busy.pause()
-			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < pause {
+			// not broken, and the context bounds the tries.
+			refused = err
+			busy.refused(time.Since(began))
+			left := time.Duration(-1)
+			if dl, ok := ctx.Deadline(); ok {
+				left = max(time.Until(dl), 0)
+			}
+			pause, fits := busy.pause(left)
+			if !fits {
 				return nil, err
 			}
 			if err := sleepCtx(ctx, pause); err != nil {
-				return nil, err
+				return nil, busyUntil(ctx, refused, err)
 			}
 			attempt--
 			continue
@@ -203,6 +212,20 @@ func (s *slotsByAddr) hold() time.Duration {
 		return s.holdFor
 	}
 	return turnHold
+}
+
+// busyUntil is the error of a dial that ended with its context (err): a
+// dial that the listener refused as busy until its deadline passed, in a
+// pause or in the try after it, returns that refusal, as it does when it
+// stops before a pause that leaves no time for another try. Which of the
+// two ends a dial meets depends on how long its tries take; what it
+// tells the caller (the listener is there, and busy) does not. A
+// cancellation is the caller's own and returns as it is.
+func busyUntil(ctx context.Context, refused, err error) error {
+	if refused != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return refused
+	}
+	return err
 }
 
 // refusedBusy reports whether err is a listener's RefusedBusy.

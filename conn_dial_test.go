@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -284,7 +285,8 @@ func TestDialTriesAgainWhenBusy(t *testing.T) {
 }
 
 // A dial refused as busy until its deadline ends with the refusal once the
-// next pause would outlast the deadline.
+// next pause would leave no time for another try: at about the deadline,
+// not after a pause past it.
 func TestDialBusyUntilDeadline(t *testing.T) {
 	f := useFakeCM(t)
 	f.on("ConnectRead", func(id *fakeID, _ []byte) error {
@@ -297,9 +299,50 @@ func TestDialBusyUntilDeadline(t *testing.T) {
 	require.ErrorAs(t, err, &re)
 	require.Equal(t, RefusedBusy, re.Reason)
 	require.ErrorIs(t, err, syscall.EAGAIN)
-	require.Less(t, time.Since(start), 200*time.Millisecond)
+	require.Less(t, time.Since(start), 300*time.Millisecond)
 	require.Greater(t, len(f.ids), 1, "tried again")
 	f.waitReleased(t)
+}
+
+// A dial refused as busy whose deadline passes in the try after the pause
+// (the listener does not answer it) returns the refusal too, as it would
+// have had it stopped before the pause; a cancellation returns as the
+// caller's own.
+func TestDialBusyThenDeadline(t *testing.T) {
+	for _, cancel := range []bool{false, true} {
+		t.Run(map[bool]string{false: "deadline", true: "cancel"}[cancel], func(t *testing.T) {
+			f := useFakeCM(t)
+			var tries atomic.Int32
+			asked := make(chan struct{})
+			f.on("ConnectRead", func(id *fakeID, _ []byte) error {
+				if tries.Add(1) == 1 {
+					id.answer(rdmacm.EventRejected, 0, marshalReject(RefusedBusy))
+				} else {
+					close(asked) // and no answer
+				}
+				return nil
+			})
+			ctx, stop := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer stop()
+			if cancel {
+				go func() {
+					<-asked
+					stop()
+				}()
+			}
+			_, err := (&Dialer{}).DialContext(ctx, "rdma", "127.0.0.1:7471")
+			require.EqualValues(t, 2, tries.Load())
+			if cancel {
+				require.ErrorIs(t, err, context.Canceled)
+				require.NotErrorAs(t, err, new(*RefusedError))
+			} else {
+				var re *RefusedError
+				require.ErrorAs(t, err, &re)
+				require.Equal(t, RefusedBusy, re.Reason)
+			}
+			f.waitReleased(t)
+		})
+	}
 }
 
 // At most maxDialsInFlight dials to one address hold a turn; the others

@@ -18,7 +18,10 @@ type Dialer struct {
 	// busy with as many handshakes as it keeps refuses a request as
 	// RefusedBusy; the dial tries again after a pause (5ms, doubling up
 	// to 1s, each drawn at random from its upper half) until the timeout,
-	// as TCP sends its SYN again to a listener too busy to answer it.
+	// as TCP sends its SYN again to a listener too busy to answer it. A
+	// dial so refused until its timeout returns the refusal (a
+	// *RefusedError), not a timeout: whether the timeout passed in a
+	// pause or in the try after it, the listener is there and busy.
 	// At most 128 dials of the process to one address are in their
 	// handshake at once (each for 2s at most before the next may start);
 	// the others wait their turn within the timeout,

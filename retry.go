@@ -83,8 +83,8 @@ func readEvents(read func(ok func()) error, stop <-chan struct{}) error {
 // progress as it keeps) tries again after a pause that doubles from
 // busyPause up to busyPauseMax, each drawn at random from its upper half
 // so that the dialers of one burst come back spread out, until the next
-// pause would outlast the dial's deadline (every dial has one:
-// DefaultDialTimeout) or its context ends. TCP does
+// pause would leave too little of the dial's deadline (every dial has
+// one: DefaultDialTimeout) for another try, or its context ends. TCP does
 // the same with a SYN that a listener too busy to answer dropped, from 1s
 // up; the handshakes here take milliseconds, so the pauses start smaller.
 const (
@@ -94,19 +94,30 @@ const (
 
 // busyBackoff paces a dial's tries after busy refusals; the zero value is
 // ready.
-type busyBackoff struct{ next time.Duration }
+type busyBackoff struct {
+	next time.Duration // the step of the next pause
+	try  time.Duration // the longest refused try so far
+}
 
-// pause returns the pause before the next try.
-func (b *busyBackoff) pause() time.Duration {
+// refused records a try that the listener refused as busy, and how long
+// it took.
+func (b *busyBackoff) refused(took time.Duration) { b.try = max(b.try, took) }
+
+// pause returns the pause before the next try, and whether it leaves time
+// for that try before the deadline (left: the time to it; negative
+// without one). A pause that would leave less than twice the longest
+// refused try is not taken: the try after it would most likely run into
+// the deadline, and end the dial with a timeout where the refusal says
+// more.
+func (b *busyBackoff) pause(left time.Duration) (time.Duration, bool) {
 	if b.next == 0 {
 		b.next = busyPause
 	}
 	d := b.next/2 + rand.N(b.next/2+1)
 	b.next = min(2*b.next, busyPauseMax)
-	return d
+	return d, left < 0 || d+2*b.try <= left
 }
 
-// sleepCtx pauses for d, or until ctx ends, whose error it then returns.
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	if !sleep(d, ctx.Done()) {
 		return ctx.Err()

@@ -61,15 +61,32 @@ func TestReadEvents(t *testing.T) {
 }
 
 // The pauses after busy refusals double from busyPause up to busyPauseMax,
-// each drawn from the upper half of its step.
+// each drawn from the upper half of its step; a pause fits while it leaves
+// twice the longest refused try before the deadline, and always without
+// one.
 func TestBusyBackoff(t *testing.T) {
 	var b busyBackoff
 	step := busyPause
 	for range 20 {
-		d := b.pause()
+		d, fits := b.pause(-1)
+		require.True(t, fits, "no deadline")
 		require.GreaterOrEqual(t, d, step/2)
 		require.LessOrEqual(t, d, step)
 		step = min(2*step, busyPauseMax)
 	}
 	require.Equal(t, busyPauseMax, b.next)
+
+	var c busyBackoff
+	c.refused(3 * time.Millisecond)
+	c.refused(time.Millisecond)
+	require.Equal(t, 3*time.Millisecond, c.try, "the longest try")
+	d, fits := c.pause(time.Hour)
+	require.True(t, fits)
+	require.LessOrEqual(t, d, busyPause)
+	_, fits = c.pause(10*time.Millisecond + 6*time.Millisecond)
+	require.True(t, fits, "the pause (at most 10 ms) and two tries fit")
+	_, fits = c.pause(10*time.Millisecond + 5*time.Millisecond)
+	require.False(t, fits, "the pause (at least 10 ms) may, the two tries after it do not")
+	_, fits = c.pause(0)
+	require.False(t, fits, "the deadline has passed")
 }
