@@ -175,7 +175,7 @@ type queuePair interface {
 }
 
 func newConn(ph phase) *Conn {
-	return &Conn{
+	c := &Conn{
 		life:    lifecycle{phase: ph},
 		rxReady: make(chan struct{}, 1),
 		txReady: make(chan struct{}, 1),
@@ -186,6 +186,19 @@ func newConn(ph phase) *Conn {
 		rdl:     newDeadline(),
 		wdl:     newDeadline(),
 	}
+	// A Read or Write parks on its ready channel alone (waiter.alone):
+	// the deadlines, as Close (closeWakes), signal it.
+	c.rdl.wake = func() { signal(c.rxReady) }
+	c.wdl.wake = func() { signal(c.txReady) }
+	return c
+}
+
+// closeWakes closes closing and wakes a parked Read and Write, which wait
+// on their ready channels alone (see waiter.alone); mu is held.
+func (c *Conn) closeWakes() {
+	close(c.closing)
+	signal(c.rxReady)
+	signal(c.txReady)
 }
 
 // initDataPath sets up the rings, the ledger and the waiting policy over
@@ -196,7 +209,7 @@ func (c *Conn) initDataPath(qp queuePair, mem []byte, lay layout, sendBase uint6
 	c.qp, c.mem = qp, mem
 	c.rsp, _ = qp.(recvSendPoster)
 	c.msgRead = opts.Messages
-	c.w = waiter{mode: opts.Poll, spinTime: opts.SpinTime, sp: sp}
+	c.w = waiter{mode: opts.Poll, spinTime: opts.SpinTime, sp: sp, alone: true}
 	c.pl, _ = sp.(*poller)
 	c.cr = newLedger(opts.RecvDepth)
 	c.rx = newRecvRing(lay.recvSlots, mem[lay.recvOff():lay.recvOff()+lay.ring])

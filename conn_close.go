@@ -88,7 +88,7 @@ func (c *Conn) Close() error {
 		return c.opErr("close", net.ErrClosed)
 	}
 	c.life.set(shutClosed)
-	close(c.closing)
+	c.closeWakes()
 	// No operation starts on its regions from now on: the release, which
 	// may run after Close returns, revokes them (their memory stays
 	// until each region's Close: see Region).
@@ -131,7 +131,7 @@ func abortConns(conns []*Conn) {
 		c.mu.Lock()
 		if !c.life.has(shutClosed) {
 			c.life.set(shutClosed)
-			close(c.closing)
+			c.closeWakes()
 		}
 		c.mu.Unlock()
 	}

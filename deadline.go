@@ -15,6 +15,10 @@ type deadline struct {
 	timer   *time.Timer
 	stopped bool                          // by stop: the connection is closed, set does nothing
 	cancel  atomic.Pointer[chan struct{}] // closed when the deadline passes
+	// wake, if set, runs once the channel is closed: a Conn's parked
+	// Read or Write waits on its own channel alone (see waiter.alone),
+	// which wake signals.
+	wake func()
 }
 
 // newDeadline returns a deadline that is not set. Its channel is read
@@ -52,14 +56,22 @@ func (d *deadline) set(t time.Time) bool {
 			d.cancel.Store(&cancel)
 		}
 		if dur > 0 {
-			d.timer = time.AfterFunc(dur, func() { close(cancel) })
+			d.timer = time.AfterFunc(dur, func() { close(cancel); d.woke() })
 		}
 		return true
 	}
 	if !closed {
 		close(cancel)
+		d.woke()
 	}
 	return true
+}
+
+// woke runs wake, if set, for a deadline that has just passed.
+func (d *deadline) woke() {
+	if d.wake != nil {
+		d.wake()
+	}
 }
 
 // disarm stops the timer, if any, and forgets it; mu is held. A timer

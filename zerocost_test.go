@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"io"
 	"math/rand/v2"
+	"net"
+	"os"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -56,5 +59,72 @@ func TestRepostWithSend(t *testing.T) {
 		c.mu.Lock()
 		require.Zero(t, c.rx.withSend, "a receive reported but not posted")
 		c.mu.Unlock()
+	}
+}
+
+// A parked Read or Write waits on its ready channel alone (waiter.alone):
+// the deadline passing, a deadline moved earlier, and Close each wake it,
+// in every mode, with the poller running as in a process. A wake that
+// is lost hangs the test.
+func TestParkedWaitsWake(t *testing.T) {
+	for _, mode := range []PollMode{PollEvent, PollAdaptive} {
+		t.Run(mode.String(), func(t *testing.T) {
+			opts := Options{SpinTime: time.Microsecond}
+			parked := func(c *Conn, read bool) bool {
+				c.mu.Lock()
+				defer c.mu.Unlock()
+				if read {
+					return c.rxParked
+				}
+				return c.wturn.held
+			}
+			waitParked := func(c *Conn, read bool) {
+				for !parked(c, read) {
+					time.Sleep(time.Millisecond)
+				}
+				time.Sleep(5 * time.Millisecond) // into the park
+			}
+
+			z := newZCPairMode(t, opts, opts, mode)
+			z.runPoller(t)
+			a, p := z.e[0].c, z.e[1].c
+			buf := make([]byte, 64)
+
+			// A Read parked with no deadline, then one set after it parked.
+			errc := make(chan error, 1)
+			go func() { _, err := a.Read(buf); errc <- err }()
+			waitParked(a, true)
+			require.NoError(t, a.SetReadDeadline(time.Now().Add(20*time.Millisecond)))
+			require.ErrorIs(t, <-errc, os.ErrDeadlineExceeded)
+
+			// A far deadline moved to the past while the Read is parked.
+			require.NoError(t, a.SetReadDeadline(time.Now().Add(time.Hour)))
+			go func() { _, err := a.Read(buf); errc <- err }()
+			waitParked(a, true)
+			require.NoError(t, a.SetReadDeadline(time.Now().Add(-time.Second)))
+			require.ErrorIs(t, <-errc, os.ErrDeadlineExceeded)
+
+			// Data still wakes it, after a stale wake from the deadline.
+			require.NoError(t, a.SetReadDeadline(time.Time{}))
+			go func() { _, err := a.Read(buf); errc <- err }()
+			waitParked(a, true)
+			_, err := p.Write(buf)
+			require.NoError(t, err)
+			require.NoError(t, <-errc)
+
+			// A Write parked for room (the peer reads nothing), woken by
+			// its deadline; then one woken by Close.
+			big := make([]byte, 1<<20)
+			go func() { _, err := p.Write(big); errc <- err }()
+			waitParked(p, false)
+			require.NoError(t, p.SetWriteDeadline(time.Now().Add(20*time.Millisecond)))
+			require.ErrorIs(t, <-errc, os.ErrDeadlineExceeded)
+
+			// A Read parked when its connection is closed.
+			go func() { _, err := p.Read(buf); errc <- err }()
+			waitParked(p, true)
+			require.NoError(t, p.Close())
+			require.ErrorIs(t, <-errc, net.ErrClosed)
+		})
 	}
 }
