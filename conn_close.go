@@ -261,16 +261,25 @@ func (c *Conn) drainDroppingLock() {
 var unconnectedRecvsLeft atomic.Int64
 
 // waitDroppingLock waits, with mu held on entry and exit, until cond holds
-// or the timeout passes; completions signal drained while the phase is
-// dead.
+// or the timeout passes. Before the release (Close's linger), what it
+// waits for signals txReady, and Close holds the Write turn, so no Write
+// waits there. Once the phase is dead, completions and the disconnect's
+// answer signal drained, and it leaves txReady alone: the release after
+// a device's removal runs without the turns (see releaseLater), beside
+// a Write that may be parked on txReady alone (waiter.alone), whose wakeup
+// (Close's, its deadline's) it would otherwise take.
 func (c *Conn) waitDroppingLock(timeout time.Duration, cond func() bool) {
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	for !cond() {
+		var tx chan struct{}
+		if c.life.phase != phaseDead {
+			tx = c.txReady
+		}
 		c.mu.Unlock()
 		select {
 		case <-c.drained:
-		case <-c.txReady:
+		case <-tx:
 		case <-t.C:
 			c.mu.Lock()
 			return
@@ -326,6 +335,9 @@ func (c *Conn) peerDisconnected(answered bool) {
 	// from shutPeerGone itself.
 	c.wakeReader()
 	signal(c.txReady)
+	if c.life.phase == phaseDead {
+		signal(c.drained) // a release waiting for the answer (reusableQP)
+	}
 }
 
 // disconnect moves the QP to the error state and tells the peer (or

@@ -501,3 +501,32 @@ func TestConnCloseReadDuringRead(t *testing.T) {
 	_, err := p.c.Write([]byte("still writing"))
 	require.NoError(t, err)
 }
+
+// The release's waits (waitDroppingLock) take txReady's wakeups only before
+// the phase is dead (Close's linger, with the Write turn held). After,
+// the release of a removed device runs beside a Write that may be parked
+// on txReady alone: the waits leave its wakeup to it, and go on with
+// drained.
+func TestReleaseWaitsLeaveTxReady(t *testing.T) {
+	c := newConn(phaseEstablished)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+
+	signal(c.txReady)
+	looks := 0
+	c.waitDroppingLock(time.Minute, func() bool { looks++; return looks > 1 })
+	require.Equal(t, 2, looks, "woken by txReady before the phase is dead")
+	require.Empty(t, c.txReady)
+
+	c.life.phase = phaseDead
+	signal(c.txReady)
+	start := time.Now()
+	c.waitDroppingLock(20*time.Millisecond, func() bool { return false })
+	require.GreaterOrEqual(t, time.Since(start), 20*time.Millisecond)
+	require.Len(t, c.txReady, 1, "a dead phase's wait left the Write's wakeup")
+
+	signal(c.drained)
+	looks = 0
+	c.waitDroppingLock(time.Minute, func() bool { looks++; return looks > 1 })
+	require.Equal(t, 2, looks, "woken by drained")
+}

@@ -219,10 +219,12 @@ func (s *slotsByAddr) hold() time.Duration {
 // pause or in the try after it, returns that refusal, as it does when it
 // stops before a pause that leaves no time for another try. Which of the
 // two ends a dial meets depends on how long its tries take; what it
-// tells the caller (the listener is there, and busy) does not. A
-// cancellation is the caller's own and returns as it is.
+// tells the caller (the listener is there, and busy) does not. A try
+// that ended with an answer of its own (another refusal, say) as the
+// deadline passed returns that answer, and a cancellation is the
+// caller's own: both return as they are.
 func busyUntil(ctx context.Context, refused, err error) error {
-	if refused != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+	if refused != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) && errors.Is(err, context.DeadlineExceeded) {
 		return refused
 	}
 	return err

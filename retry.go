@@ -118,6 +118,7 @@ func (b *busyBackoff) pause(left time.Duration) (time.Duration, bool) {
 	return d, left < 0 || d+2*b.try <= left
 }
 
+// sleepCtx pauses for d, or until ctx ends, whose error it then returns.
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	if !sleep(d, ctx.Done()) {
 		return ctx.Err()

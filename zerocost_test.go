@@ -69,6 +69,11 @@ func TestRepostWithSend(t *testing.T) {
 func TestParkedWaitsWake(t *testing.T) {
 	for _, mode := range []PollMode{PollEvent, PollAdaptive} {
 		t.Run(mode.String(), func(t *testing.T) {
+			// The provider flushes nothing: the release of the Close
+			// below waits for no completion (see zcPair.close), and is
+			// over before the cleanup's close sets this again.
+			defer func(d time.Duration) { drainTimeout = d }(drainTimeout)
+			drainTimeout = time.Millisecond
 			opts := Options{SpinTime: time.Microsecond}
 			parked := func(c *Conn, read bool) bool {
 				c.mu.Lock()
@@ -125,6 +130,7 @@ func TestParkedWaitsWake(t *testing.T) {
 			waitParked(p, true)
 			require.NoError(t, p.Close())
 			require.ErrorIs(t, <-errc, net.ErrClosed)
+			releasing.Wait()
 		})
 	}
 }
