@@ -158,9 +158,7 @@ func (c *Conn) putChunk(i int) {
 	c.os.chunksFree = append(c.os.chunksFree, i)
 	c.os.chunksOut--
 	signal(c.os.chunkRoom)
-	if c.life.phase == phaseDead {
-		signal(c.drained)
-	}
+	c.wakeRelease()
 	mem := c.takeBounceMem()
 	c.mu.Unlock()
 	unmapMem(mem)

@@ -260,6 +260,16 @@ func (c *Conn) drainDroppingLock() {
 // (see retiredQP).
 var unconnectedRecvsLeft atomic.Int64
 
+// wakeRelease wakes a release waiting in waitDroppingLock for what the
+// caller has just changed (a completion, a post or a copy over, the
+// disconnect answered); mu is held. Only once the phase is dead: before,
+// what those waits look for signals txReady.
+func (c *Conn) wakeRelease() {
+	if c.life.phase == phaseDead {
+		signal(c.drained)
+	}
+}
+
 // waitDroppingLock waits, with mu held on entry and exit, until cond holds
 // or the timeout passes. Before the release (Close's linger), what it
 // waits for signals txReady, and Close holds the Write turn, so no Write
@@ -335,9 +345,7 @@ func (c *Conn) peerDisconnected(answered bool) {
 	// from shutPeerGone itself.
 	c.wakeReader()
 	signal(c.txReady)
-	if c.life.phase == phaseDead {
-		signal(c.drained) // a release waiting for the answer (reusableQP)
-	}
+	c.wakeRelease() // a release waiting for the answer (reusableQP)
 }
 
 // disconnect moves the QP to the error state and tells the peer (or

@@ -43,8 +43,6 @@ func (c *Conn) completeLocked(wc ibv.WC) bool {
 	if c.cr.wantCredit {
 		c.returnCredits(true)
 	}
-	if c.life.phase == phaseDead {
-		signal(c.drained)
-	}
+	c.wakeRelease()
 	return len(c.tx.sends) > 0 || c.pendingGoes() || c.rs.due()
 }

@@ -295,9 +295,7 @@ func (c *Conn) startOneSided(ctx context.Context, op uint8, local *Region, lo, n
 			}
 		}
 	}
-	if c.life.phase == phaseDead {
-		signal(c.drained)
-	}
+	c.wakeRelease()
 	return i, err
 }
 

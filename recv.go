@@ -299,9 +299,7 @@ func (c *Conn) copyOutDroppingLock(b []byte) (int, bool, error) {
 // (rx.copying): a release waiting for it goes on.
 func (c *Conn) copiedOut() {
 	c.rx.copying = false
-	if c.life.phase == phaseDead {
-		signal(c.drained)
-	}
+	c.wakeRelease()
 }
 
 // writeTo hands each message to w from a buffer of the call's own, never

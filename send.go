@@ -290,9 +290,7 @@ func (c *Conn) readFrom(r io.Reader) (int64, error) {
 // (tx.filling): a release waiting for it goes on.
 func (c *Conn) filled() {
 	c.tx.filling = false
-	if c.life.phase == phaseDead {
-		signal(c.drained)
-	}
+	c.wakeRelease()
 }
 
 // queueSend prepares a message for flush (see sendRing.queue); its header
@@ -412,9 +410,7 @@ func (c *Conn) flushDroppingLock() {
 		}
 	}
 	c.tx.posting = false
-	if c.life.phase == phaseDead {
-		signal(c.drained)
-	}
+	c.wakeRelease()
 }
 
 // repostWithSend is postReposts for a message being queued (queueSend):
